@@ -1,0 +1,22 @@
+# capper — make targets. Every target that needs servers starts the local stack itself.
+.PHONY: test stack-up stack-down stack-status build vet
+
+GO ?= go
+
+## test: the whole test suite against the local stack (what CI runs)
+test:
+	scripts/test.sh
+
+## build: the capper binary into bin/
+build:
+	$(GO) build -o bin/capper ./cmd/capper
+
+stack-up:
+	scripts/stack.sh up
+stack-down:
+	scripts/stack.sh down
+stack-status:
+	scripts/stack.sh status
+
+vet:
+	$(GO) vet ./...

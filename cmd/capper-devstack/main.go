@@ -1,0 +1,155 @@
+// Command capper-devstack runs the development Kafka-protocol broker (kfake)
+// and the S3-compatible endpoint (gofakes3) that the local stack, the tests
+// and the demo use. It is a development tool: the capper binary never links it.
+//
+// It listens on 127.0.0.1 only. Kafka state (logs and committed offsets) lives
+// in -data-dir and survives a restart; the S3 endpoint keeps its objects in
+// memory. It runs until SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+type config struct {
+	kafkaPort  int
+	dataDir    string
+	topics     []string
+	partitions int
+	s3Addr     string
+	buckets    []string
+}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "capper-devstack:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var cfg config
+	var topics, buckets string
+	flag.IntVar(&cfg.kafkaPort, "kafka-port", 9092, "port of the Kafka-protocol broker on 127.0.0.1")
+	flag.StringVar(&cfg.dataDir, "data-dir", "", "directory for the broker's logs and offsets (Required)")
+	flag.StringVar(&topics, "topics", "sends,sends.allowed,sends.capped,sends.dlq", "comma-separated topics to create when missing")
+	flag.IntVar(&cfg.partitions, "partitions", 6, "partitions of each created topic")
+	flag.StringVar(&cfg.s3Addr, "s3-addr", "127.0.0.1:9000", "listen address of the S3-compatible endpoint")
+	flag.StringVar(&buckets, "buckets", "capper-segments", "comma-separated buckets to create")
+	flag.Parse()
+	cfg.topics = splitList(topics)
+	cfg.buckets = splitList(buckets)
+	if cfg.dataDir == "" {
+		return errors.New("-data-dir is required")
+	}
+	if cfg.partitions < 1 {
+		return fmt.Errorf("-partitions must be at least 1, got %d", cfg.partitions)
+	}
+	if host, _, err := net.SplitHostPort(cfg.s3Addr); err != nil || host != "127.0.0.1" {
+		return fmt.Errorf("-s3-addr %q must be 127.0.0.1:PORT", cfg.s3Addr)
+	}
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	cluster, err := kfake.NewCluster(
+		kfake.Ports(cfg.kafkaPort),
+		kfake.DataDir(cfg.dataDir),
+		kfake.DefaultNumPartitions(cfg.partitions),
+		kfake.SeedTopics(int32(cfg.partitions), cfg.topics...),
+	)
+	if err != nil {
+		return fmt.Errorf("start kafka broker: %w", err)
+	}
+	defer cluster.Close()
+	if err := ensureTopics(ctx, cluster.ListenAddrs(), cfg.topics, cfg.partitions); err != nil {
+		return err
+	}
+	log.Info("kafka broker ready", "addrs", cluster.ListenAddrs(), "topics", cfg.topics, "data_dir", cfg.dataDir)
+
+	backend := s3mem.New()
+	for _, b := range cfg.buckets {
+		if err := backend.CreateBucket(b); err != nil {
+			return fmt.Errorf("create bucket %q: %w", b, err)
+		}
+	}
+	faker := gofakes3.New(backend, gofakes3.WithAutoBucket(true))
+	ln, err := net.Listen("tcp", cfg.s3Addr)
+	if err != nil {
+		return fmt.Errorf("listen s3 endpoint: %w", err)
+	}
+	srv := &http.Server{Handler: faker.Server(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("s3 endpoint stopped", "err", err)
+			stop()
+		}
+	}()
+	log.Info("s3 endpoint ready", "addr", cfg.s3Addr, "buckets", cfg.buckets)
+
+	<-ctx.Done()
+	log.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutdownCtx)
+	return nil
+}
+
+// ensureTopics creates the topics a restarted broker does not have yet: seeded
+// topics are only applied to an empty data directory.
+func ensureTopics(ctx context.Context, addrs, topics []string, partitions int) error {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	req.TimeoutMillis = 5000
+	for _, t := range topics {
+		rt := kmsg.NewCreateTopicsRequestTopic()
+		rt.Topic = t
+		rt.NumPartitions = int32(partitions)
+		rt.ReplicationFactor = 1
+		req.Topics = append(req.Topics, rt)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := req.RequestWith(cctx, cl)
+	if err != nil {
+		return fmt.Errorf("create topics: %w", err)
+	}
+	for _, t := range resp.Topics {
+		if t.ErrorCode != 0 && t.ErrorCode != 36 { // 36: TOPIC_ALREADY_EXISTS
+			return fmt.Errorf("create topic %q: kafka error code %d", t.Topic, t.ErrorCode)
+		}
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,122 @@
+// Package testenv finds the local stack (Redis Cluster, Kafka-protocol broker,
+// S3-compatible endpoint) that integration tests run against.
+//
+// The stack is located through environment variables that `scripts/stack.sh env`
+// prints and `scripts/test.sh` exports. When a variable is missing the test is
+// skipped, except under CI=true, where a missing backend fails the test.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+)
+
+// Environment variables naming the stack.
+const (
+	EnvRedisAddrs   = "CAPPER_TEST_REDIS_ADDRS"
+	EnvKafkaBrokers = "CAPPER_TEST_KAFKA_BROKERS"
+	EnvS3Endpoint   = "CAPPER_TEST_S3_ENDPOINT"
+	EnvS3Bucket     = "CAPPER_TEST_S3_BUCKET"
+)
+
+func require(t testing.TB, name string) string {
+	t.Helper()
+	v := strings.TrimSpace(os.Getenv(name))
+	if v != "" {
+		return v
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is not set: under CI=true a missing backend is a failure (run scripts/test.sh)", name)
+	}
+	t.Skipf("%s is not set: start the stack with scripts/stack.sh up and eval \"$(scripts/stack.sh env)\"", name)
+	return ""
+}
+
+// RedisAddrs returns the Redis Cluster node addresses.
+func RedisAddrs(t testing.TB) []string {
+	t.Helper()
+	return strings.Split(require(t, EnvRedisAddrs), ",")
+}
+
+// KafkaBrokers returns the Kafka bootstrap addresses.
+func KafkaBrokers(t testing.TB) []string {
+	t.Helper()
+	return strings.Split(require(t, EnvKafkaBrokers), ",")
+}
+
+// S3 returns the S3 endpoint URL and the bucket created by the stack.
+func S3(t testing.TB) (endpoint, bucket string) {
+	t.Helper()
+	endpoint = require(t, EnvS3Endpoint)
+	bucket = os.Getenv(EnvS3Bucket)
+	if bucket == "" {
+		bucket = "capper-segments"
+	}
+	return endpoint, bucket
+}
+
+// ClusterClient returns a client of the Redis Cluster, closed when the test ends.
+func ClusterClient(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: RedisAddrs(t)})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("ping redis cluster: %v", err)
+	}
+	return c
+}
+
+// Unique returns prefix followed by a random suffix: each test uses its own key
+// prefixes and topic names on the shared stack.
+func Unique(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// CreateTopics creates topics with the given partition count on the broker.
+func CreateTopics(t testing.TB, brokers []string, partitions int, topics ...string) {
+	t.Helper()
+	if err := CreateTopicsErr(brokers, partitions, topics...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// CreateTopicsErr is CreateTopics for callers without a testing.TB.
+func CreateTopicsErr(brokers []string, partitions int, topics ...string) error {
+	conn, err := kafka.Dial("tcp", brokers[0])
+	if err != nil {
+		return fmt.Errorf("dial kafka %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("find kafka controller: %w", err)
+	}
+	cc, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return fmt.Errorf("dial kafka controller: %w", err)
+	}
+	defer cc.Close()
+	cfgs := make([]kafka.TopicConfig, len(topics))
+	for i, tp := range topics {
+		cfgs[i] = kafka.TopicConfig{Topic: tp, NumPartitions: partitions, ReplicationFactor: 1}
+	}
+	if err := cc.CreateTopics(cfgs...); err != nil {
+		return fmt.Errorf("create topics %v: %w", topics, err)
+	}
+	return nil
+}

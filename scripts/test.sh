@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# test.sh — the whole test suite: brings the local stack up, runs every test
+# (unit and integration) with the race detector against it, and brings the
+# stack down again even when tests fail. Exits with the tests' status.
+#
+# Extra arguments go to `go test` (e.g. scripts/test.sh -run TestDecide ./capping/).
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+start=$(date +%s)
+scripts/stack.sh up || { scripts/stack.sh down; echo "test.sh: the local stack did not come up" >&2; exit 1; }
+trap 'scripts/stack.sh down' EXIT
+eval "$(scripts/stack.sh env)"
+
+pkgs=("$@"); [[ ${#pkgs[@]} -eq 0 ]] && pkgs=(./...)
+go test -race -count=1 -timeout 25m "${pkgs[@]}"
+rc=$?
+echo "test.sh: go test exited $rc after $(( $(date +%s) - start )) s"
+exit $rc
