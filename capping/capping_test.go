@@ -1,0 +1,284 @@
+package capping_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// clock is a settable clock for deterministic window edges.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Set(t time.Time)     { c.mu.Lock(); c.t = t; c.mu.Unlock() }
+func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
+
+// base is a Monday 10:00 UTC; the steps below cross day and week boundaries.
+var base = time.Date(2026, 11, 16, 10, 0, 0, 0, time.UTC)
+
+type env struct {
+	rdb   *redis.ClusterClient
+	lim   *capping.Limiter
+	clock *clock
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	rdb := testenv.ClusterClient(t)
+	clk := &clock{t: base}
+	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{rdb: rdb, lim: lim, clock: clk}
+}
+
+func (e *env) decide(t *testing.T, reqs ...capping.Request) []capping.Decision {
+	t.Helper()
+	ds, err := e.lim.Decide(context.Background(), reqs)
+	if err != nil {
+		t.Fatalf("decide: %v", err)
+	}
+	return ds
+}
+
+var jobSeq int
+
+func job(user uint32, channel string, caps ...capping.Cap) capping.Request {
+	jobSeq++
+	return capping.Request{UserID: user, JobID: fmt.Sprintf("job-%d", jobSeq), Channel: channel, Caps: caps}
+}
+
+var (
+	daily3   = capping.Cap{Name: "daily", Window: capping.Daily, Limit: 3}
+	weekly5  = capping.Cap{Name: "weekly", Window: capping.Weekly, Limit: 5}
+	pushDay1 = capping.Cap{Name: "push-daily", Window: capping.Daily, Limit: 1, Channel: "push"}
+)
+
+// step is one send at an offset from base.
+type step struct {
+	at      time.Duration
+	channel string
+	caps    []capping.Cap
+	allowed bool
+	cap     int           // expected cap index when capped
+	retry   time.Duration // expected RetryAt - base when capped; -1 for "never" (zero time)
+}
+
+func TestDecideWindows(t *testing.T) {
+	h := time.Hour
+	d := 24 * time.Hour
+	std := []capping.Cap{daily3, weekly5}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"daily cap and its exact boundary", []step{
+			{at: 0, caps: std, allowed: true},
+			{at: 1 * h, caps: std, allowed: true},
+			{at: 2 * h, caps: std, allowed: true},
+			{at: 3 * h, caps: std, cap: 0, retry: 24 * h},
+			{at: 24*h - time.Millisecond, caps: std, cap: 0, retry: 24 * h},
+			{at: 24 * h, caps: std, allowed: true}, // the first send leaves the window exactly now
+			{at: 24*h + 1, caps: std, cap: 0, retry: 25 * h},
+		}},
+		{"weekly cap across day rollovers and the week boundary", []step{
+			{at: 0, caps: std, allowed: true},
+			{at: 1 * d, caps: std, allowed: true},
+			{at: 2 * d, caps: std, allowed: true},
+			{at: 3 * d, caps: std, allowed: true},
+			{at: 4 * d, caps: std, allowed: true},
+			{at: 5 * d, caps: std, cap: 1, retry: 7 * d},
+			{at: 7*d - 1, caps: std, cap: 1, retry: 7 * d},
+			{at: 7 * d, caps: std, allowed: true},
+			{at: 7*d + h, caps: std, cap: 1, retry: 8 * d},
+		}},
+		{"several caps exceeded: retry when all pass", []step{
+			{at: 0, caps: []capping.Cap{{Window: d, Limit: 2}, {Window: 2 * d, Limit: 2}}, allowed: true},
+			{at: h, caps: []capping.Cap{{Window: d, Limit: 2}, {Window: 2 * d, Limit: 2}}, allowed: true},
+			{at: 2 * h, caps: []capping.Cap{{Window: d, Limit: 2}, {Window: 2 * d, Limit: 2}}, cap: 1, retry: 2 * d},
+		}},
+		{"channel cap counts its channel, the all-channel cap counts all", []step{
+			{at: 0, channel: "push", caps: []capping.Cap{daily3, pushDay1}, allowed: true},
+			{at: h, channel: "push", caps: []capping.Cap{daily3, pushDay1}, cap: 1, retry: 24 * h},
+			{at: 2 * h, channel: "email", caps: []capping.Cap{daily3, pushDay1}, allowed: true},
+			{at: 3 * h, channel: "email", caps: []capping.Cap{daily3, pushDay1}, allowed: true},
+			{at: 4 * h, channel: "email", caps: []capping.Cap{daily3, pushDay1}, cap: 0, retry: 24 * h},
+			{at: 24 * h, channel: "push", caps: []capping.Cap{daily3, pushDay1}, allowed: true},
+		}},
+		{"limit changes between calls keep the history", []step{
+			{at: 0, caps: []capping.Cap{{Window: d, Limit: 2}}, allowed: true},
+			{at: h, caps: []capping.Cap{{Window: d, Limit: 2}}, allowed: true},
+			{at: 2 * h, caps: []capping.Cap{{Window: d, Limit: 2}}, cap: 0, retry: 24 * h},
+			{at: 3 * h, caps: []capping.Cap{{Window: d, Limit: 3}}, allowed: true}, // raised
+			{at: 4 * h, caps: []capping.Cap{{Window: d, Limit: 1}}, cap: 0, retry: 27 * h}, // lowered: 3 logged, 3 must leave
+			{at: 5 * h, caps: []capping.Cap{{Window: d, Limit: 0}}, cap: 0, retry: -1},    // blocked for good
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t)
+			const user = 42
+			for i, s := range tt.steps {
+				e.clock.Set(base.Add(s.at))
+				ch := s.channel
+				if ch == "" {
+					ch = "email"
+				}
+				got := e.decide(t, job(user, ch, s.caps...))[0]
+				if got.Allowed != s.allowed {
+					t.Fatalf("step %d (+%v %s): allowed = %v, want %v (counts %v)", i, s.at, ch, got.Allowed, s.allowed, got.Counts)
+				}
+				if s.allowed {
+					if got.Cap != -1 || !got.RetryAt.IsZero() {
+						t.Fatalf("step %d: allowed decision with cap %d retry %v", i, got.Cap, got.RetryAt)
+					}
+					continue
+				}
+				if got.Cap != s.cap {
+					t.Errorf("step %d (+%v): cap = %d, want %d", i, s.at, got.Cap, s.cap)
+				}
+				if s.retry < 0 {
+					if !got.RetryAt.IsZero() {
+						t.Errorf("step %d: retry at %v, want never (zero)", i, got.RetryAt)
+					}
+				} else if want := base.Add(s.retry); !got.RetryAt.Equal(want) {
+					t.Errorf("step %d (+%v): retry at +%v, want +%v", i, s.at, got.RetryAt.Sub(base), s.retry)
+				}
+			}
+		})
+	}
+}
+
+func TestSameMillisecondSendsAreBothCounted(t *testing.T) {
+	e := newEnv(t)
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 10}}
+	ds := e.decide(t, job(7, "email", caps...), job(7, "email", caps...))
+	ds = append(ds, e.decide(t, job(7, "email", caps...))...)
+	for i, d := range ds {
+		if !d.Allowed || d.Duplicate {
+			t.Fatalf("decision %d = %+v, want allowed", i, d)
+		}
+		if d.Counts[0] != i {
+			t.Errorf("decision %d counted %d earlier sends, want %d", i, d.Counts[0], i)
+		}
+	}
+	if n := e.rdb.ZCard(context.Background(), e.lim.Key(7)).Val(); n != 3 {
+		t.Fatalf("log holds %d entries after 3 sends in one millisecond, want 3", n)
+	}
+}
+
+func TestRedeliveredJobIsNotCountedTwice(t *testing.T) {
+	e := newEnv(t)
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 2}}
+	first := job(9, "push", caps...)
+	d := e.decide(t, first, first) // in one batch
+	if !d[0].Allowed || d[0].Duplicate || !d[1].Allowed || !d[1].Duplicate {
+		t.Fatalf("same job twice in a batch: %+v, want allowed then allowed duplicate", d)
+	}
+	e.clock.Add(time.Hour)
+	if d := e.decide(t, job(9, "push", caps...))[0]; !d.Allowed {
+		t.Fatalf("second distinct job: %+v, want allowed", d)
+	}
+	e.clock.Add(time.Hour)
+	// The user is now at the cap; the redelivered first job still gets its original answer.
+	if d := e.decide(t, first)[0]; !d.Allowed || !d.Duplicate {
+		t.Fatalf("redelivery at the cap: %+v, want allowed duplicate", d)
+	}
+	if d := e.decide(t, job(9, "push", caps...))[0]; d.Allowed {
+		t.Fatalf("third distinct job: %+v, want capped", d)
+	}
+	if n := e.rdb.ZCard(context.Background(), e.lim.Key(9)).Val(); n != 2 {
+		t.Fatalf("log holds %d entries, want 2", n)
+	}
+}
+
+func TestBatchDecidesOneUsersJobsInOrder(t *testing.T) {
+	e := newEnv(t)
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 3}}
+	var reqs []capping.Request
+	for i := 0; i < 6; i++ {
+		reqs = append(reqs, job(11, "email", caps...), job(uint32(1000+i), "email", caps...))
+	}
+	ds := e.decide(t, reqs...)
+	for i, d := range ds {
+		want := i%2 == 1 || i/2 < 3 // other users: always allowed; user 11: the first 3
+		if d.Allowed != want {
+			t.Errorf("request %d (user %d): allowed %v, want %v", i, reqs[i].UserID, d.Allowed, want)
+		}
+	}
+}
+
+func TestEvictionAndExpiry(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	caps := []capping.Cap{daily3, weekly5}
+	e.decide(t, job(5, "email", caps...))
+	e.clock.Add(3 * 24 * time.Hour)
+	e.decide(t, job(5, "email", caps...))
+	key := e.lim.Key(5)
+	if n := e.rdb.ZCard(ctx, key).Val(); n != 2 {
+		t.Fatalf("log holds %d entries, want 2", n)
+	}
+	ttl := e.rdb.PTTL(ctx, key).Val()
+	if ttl <= 7*24*time.Hour-time.Minute || ttl > 7*24*time.Hour {
+		t.Fatalf("PTTL %v, want the longest window (7 days)", ttl)
+	}
+	e.clock.Add(5 * 24 * time.Hour) // the first send is now 8 days old
+	e.decide(t, job(5, "email", caps...))
+	if n := e.rdb.ZCard(ctx, key).Val(); n != 2 {
+		t.Fatalf("log holds %d entries after eviction, want 2 (the 8-day-old one evicted)", n)
+	}
+}
+
+func TestPeekRecordsNothing(t *testing.T) {
+	e := newEnv(t)
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 1}}
+	p, err := e.lim.Peek(context.Background(), job(3, "email", caps...))
+	if err != nil || !p.Allowed {
+		t.Fatalf("peek on an empty log: %+v, %v", p, err)
+	}
+	if n := e.rdb.Exists(context.Background(), e.lim.Key(3)).Val(); n != 0 {
+		t.Fatal("peek created the user's log")
+	}
+	e.decide(t, job(3, "email", caps...))
+	p, err = e.lim.Peek(context.Background(), job(3, "email", caps...))
+	if err != nil || p.Allowed || p.Counts[0] != 1 || !p.RetryAt.Equal(base.Add(capping.Daily)) {
+		t.Fatalf("peek at the cap: %+v, %v", p, err)
+	}
+}
+
+func TestInvalidRequestsFailAlone(t *testing.T) {
+	e := newEnv(t)
+	reqs := []capping.Request{
+		job(1, "email", daily3),
+		{UserID: 2, JobID: "", Channel: "email", Caps: []capping.Cap{daily3}},
+		{UserID: 3, JobID: "x", Channel: "email"},
+		{UserID: 4, JobID: "y", Channel: "email", Caps: []capping.Cap{{Window: 0, Limit: 1}}},
+		job(5, "email", daily3),
+	}
+	ds, err := e.lim.Decide(context.Background(), reqs)
+	var re capping.RequestErrors
+	if !errors.As(err, &re) {
+		t.Fatalf("err = %v, want RequestErrors", err)
+	}
+	for i, wantErr := range []bool{false, true, true, true, false} {
+		if (re[i] != nil) != wantErr {
+			t.Errorf("request %d: err %v, want error: %v", i, re[i], wantErr)
+		}
+		if !wantErr && !ds[i].Allowed {
+			t.Errorf("request %d: %+v, want allowed", i, ds[i])
+		}
+	}
+}
