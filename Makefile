@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: test stack-up stack-down stack-status build vet
+.PHONY: test stack-up stack-down stack-status build vet bench-capping
 
 GO ?= go
 
@@ -20,3 +20,7 @@ stack-status:
 
 vet:
 	$(GO) vet ./...
+
+## bench-capping: capper's decisions/s at batch 512 vs redis-benchmark EVALSHA of the same script (medians, ratio)
+bench-capping:
+	scripts/bench-capping.sh

@@ -121,9 +121,9 @@ func TestDecideWindows(t *testing.T) {
 			{at: 0, caps: []capping.Cap{{Window: d, Limit: 2}}, allowed: true},
 			{at: h, caps: []capping.Cap{{Window: d, Limit: 2}}, allowed: true},
 			{at: 2 * h, caps: []capping.Cap{{Window: d, Limit: 2}}, cap: 0, retry: 24 * h},
-			{at: 3 * h, caps: []capping.Cap{{Window: d, Limit: 3}}, allowed: true}, // raised
+			{at: 3 * h, caps: []capping.Cap{{Window: d, Limit: 3}}, allowed: true},         // raised
 			{at: 4 * h, caps: []capping.Cap{{Window: d, Limit: 1}}, cap: 0, retry: 27 * h}, // lowered: 3 logged, 3 must leave
-			{at: 5 * h, caps: []capping.Cap{{Window: d, Limit: 0}}, cap: 0, retry: -1},    // blocked for good
+			{at: 5 * h, caps: []capping.Cap{{Window: d, Limit: 0}}, cap: 0, retry: -1},     // blocked for good
 		}},
 	}
 	for _, tt := range tests {

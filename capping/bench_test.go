@@ -1,0 +1,116 @@
+package capping_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// benchCaps has the default caps' shape (a daily and a weekly all-channel cap)
+// with limits high enough that every decision takes the write path (evict,
+// count, record, expire): the costlier branch of the script.
+var benchCaps = []capping.Cap{
+	{Name: "daily", Window: capping.Daily, Limit: 1 << 30},
+	{Name: "weekly", Window: capping.Weekly, Limit: 1 << 30},
+}
+
+const benchUsers = 1_000_000
+
+// BenchmarkDecide decides batches of 1, 64 and 512 requests for random users
+// against the local Redis Cluster. scripts/bench-capping.sh runs it beside
+// redis-benchmark's EVALSHA of the same script.
+func BenchmarkDecide(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	prefix := testenv.Unique("bench")
+	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer deletePrefix(b, rdb, prefix)
+	var seq atomic.Int64
+	for _, size := range []int{1, 64, 512} {
+		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 7))
+				reqs := make([]capping.Request, size)
+				ctx := context.Background()
+				for pb.Next() {
+					for i := range reqs {
+						reqs[i] = capping.Request{UserID: uint32(rng.IntN(benchUsers)), JobID: fmt.Sprint("j", seq.Add(1)), Channel: "email", Caps: benchCaps}
+					}
+					if _, err := lim.Decide(ctx, reqs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*size)/b.Elapsed().Seconds(), "decisions/s")
+		})
+	}
+}
+
+// BenchmarkMemoryPerUser fills one user's weekly log under the default caps
+// (3 a day, 10 a week: 10 sends spread over 7 days) and reports MEMORY USAGE of
+// the key, per user and per logged send.
+func BenchmarkMemoryPerUser(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	ctx := context.Background()
+	now := time.Now()
+	clk := func() time.Time { return now }
+	prefix := testenv.Unique("mem")
+	lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer deletePrefix(b, rdb, prefix)
+	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: 3}, {Name: "weekly", Window: capping.Weekly, Limit: 10}}
+	var bytes int64
+	for n := 0; n < b.N; n++ {
+		user := uint32(4_000_000_000 - n) // a 10-digit id: the longest key
+		start := time.Now().Add(-7 * 24 * time.Hour)
+		for i := 0; i < 10; i++ {
+			now = start.Add(time.Duration(i)*16*time.Hour + time.Minute)
+			d, err := lim.Decide(ctx, []capping.Request{{UserID: user, JobID: fmt.Sprintf("campaign-2026-11-%02d:user-%d:email", i, user), Channel: "email", Caps: caps}})
+			if err != nil || !d[0].Allowed {
+				b.Fatalf("send %d: %+v %v", i, d, err)
+			}
+		}
+		if c := rdb.ZCard(ctx, lim.Key(user)).Val(); c != 10 {
+			b.Fatalf("log holds %d sends, want a full weekly log of 10", c)
+		}
+		bytes = rdb.MemoryUsage(ctx, lim.Key(user)).Val()
+	}
+	b.ReportMetric(float64(bytes), "bytes/user")
+	b.ReportMetric(float64(bytes)/10, "bytes/send")
+}
+
+func deletePrefix(tb testing.TB, rdb *redis.ClusterClient, prefix string) {
+	ctx := context.Background()
+	_ = rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		it := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var keys []string
+		for it.Next(ctx) {
+			keys = append(keys, it.Val())
+			if len(keys) == 500 {
+				for _, k := range keys {
+					c.Unlink(ctx, k)
+				}
+				keys = keys[:0]
+			}
+		}
+		for _, k := range keys {
+			c.Unlink(ctx, k)
+		}
+		return it.Err()
+	})
+}

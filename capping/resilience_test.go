@@ -1,0 +1,286 @@
+package capping_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// decideAll decides reqs, retrying the requests that failed (as the consumer
+// does) until all are decided or the deadline passes.
+func decideAll(t *testing.T, lim *capping.Limiter, reqs []capping.Request, deadline time.Duration) ([]capping.Decision, int) {
+	t.Helper()
+	out := make([]capping.Decision, len(reqs))
+	idx := make([]int, len(reqs))
+	for i := range idx {
+		idx[i] = i
+	}
+	retries := 0
+	end := time.Now().Add(deadline)
+	for len(idx) > 0 {
+		batch := make([]capping.Request, len(idx))
+		for j, i := range idx {
+			batch[j] = reqs[i]
+		}
+		ds, err := lim.Decide(context.Background(), batch)
+		var re capping.RequestErrors
+		if err != nil && !errors.As(err, &re) {
+			t.Fatalf("decide: %v", err)
+		}
+		var next []int
+		for j, i := range idx {
+			if re != nil && re[j] != nil {
+				next = append(next, i)
+				continue
+			}
+			out[i] = ds[j]
+		}
+		if len(next) > 0 {
+			retries++
+			if time.Now().After(end) {
+				t.Fatalf("%d requests still failing after %v: %v", len(next), deadline, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		idx = next
+	}
+	return out, retries
+}
+
+// TestConcurrentDecisionsNeverOverSend runs many goroutines deciding batches
+// for the same users at once and checks the logs directly afterwards.
+func TestConcurrentDecisionsNeverOverSend(t *testing.T) {
+	e := newEnv(t)
+	const users, workers, batches, perBatch, limit = 40, 8, 10, 64, 5
+	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: limit}, {Name: "push", Window: capping.Daily, Limit: 2, Channel: "push"}}
+	var allowed [users]atomic.Int64
+	var pushAllowed [users]atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for b := 0; b < batches; b++ {
+				reqs := make([]capping.Request, perBatch)
+				for i := range reqs {
+					ch := "email"
+					if (i+b+w)%3 == 0 {
+						ch = "push"
+					}
+					reqs[i] = capping.Request{UserID: uint32(i % users), JobID: fmt.Sprintf("w%d-b%d-%d", w, b, i), Channel: ch, Caps: caps}
+				}
+				ds, err := e.lim.Decide(context.Background(), reqs)
+				if err != nil {
+					t.Errorf("decide: %v", err)
+					return
+				}
+				for i, d := range ds {
+					if d.Allowed {
+						allowed[reqs[i].UserID].Add(1)
+						if reqs[i].Channel == "push" {
+							pushAllowed[reqs[i].UserID].Add(1)
+						}
+					}
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	ctx := context.Background()
+	for u := 0; u < users; u++ {
+		n := e.rdb.ZCard(ctx, e.lim.Key(uint32(u))).Val()
+		if n != limit || allowed[u].Load() != limit {
+			t.Errorf("user %d: %d logged, %d allowed; want exactly %d of each", u, n, allowed[u].Load(), limit)
+		}
+		if p := pushAllowed[u].Load(); p > 2 {
+			t.Errorf("user %d: %d push sends allowed, cap is 2", u, p)
+		}
+	}
+}
+
+// TestNodeErrorFailsOnlyItsUsers pauses one master: the users it owns fail,
+// the others are decided; once it is back, the retried requests are answered
+// without counting anything twice.
+func TestNodeErrorFailsOnlyItsUsers(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t), ReadTimeout: 300 * time.Millisecond, MaxRedirects: 1})
+	t.Cleanup(func() { rdb.Close() })
+	clk := &clock{t: base}
+	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: clk.Now, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 1}}
+	var reqs []capping.Request
+	owner := map[uint32]string{}
+	for u := uint32(0); u < 30; u++ {
+		reqs = append(reqs, capping.Request{UserID: u, JobID: fmt.Sprint("j", u), Channel: "email", Caps: caps})
+		m, err := rdb.MasterForKey(ctx, lim.Key(u))
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner[u] = m.Options().Addr
+	}
+	paused := owner[0]
+	pc := redis.NewClient(&redis.Options{Addr: paused})
+	defer pc.Close()
+	if err := pc.Do(ctx, "CLIENT", "PAUSE", "2500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := lim.Decide(ctx, reqs)
+	var re capping.RequestErrors
+	if !errors.As(err, &re) {
+		t.Fatalf("err = %v, want RequestErrors for the paused node's users", err)
+	}
+	for i, r := range reqs {
+		onPaused := owner[r.UserID] == paused
+		if onPaused != (re[i] != nil) {
+			t.Errorf("user %d on %s (paused %s): err %v", r.UserID, owner[r.UserID], paused, re[i])
+		}
+		if !onPaused && !ds[i].Allowed {
+			t.Errorf("user %d: %+v, want allowed", r.UserID, ds[i])
+		}
+	}
+	pc.Do(ctx, "CLIENT", "UNPAUSE")
+	again, _ := decideAll(t, lim, reqs, 10*time.Second)
+	for i, d := range again {
+		if !d.Allowed || !d.Duplicate && re[i] == nil {
+			t.Errorf("retry of user %d: %+v, want allowed (a duplicate where the first try got through)", reqs[i].UserID, d)
+		}
+		if n := rdb.ZCard(ctx, lim.Key(reqs[i].UserID)).Val(); n != 1 {
+			t.Errorf("user %d: %d logged, want 1", reqs[i].UserID, n)
+		}
+	}
+}
+
+// TestScriptFlushMidRun flushes the script cache of every node while batches
+// are being decided: the limiter reloads and no request is lost.
+func TestScriptFlushMidRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 3}}
+	stop := make(chan struct{})
+	var flushes atomic.Int64
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+			_ = e.rdb.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+				return c.ScriptFlush(ctx).Err()
+			})
+			flushes.Add(1)
+		}
+	}()
+	total := 0
+	for b := 0; b < 40; b++ {
+		reqs := make([]capping.Request, 100)
+		for i := range reqs {
+			reqs[i] = capping.Request{UserID: uint32(i), JobID: fmt.Sprintf("b%d-%d", b, i), Channel: "email", Caps: caps}
+		}
+		ds, err := e.lim.Decide(ctx, reqs)
+		if err != nil {
+			close(stop)
+			t.Fatalf("batch %d after %d flushes: %v", b, flushes.Load(), err)
+		}
+		for _, d := range ds {
+			if d.Allowed {
+				total++
+			}
+		}
+	}
+	close(stop)
+	if flushes.Load() == 0 {
+		t.Fatal("no SCRIPT FLUSH happened during the run")
+	}
+	if total != 300 {
+		t.Fatalf("%d sends allowed for 100 users with a limit of 3, want 300", total)
+	}
+}
+
+// TestFailoverMidRun promotes a replica with CLUSTER FAILOVER while batches are
+// decided: redirects are followed, the promoted node has the script, and every
+// request is decided exactly once.
+func TestFailoverMidRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var replica *redis.Client
+	var mu sync.Mutex
+	_ = e.rdb.ForEachSlave(ctx, func(ctx context.Context, c *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if replica == nil {
+			replica = redis.NewClient(&redis.Options{Addr: c.Options().Addr})
+		}
+		return nil
+	})
+	if replica == nil {
+		t.Fatal("the cluster has no replica")
+	}
+	defer replica.Close()
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 3}}
+	const users = 200
+	failedOver := false
+	retries := 0
+	for b := 0; b < 30; b++ {
+		if b == 5 {
+			if err := replica.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
+				t.Fatalf("CLUSTER FAILOVER on %s: %v", replica.Options().Addr, err)
+			}
+			failedOver = true
+		}
+		reqs := make([]capping.Request, users)
+		for i := range reqs {
+			reqs[i] = capping.Request{UserID: uint32(i), JobID: fmt.Sprintf("f%d-%d", b, i), Channel: "email", Caps: caps}
+		}
+		_, r := decideAll(t, e.lim, reqs, 20*time.Second)
+		retries += r
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !failedOver {
+		t.Fatal("no failover happened")
+	}
+	role := replica.Do(ctx, "ROLE").Val()
+	if arr, ok := role.([]any); !ok || len(arr) == 0 || arr[0] != "master" {
+		t.Logf("replica %s has role %v after the run (failover may not have completed)", replica.Options().Addr, role)
+	}
+	for u := 0; u < users; u++ {
+		if n := e.rdb.ZCard(ctx, e.lim.Key(uint32(u))).Val(); n != 3 {
+			t.Errorf("user %d: %d logged, want 3", u, n)
+		}
+	}
+	t.Logf("failover of %s: %d retried rounds", replica.Options().Addr, retries)
+	waitClusterOK(t, e.rdb)
+}
+
+func waitClusterOK(t *testing.T, rdb *redis.ClusterClient) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < 100; i++ {
+		ok := true
+		_ = rdb.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err != nil || !strings.Contains(info, "cluster_state:ok") {
+				ok = false
+			}
+			return nil
+		})
+		if ok {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("cluster not ok after failover")
+}

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# bench-capping.sh — capper's decisions/s against the Redis ceiling, side by side in one run.
+#
+# Alternates ROUNDS times (default 3): redis-benchmark --cluster running EVALSHA of capping/decide.lua
+# (same caps, write path, random users) as the ceiling, then `go test -bench BenchmarkDecide/batch=512`.
+# Prints each round, the medians and capper's median as a share of the ceiling's median.
+# Uses the running local stack, or starts (and afterwards stops) it.
+#   ROUNDS=5 BENCHTIME=3s scripts/bench-capping.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+ROUNDS=${ROUNDS:-3}
+BENCHTIME=${BENCHTIME:-3s}
+REQUESTS=${REQUESTS:-300000}
+CLIENTS=${CLIENTS:-32}
+PIPELINE=${PIPELINE:-16}
+
+if ! scripts/stack.sh status >/dev/null 2>&1; then
+  scripts/stack.sh up >/dev/null
+  trap 'scripts/stack.sh down' EXIT
+fi
+eval "$(scripts/stack.sh env)"
+port=${CAPPER_REDIS_PORT:-7000}
+sha=$(sha1sum capping/decide.lua | cut -d' ' -f1)
+for p in $(seq "$port" $((port + 5))); do
+  got=$(redis-cli -p "$p" -x script load <capping/decide.lua)
+  [[ $got == "$sha" ]] || { echo "script load on $p returned $got, want $sha" >&2; exit 1; }
+done
+go test -c -o "${CAPPER_STACK_DIR}/capping.test" ./capping/
+
+median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+ceil_runs=() capper_runs=()
+for r in $(seq "$ROUNDS"); do
+  now=$(date +%s%3N)
+  # Same script and arguments as capper's benchmark: daily + weekly all-channel caps, 1M users, write path.
+  rps=$(redis-benchmark -p "$port" --cluster -q -n "$REQUESTS" -c "$CLIENTS" -P "$PIPELINE" -r 1000000 \
+    evalsha "$sha" 1 "rbbench:{tag}:__rand_int__" "$now" "m__rand_int__" email 1 604800000 \
+    86400000 1073741824 "" 604800000 1073741824 "" 2>/dev/null | tr '\r' '\n' | sed -n 's/.* \([0-9.]*\) requests per second.*/\1/p' | tail -1)
+  dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512$' -test.benchtime "$BENCHTIME" \
+    | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}')
+  printf 'round %d: redis-benchmark EVALSHA ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
+  ceil_runs+=("$rps") capper_runs+=("$dps")
+done
+for p in $(seq "$port" $((port + 5))); do # drop redis-benchmark's keys (capper's benchmark deletes its own)
+  redis-cli -p "$p" --scan --pattern 'rbbench:*' | xargs -r -n 500 redis-cli -p "$p" unlink >/dev/null 2>&1 || true
+done
+c=$(printf '%s\n' "${ceil_runs[@]}" | median)
+k=$(printf '%s\n' "${capper_runs[@]}" | median)
+awk -v c="$c" -v k="$k" 'BEGIN{printf "median: ceiling %.0f/s, capper %.0f decisions/s, capper/ceiling = %.0f%%\n", c, k, 100*k/c}'
