@@ -1,0 +1,248 @@
+package segments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Segments names the segments to load, in priority order: a user in several
+	// segments belongs to the first. Each must exist in the source. (Required)
+	Segments []string
+	// Source is where the segment objects are. (Required)
+	Source Source
+	// RefreshInterval is how often the source is polled for changed objects.
+	// Defaults to 5m.
+	RefreshInterval time.Duration
+	// StartupTimeout bounds how long Start waits for the first complete
+	// snapshot, retrying with backoff. Defaults to 2m.
+	StartupTimeout time.Duration
+	// Logger receives load reports and refresh failures. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the store's metrics. Optional.
+	Registerer prometheus.Registerer
+	// Clock defaults to time.Now.
+	Clock func() time.Time
+}
+
+// Validate reports whether the configuration is usable.
+func (c *Config) Validate() error {
+	if len(c.Segments) == 0 {
+		return errors.New("segments: no segments configured")
+	}
+	seen := map[string]bool{}
+	for _, s := range c.Segments {
+		if s == "" || strings.ContainsAny(s, "/ ") {
+			return fmt.Errorf("segments: segment name %q must be non-empty, without / or spaces", s)
+		}
+		if seen[s] {
+			return fmt.Errorf("segments: segment %q is listed twice", s)
+		}
+		seen[s] = true
+	}
+	if c.Source == nil {
+		return errors.New("segments: no source")
+	}
+	if c.RefreshInterval < 0 || c.StartupTimeout < 0 {
+		return errors.New("segments: refresh interval and startup timeout must not be negative")
+	}
+	return nil
+}
+
+type cached struct {
+	etag string
+	seg  Segment
+}
+
+// Store holds the current Snapshot and refreshes it from its source. It is
+// safe for concurrent use; Refresh calls are serialised.
+type Store struct {
+	cfg     Config
+	current atomic.Pointer[Snapshot]
+	mu      sync.Mutex // serialises refreshes; guards cache
+	cache   map[string]cached
+
+	refreshes  *prometheus.CounterVec
+	downloaded prometheus.Counter
+	users      *prometheus.GaugeVec
+}
+
+// New returns a Store with no snapshot yet: call Start.
+func New(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.RefreshInterval == 0 {
+		cfg.RefreshInterval = 5 * time.Minute
+	}
+	if cfg.StartupTimeout == 0 {
+		cfg.StartupTimeout = 2 * time.Minute
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	s := &Store{cfg: cfg, cache: map[string]cached{}}
+	s.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_segments_refreshes_total", Help: "Segment snapshot refreshes by result (ok, unchanged, error).",
+	}, []string{"result"})
+	s.downloaded = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "capper_segments_downloaded_bytes_total", Help: "Bytes of segment objects downloaded.",
+	})
+	s.users = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "capper_segments_users", Help: "Users in each segment of the current snapshot.",
+	}, []string{"segment"})
+	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "capper_segments_snapshot_age_seconds", Help: "Age of the current segment snapshot (-1 before the first).",
+	}, func() float64 {
+		if snap := s.current.Load(); snap != nil {
+			return s.cfg.Clock().Sub(snap.LoadedAt()).Seconds()
+		}
+		return -1
+	})
+	if cfg.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.refreshes, s.downloaded, s.users, age} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("segments: register metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Snapshot returns the current snapshot, nil before the first load.
+func (s *Store) Snapshot() *Snapshot { return s.current.Load() }
+
+// Refresh lists the source, downloads the objects whose ETag changed, and
+// swaps in a new snapshot when anything changed. On any error the current
+// snapshot stays. It reports whether a new snapshot was published.
+func (s *Store) Refresh(ctx context.Context) (bool, error) {
+	changed, err := s.refresh(ctx)
+	switch {
+	case err != nil:
+		s.refreshes.WithLabelValues("error").Inc()
+	case changed:
+		s.refreshes.WithLabelValues("ok").Inc()
+	default:
+		s.refreshes.WithLabelValues("unchanged").Inc()
+	}
+	return changed, err
+}
+
+func (s *Store) refresh(ctx context.Context) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := s.cfg.Clock()
+	objs, err := s.cfg.Source.List(ctx)
+	if err != nil {
+		return false, fmt.Errorf("segments: %w", err)
+	}
+	byName := make(map[string]Object, len(objs))
+	for _, o := range objs {
+		byName[o.Segment] = o
+	}
+	segs := make([]Segment, len(s.cfg.Segments))
+	next := make(map[string]cached, len(s.cfg.Segments))
+	var downloaded []string
+	var bytes int64
+	for i, name := range s.cfg.Segments {
+		o, ok := byName[name]
+		if !ok {
+			return false, fmt.Errorf("segments: segment %q: no object %s%s in %s", name, name, Ext, s.cfg.Source)
+		}
+		if c, ok := s.cache[name]; ok && c.etag == o.ETag && o.ETag != "" {
+			segs[i], next[name] = c.seg, c
+			continue
+		}
+		data, err := s.cfg.Source.Read(ctx, o.Key)
+		if err != nil {
+			return false, fmt.Errorf("segments: segment %q: %w", name, err)
+		}
+		bm, err := Decode(data)
+		if err != nil {
+			return false, fmt.Errorf("segments: segment %q (%s in %s): %w", name, o.Key, s.cfg.Source, err)
+		}
+		bytes += int64(len(data))
+		segs[i] = Segment{Name: name, Bitmap: bm, ETag: o.ETag, SerializedBytes: int64(len(data))}
+		next[name] = cached{etag: o.ETag, seg: segs[i]}
+		downloaded = append(downloaded, name)
+	}
+	s.downloaded.Add(float64(bytes))
+	if len(downloaded) == 0 && s.current.Load() != nil {
+		return false, nil
+	}
+	snap := NewSnapshot(segs, s.cfg.Clock())
+	s.cache = next
+	s.current.Store(snap)
+	s.report(snap, downloaded, bytes, s.cfg.Clock().Sub(start))
+	return true, nil
+}
+
+func (s *Store) report(snap *Snapshot, downloaded []string, bytes int64, took time.Duration) {
+	log := s.cfg.Logger
+	log.Info("segment snapshot loaded", "source", s.cfg.Source.String(), "downloaded", downloaded,
+		"downloaded_bytes", bytes, "heap_bytes", snap.HeapBytes(), "took", took)
+	for _, seg := range snap.Segments() {
+		n := seg.Bitmap.GetCardinality()
+		s.users.WithLabelValues(seg.Name).Set(float64(n))
+		log.Info("segment", "segment", seg.Name, "users", n, "serialized_bytes", seg.SerializedBytes,
+			"heap_bytes", seg.Bitmap.GetSizeInBytes())
+	}
+	for _, o := range snap.Overlaps() {
+		log.Warn("users in more than one segment; the first in priority order applies",
+			"segment_a", o.A, "segment_b", o.B, "users", o.Users)
+	}
+}
+
+// Start loads the first complete snapshot, retrying with exponential backoff
+// (from 250ms up to 10s) until it succeeds, ctx ends or StartupTimeout passes.
+func (s *Store) Start(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartupTimeout)
+	defer cancel()
+	backoff := 250 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		_, err := s.Refresh(ctx)
+		if err == nil {
+			return nil
+		}
+		s.cfg.Logger.Warn("segment snapshot not loaded yet; retrying", "attempt", attempt, "in", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("segments: no complete snapshot within %v: %w", s.cfg.StartupTimeout, err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// Run refreshes the snapshot every RefreshInterval until ctx ends. A failed
+// refresh is logged and counted; the previous snapshot stays.
+func (s *Store) Run(ctx context.Context) {
+	t := time.NewTicker(s.cfg.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := s.Refresh(ctx); err != nil && ctx.Err() == nil {
+				age := time.Duration(0)
+				if snap := s.Snapshot(); snap != nil {
+					age = s.cfg.Clock().Sub(snap.LoadedAt())
+				}
+				s.cfg.Logger.Error("segment refresh failed; keeping the current snapshot", "err", err, "snapshot_age", age)
+			}
+		}
+	}
+}
