@@ -39,6 +39,11 @@ const (
 	Weekly = 7 * 24 * time.Hour
 )
 
+// ErrInvalidRequest marks a request that can never be decided (no job id, no
+// channel, no caps, a bad cap): retrying it is pointless. Other per-request
+// errors are transient (network, timeout, failover) and worth retrying.
+var ErrInvalidRequest = errors.New("invalid request")
+
 // Request asks whether one send may go to one user.
 type Request struct {
 	// UserID is the user the send goes to.

@@ -274,7 +274,7 @@ func TestInvalidRequestsFailAlone(t *testing.T) {
 		t.Fatalf("err = %v, want RequestErrors", err)
 	}
 	for i, wantErr := range []bool{false, true, true, true, false} {
-		if (re[i] != nil) != wantErr {
+		if (re[i] != nil) != wantErr || wantErr && !errors.Is(re[i], capping.ErrInvalidRequest) {
 			t.Errorf("request %d: err %v, want error: %v", i, re[i], wantErr)
 		}
 		if !wantErr && !ds[i].Allowed {

@@ -175,7 +175,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	pending := make([]int, 0, len(reqs))
 	for i := range reqs {
 		if err := reqs[i].validate(); err != nil {
-			errs[i] = fmt.Errorf("capping: job %q: %w", reqs[i].JobID, err)
+			errs[i] = fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err)
 			failed++
 			continue
 		}

@@ -1,0 +1,68 @@
+// Command capper is the frequency-capping worker and its tools.
+//
+//	capper run --config FILE           consume, cap and forward send jobs
+//	capper check --config FILE --user ID [--channel C]
+//	capper segments build|inspect|upload ...
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "capper:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+const usage = `capper — per-user frequency capping for campaign messages
+
+Usage:
+  capper run --config FILE                     run the worker (consume, cap, forward, commit)
+  capper check --config FILE --user ID [--channel C]
+                                               show a user's segment, counted sends and whether a send
+                                               now would be allowed; records nothing
+  capper segments build --name NAME --out FILE [--from FILE|-]
+                                               build a segment bitmap from user ids, one per line
+  capper segments inspect FILE|s3://bucket/key  cardinality, size, containers, min/max id
+  capper segments upload DIR s3://bucket/prefix  upload DIR/*.roaring (S3 settings from CAPPER_S3_* or AWS_*)
+
+Every config field can be overridden by an environment variable: kafka.topics.input is
+CAPPER_KAFKA_TOPICS_INPUT. Secrets come from CAPPER_REDIS_PASSWORD and CAPPER_KAFKA_SASL_PASSWORD
+(or the *_file fields). See config.example.yaml.
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "run":
+		return runWorker(ctx, args[1:], stderr)
+	case "check":
+		return runCheck(ctx, args[1:], stdout, stderr)
+	case "segments":
+		return runSegments(ctx, args[1:], stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprintf(stderr, "capper: unknown command %q\n\n%s", args[0], usage)
+		return errUsage
+	}
+}

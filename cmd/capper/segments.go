@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/capper-dev/capper/segments"
+)
+
+func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "build":
+		fs := flag.NewFlagSet("capper segments build", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		name := fs.String("name", "", "segment name (Required)")
+		out := fs.String("out", "", "output file (Required); use NAME.roaring to upload it as segment NAME")
+		from := fs.String("from", "-", "file of user ids, one per line; - for standard input")
+		if err := fs.Parse(args[1:]); err != nil || *name == "" || *out == "" {
+			fmt.Fprintln(stderr, "capper segments build: --name and --out are required")
+			return errUsage
+		}
+		in := io.Reader(os.Stdin)
+		if *from != "-" {
+			f, err := os.Open(*from)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			in = f
+		}
+		bm, err := segments.Build(in)
+		if err != nil {
+			return fmt.Errorf("segment %q from %s: %w", *name, *from, err)
+		}
+		data, err := segments.Encode(bm)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*out, data, 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "segment %s: %d users, %d bytes -> %s\n", *name, bm.GetCardinality(), len(data), *out)
+		return nil
+	case "inspect":
+		if len(args) != 2 {
+			fmt.Fprintln(stderr, "usage: capper segments inspect FILE|s3://bucket/key")
+			return errUsage
+		}
+		data, err := readObject(ctx, args[1])
+		if err != nil {
+			return err
+		}
+		bm, err := segments.Decode(data)
+		if err != nil {
+			return fmt.Errorf("%s: %w", args[1], err)
+		}
+		in := segments.Inspect(bm)
+		fmt.Fprintf(stdout, "%s\n  cardinality  %d\n  serialized   %d bytes\n  in memory    %d bytes\n  containers   array %d, bitmap %d, run %d\n",
+			args[1], in.Cardinality, in.SerializedBytes, in.HeapBytes, in.Containers["array"], in.Containers["bitmap"], in.Containers["run"])
+		if in.Cardinality > 0 {
+			fmt.Fprintf(stdout, "  min id       %d\n  max id       %d\n", in.Min, in.Max)
+		}
+		return nil
+	case "upload":
+		if len(args) != 3 {
+			fmt.Fprintln(stderr, "usage: capper segments upload DIR s3://bucket/prefix")
+			return errUsage
+		}
+		return upload(ctx, args[1], args[2], stdout)
+	default:
+		fmt.Fprintf(stderr, "capper segments: unknown command %q\n", args[0])
+		return errUsage
+	}
+}
+
+func s3FromEnv() segments.S3Config {
+	return segments.S3Config{
+		Endpoint:  os.Getenv("CAPPER_SEGMENTS_S3_ENDPOINT"),
+		Region:    os.Getenv("CAPPER_SEGMENTS_S3_REGION"),
+		PathStyle: os.Getenv("CAPPER_SEGMENTS_S3_PATH_STYLE") == "true",
+	}
+}
+
+func readObject(ctx context.Context, loc string) ([]byte, error) {
+	if !strings.HasPrefix(loc, "s3://") {
+		return os.ReadFile(loc)
+	}
+	bucket, key, err := segments.ParseS3URI(loc)
+	if err != nil {
+		return nil, err
+	}
+	cl, err := segments.NewS3Client(ctx, s3FromEnv())
+	if err != nil {
+		return nil, err
+	}
+	return (&segments.S3Source{Client: cl, Bucket: bucket}).Read(ctx, key)
+}
+
+// upload validates every DIR/*.roaring and uploads them all; nothing is
+// uploaded when one is invalid.
+func upload(ctx context.Context, dir, dest string, stdout io.Writer) error {
+	bucket, prefix, err := segments.ParseS3URI(dest)
+	if err != nil {
+		return err
+	}
+	files, _ := filepath.Glob(filepath.Join(dir, "*"+segments.Ext))
+	if len(files) == 0 {
+		return fmt.Errorf("no *%s files in %s", segments.Ext, dir)
+	}
+	sort.Strings(files)
+	datas := make([][]byte, len(files))
+	for i, f := range files {
+		if datas[i], err = os.ReadFile(f); err != nil {
+			return err
+		}
+		if _, err := segments.Decode(datas[i]); err != nil {
+			return fmt.Errorf("%s: %w (nothing uploaded)", f, err)
+		}
+	}
+	cl, err := segments.NewS3Client(ctx, s3FromEnv())
+	if err != nil {
+		return err
+	}
+	dst := &segments.S3Source{Client: cl, Bucket: bucket, Prefix: prefix}
+	for i, f := range files {
+		name := strings.TrimSuffix(filepath.Base(f), segments.Ext)
+		if err := dst.Put(ctx, name, datas[i]); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "uploaded %s (%d bytes) to s3://%s/%s%s\n", f, len(datas[i]), bucket, strings.TrimSuffix(prefix, "/")+"/", name+segments.Ext)
+	}
+	if len(files) == 0 {
+		return errors.New("nothing uploaded")
+	}
+	return nil
+}

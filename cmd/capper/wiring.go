@@ -1,0 +1,145 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/segments"
+)
+
+func newLogger(level string, w *os.File) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(level))
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func tlsConfig(c config.TLS, field string) (*tls.Config, error) {
+	if !c.Enabled {
+		return nil, nil
+	}
+	tc := &tls.Config{ServerName: c.ServerName, MinVersion: tls.VersionTLS12}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.ca_file: %w", field, err)
+		}
+		tc.RootCAs = x509.NewCertPool()
+		if !tc.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s.ca_file: no PEM certificate in %s", field, c.CAFile)
+		}
+	}
+	if c.CertFile != "" || c.KeyFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s.cert_file/key_file: %w", field, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// roundTrips counts pipelines and commands sent to Redis nodes.
+type roundTrips struct{ n atomic.Uint64 }
+
+func (r *roundTrips) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (r *roundTrips) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error { r.n.Add(1); return next(ctx, cmd) }
+}
+func (r *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { r.n.Add(1); return next(ctx, cmds) }
+}
+
+// newRedis returns a cluster client for several addresses, a plain client for one.
+func newRedis(c config.Redis, trips *roundTrips) (redis.UniversalClient, error) {
+	tc, err := tlsConfig(c.TLS, "redis.tls")
+	if err != nil {
+		return nil, err
+	}
+	if len(c.Addrs) == 1 {
+		cl := redis.NewClient(&redis.Options{
+			Addr: c.Addrs[0], Username: c.Username, Password: string(c.Password), TLSConfig: tc,
+			DialTimeout: time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
+		})
+		cl.AddHook(trips)
+		return cl, nil
+	}
+	cl := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: c.Addrs, Username: c.Username, Password: string(c.Password), TLSConfig: tc,
+		DialTimeout: time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
+	})
+	cl.OnNewNode(func(n *redis.Client) { n.AddHook(trips) })
+	return cl, nil
+}
+
+func kafkaSASL(c config.Kafka) (sasl.Mechanism, error) {
+	switch c.SASLMechanism {
+	case "":
+		return nil, nil
+	case "plain":
+		return plain.Mechanism{Username: c.SASLUsername, Password: string(c.SASLPassword)}, nil
+	case "scram-sha-256":
+		return scram.Mechanism(scram.SHA256, c.SASLUsername, string(c.SASLPassword))
+	default:
+		return scram.Mechanism(scram.SHA512, c.SASLUsername, string(c.SASLPassword))
+	}
+}
+
+func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
+	tc, err := tlsConfig(c.TLS, "kafka.tls")
+	if err != nil {
+		return nil, nil, err
+	}
+	mech, err := kafkaSASL(c)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kafka.sasl_mechanism: %w", err)
+	}
+	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: tc, SASLMechanism: mech}
+	errLog := kafka.LoggerFunc(func(msg string, args ...any) { logger.Warn("kafka: " + fmt.Sprintf(msg, args...)) })
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           c.Brokers,
+		GroupID:           c.GroupID,
+		Topic:             c.Topics.Input,
+		Dialer:            dialer,
+		MinBytes:          1,
+		MaxBytes:          16 << 20,
+		MaxWait:           500 * time.Millisecond,
+		CommitInterval:    0, // synchronous commits, after the outputs are acknowledged
+		StartOffset:       kafka.FirstOffset,
+		SessionTimeout:    time.Duration(c.SessionTimeout),
+		RebalanceTimeout:  time.Duration(c.SessionTimeout),
+		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
+		QueueCapacity:     max(100, 2*batchSize),
+		ErrorLogger:       errLog,
+	})
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(c.Brokers...),
+		Balancer:     &kafka.Murmur2Balancer{}, // same key -> partition mapping as the Java client
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    max(100, batchSize),
+		BatchBytes:   64 << 20,
+		BatchTimeout: 2 * time.Millisecond,
+		MaxAttempts:  3,
+		WriteTimeout: 10 * time.Second,
+		Transport:    &kafka.Transport{TLS: tc, SASL: mech, Dial: (&net.Dialer{Timeout: 10 * time.Second}).DialContext},
+		ErrorLogger:  errLog,
+	}
+	return r, w, nil
+}
+
+func newSegmentSource(ctx context.Context, c config.Segments) (segments.Source, error) {
+	return segments.OpenSource(ctx, c.Source, segments.S3Config{Endpoint: c.S3Endpoint, Region: c.S3Region, PathStyle: c.S3PathStyle})
+}

@@ -1,0 +1,437 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/capping"
+)
+
+// Headers capper adds to the messages it writes.
+const (
+	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, capped
+	HeaderSegment  = "capper-segment"  // the user's segment, or "default"
+	HeaderCap      = "capper-cap"      // capped: the cap that was hit
+	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
+	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
+)
+
+// Decision header values.
+const (
+	DecisionAllowed   = "allowed"
+	DecisionDuplicate = "duplicate"
+	DecisionExempt    = "exempt"
+	DecisionCapped    = "capped"
+	DecisionDLQ       = "dlq"
+)
+
+// Reader is what the Worker needs of a consumer-group reader (*kafka.Reader).
+type Reader interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+	Stats() kafka.ReaderStats
+}
+
+// Writer is what the Worker needs of a producer (*kafka.Writer with no Topic
+// set, RequiredAcks = RequireAll, synchronous).
+type Writer interface {
+	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
+}
+
+// Decider decides batches of sends (*capping.Limiter).
+type Decider interface {
+	Decide(ctx context.Context, reqs []capping.Request) ([]capping.Decision, error)
+}
+
+// Segmenter resolves a user's segment (*segments.Snapshot).
+type Segmenter interface {
+	Lookup(user uint32) (segment string, ok bool)
+}
+
+// Topics names the output topics.
+type Topics struct {
+	Allowed string
+	Capped  string
+	DLQ     string
+}
+
+// Config configures a Worker.
+type Config struct {
+	Reader  Reader  // (Required)
+	Writer  Writer  // (Required)
+	Decider Decider // (Required)
+	// Segments returns the current segment snapshot. (Required)
+	Segments func() Segmenter
+	// Rules are the initial rules. (Required)
+	Rules *Rules
+	// Topics are the output topics. (Required)
+	Topics Topics
+	// BatchSize is the most jobs in one batch. Defaults to 500.
+	BatchSize int
+	// BatchWait is how long a batch waits for more jobs after its first. Defaults to 100ms.
+	BatchWait time.Duration
+	// MaxMessageBytes: larger input messages go to the dead-letter topic. Defaults to 1 MiB.
+	MaxMessageBytes int
+	// CommitTimeout bounds an offset commit. Defaults to 10s.
+	CommitTimeout time.Duration
+	// RetryMin and RetryMax bound the exponential backoff of retries after a
+	// Redis or Kafka failure. Default to 100ms and 5s.
+	RetryMin, RetryMax time.Duration
+	// RoundTrips, when set, returns a running count of Redis round trips; the
+	// worker reports the count per batch.
+	RoundTrips func() uint64
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Registerer receives the worker's metrics. Optional.
+	Registerer prometheus.Registerer
+}
+
+// Validate reports whether the configuration is usable.
+func (c *Config) Validate() error {
+	switch {
+	case c.Reader == nil:
+		return errors.New("consumer: reader is required")
+	case c.Writer == nil:
+		return errors.New("consumer: writer is required")
+	case c.Decider == nil:
+		return errors.New("consumer: decider is required")
+	case c.Segments == nil:
+		return errors.New("consumer: segments is required")
+	case c.Rules == nil:
+		return errors.New("consumer: rules are required")
+	case c.Topics.Allowed == "" || c.Topics.Capped == "" || c.Topics.DLQ == "":
+		return errors.New("consumer: the allowed, capped and dead-letter topics are required")
+	case c.BatchSize < 0 || c.BatchWait < 0 || c.MaxMessageBytes < 0:
+		return errors.New("consumer: batch size, batch wait and max message bytes must not be negative")
+	}
+	return c.Rules.Validate()
+}
+
+// Worker runs the consume, decide, produce, commit loop. Run it once.
+type Worker struct {
+	cfg   Config
+	rules atomic.Pointer[Rules]
+	ready atomic.Bool
+	m     metrics
+}
+
+// New returns a Worker.
+func New(cfg Config) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 500
+	}
+	if cfg.BatchWait == 0 {
+		cfg.BatchWait = 100 * time.Millisecond
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = 1 << 20
+	}
+	if cfg.CommitTimeout == 0 {
+		cfg.CommitTimeout = 10 * time.Second
+	}
+	if cfg.RetryMin == 0 {
+		cfg.RetryMin = 100 * time.Millisecond
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	w := &Worker{cfg: cfg}
+	w.rules.Store(cfg.Rules)
+	w.ready.Store(true)
+	if err := w.m.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	w.m.rulesVersion.Set(float64(cfg.Rules.Version))
+	return w, nil
+}
+
+// SetRules validates r and makes it apply from the next batch on; on error the
+// current rules stay.
+func (w *Worker) SetRules(r *Rules) error {
+	if err := r.Validate(); err != nil {
+		return err
+	}
+	w.rules.Store(r)
+	w.m.rulesVersion.Set(float64(r.Version))
+	return nil
+}
+
+// Ready reports whether the last batch went through without a backend failure.
+func (w *Worker) Ready() bool { return w.ready.Load() }
+
+// Run consumes until ctx ends. The batch in flight when ctx ends is finished
+// (decided, written, committed) within drain, a separate deadline; if it
+// cannot be, its offsets stay uncommitted and it is redelivered. Run returns
+// nil after a clean stop.
+func (w *Worker) Run(ctx context.Context, drain time.Duration) error {
+	for {
+		batch, err := w.fetch(ctx)
+		if len(batch) > 0 {
+			dctx, cancel := context.WithCancel(context.Background())
+			stop := context.AfterFunc(ctx, func() {
+				t := time.AfterFunc(drain, cancel)
+				_ = t
+			})
+			perr := w.process(dctx, batch)
+			stop()
+			cancel()
+			if perr != nil {
+				return perr
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			w.m.errors.WithLabelValues("kafka_fetch").Inc()
+			w.cfg.Logger.Warn("fetch failed", "err", err)
+			if !sleep(ctx, w.cfg.RetryMin) {
+				return nil
+			}
+		}
+	}
+}
+
+// fetch blocks for the first message, then collects more for up to BatchWait.
+func (w *Worker) fetch(ctx context.Context) ([]kafka.Message, error) {
+	first, err := w.cfg.Reader.FetchMessage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	batch := make([]kafka.Message, 1, w.cfg.BatchSize)
+	batch[0] = first
+	fctx, cancel := context.WithTimeout(ctx, w.cfg.BatchWait)
+	defer cancel()
+	for len(batch) < w.cfg.BatchSize {
+		m, err := w.cfg.Reader.FetchMessage(fctx)
+		if err != nil {
+			break // the wait is over (or ctx ended): process what we have
+		}
+		batch = append(batch, m)
+	}
+	return batch, nil
+}
+
+// item is one job of a batch on its way to an output topic.
+type item struct {
+	msg      *kafka.Message
+	job      Job
+	segment  string
+	decision string
+	cap      string
+	retryAt  time.Time
+	reason   string
+}
+
+// process decides, writes and commits one batch. It returns an error only when
+// ctx ends before the batch is done (the batch is then left uncommitted).
+func (w *Worker) process(ctx context.Context, batch []kafka.Message) error {
+	start := time.Now()
+	var trips0 uint64
+	if w.cfg.RoundTrips != nil {
+		trips0 = w.cfg.RoundTrips()
+	}
+	rules := w.rules.Load()
+	seg := w.cfg.Segments()
+	items := make([]item, len(batch))
+	var reqs []capping.Request
+	var reqItems []int
+	for i := range batch {
+		it := &items[i]
+		it.msg = &batch[i]
+		job, err := DecodeJob(batch[i].Value, w.cfg.MaxMessageBytes)
+		if err != nil {
+			it.decision, it.reason = DecisionDLQ, err.Error()
+			continue
+		}
+		it.job = job
+		name, ok := seg.Lookup(job.UserID)
+		it.segment = name
+		if !ok {
+			it.segment = "default"
+		}
+		if rules.IsExempt(job.Category) {
+			it.decision = DecisionExempt
+			continue
+		}
+		reqs = append(reqs, capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Caps: rules.CapsFor(name, ok)})
+		reqItems = append(reqItems, i)
+	}
+	if err := w.decide(ctx, reqs, reqItems, items); err != nil {
+		return err
+	}
+	outs := make([]kafka.Message, len(items))
+	for i := range items {
+		outs[i] = w.output(&items[i])
+		w.m.jobs.WithLabelValues(items[i].decision).Inc()
+	}
+	if err := w.write(ctx, outs); err != nil {
+		return err
+	}
+	w.commit(ctx, batch)
+	w.ready.Store(true)
+	w.m.batchSize.Observe(float64(len(batch)))
+	w.m.batchSeconds.Observe(time.Since(start).Seconds())
+	if w.cfg.RoundTrips != nil {
+		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
+	}
+	w.m.lag.Set(float64(w.cfg.Reader.Stats().Lag))
+	return nil
+}
+
+// decide decides reqs, retrying the failed ones with capped exponential
+// backoff until all are decided or ctx ends. Invalid requests go to the
+// dead-letter topic.
+func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []int, items []item) error {
+	backoff := w.cfg.RetryMin
+	for attempt := 1; len(reqs) > 0; attempt++ {
+		ds, err := w.cfg.Decider.Decide(ctx, reqs)
+		var re capping.RequestErrors
+		if err != nil && !errors.As(err, &re) {
+			re = make(capping.RequestErrors, len(reqs))
+			for i := range re {
+				re[i] = err
+			}
+		}
+		var retryReqs []capping.Request
+		var retryItems []int
+		for j, i := range reqItems {
+			it := &items[i]
+			if re != nil && re[j] != nil {
+				if errors.Is(re[j], capping.ErrInvalidRequest) {
+					it.decision, it.reason = DecisionDLQ, re[j].Error()
+					continue
+				}
+				retryReqs = append(retryReqs, reqs[j])
+				retryItems = append(retryItems, i)
+				continue
+			}
+			d := ds[j]
+			switch {
+			case d.Duplicate:
+				it.decision = DecisionDuplicate
+			case d.Allowed:
+				it.decision = DecisionAllowed
+			default:
+				it.decision = DecisionCapped
+				it.cap = capName(reqs[j].Caps, d.Cap)
+				it.retryAt = d.RetryAt
+			}
+		}
+		if len(retryReqs) == 0 {
+			return nil
+		}
+		w.ready.Store(false)
+		w.m.errors.WithLabelValues("redis").Inc()
+		w.cfg.Logger.Warn("redis decisions failed; retrying", "failed", len(retryReqs), "attempt", attempt, "in", backoff, "err", err)
+		if !sleep(ctx, backoff) {
+			return fmt.Errorf("consumer: stopped with %d undecided jobs (left uncommitted): %w", len(retryReqs), ctx.Err())
+		}
+		backoff = min(2*backoff, w.cfg.RetryMax)
+		reqs, reqItems = retryReqs, retryItems
+	}
+	return nil
+}
+
+func capName(caps []capping.Cap, i int) string {
+	if i < 0 || i >= len(caps) {
+		return ""
+	}
+	if caps[i].Name != "" {
+		return caps[i].Name
+	}
+	return "cap" + strconv.Itoa(i)
+}
+
+// output builds the message that carries it to its topic: the original key and
+// value, the original headers, and capper's.
+func (w *Worker) output(it *item) kafka.Message {
+	m := kafka.Message{Key: it.msg.Key, Value: it.msg.Value}
+	m.Headers = append(make([]kafka.Header, 0, len(it.msg.Headers)+4), it.msg.Headers...)
+	add := func(k, v string) { m.Headers = append(m.Headers, kafka.Header{Key: k, Value: []byte(v)}) }
+	add(HeaderDecision, it.decision)
+	switch it.decision {
+	case DecisionDLQ:
+		m.Topic = w.cfg.Topics.DLQ
+		add(HeaderError, it.reason)
+		return m
+	case DecisionCapped:
+		m.Topic = w.cfg.Topics.Capped
+		add(HeaderCap, it.cap)
+		retry := ""
+		if !it.retryAt.IsZero() {
+			retry = it.retryAt.UTC().Format(time.RFC3339Nano)
+		}
+		add(HeaderRetryAt, retry)
+	default:
+		m.Topic = w.cfg.Topics.Allowed
+	}
+	add(HeaderSegment, it.segment)
+	return m
+}
+
+// write writes outs, retrying the failed messages until all are acknowledged
+// or ctx ends.
+func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
+	backoff := w.cfg.RetryMin
+	for attempt := 1; ; attempt++ {
+		err := w.cfg.Writer.WriteMessages(ctx, outs...)
+		if err == nil {
+			return nil
+		}
+		var we kafka.WriteErrors
+		if errors.As(err, &we) && len(we) == len(outs) {
+			var failed []kafka.Message
+			for i, e := range we {
+				if e != nil {
+					failed = append(failed, outs[i])
+				}
+			}
+			outs = failed
+		}
+		w.ready.Store(false)
+		w.m.errors.WithLabelValues("kafka_write").Inc()
+		w.cfg.Logger.Warn("writing outputs failed; retrying", "messages", len(outs), "attempt", attempt, "in", backoff, "err", err)
+		if !sleep(ctx, backoff) {
+			return fmt.Errorf("consumer: stopped with %d unwritten outputs (batch left uncommitted): %w", len(outs), ctx.Err())
+		}
+		backoff = min(2*backoff, w.cfg.RetryMax)
+	}
+}
+
+// commit commits the batch's offsets. A failed commit (for instance after a
+// rebalance took the partition away) is logged: the jobs will be redelivered
+// and recognised as duplicates.
+func (w *Worker) commit(ctx context.Context, batch []kafka.Message) {
+	cctx, cancel := context.WithTimeout(ctx, w.cfg.CommitTimeout)
+	defer cancel()
+	if err := w.cfg.Reader.CommitMessages(cctx, batch...); err != nil {
+		w.m.errors.WithLabelValues("kafka_commit").Inc()
+		w.cfg.Logger.Warn("commit failed; the batch will be redelivered", "messages", len(batch), "err", err)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

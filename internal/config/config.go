@@ -1,0 +1,384 @@
+// Package config loads capper's YAML configuration, applies CAPPER_*
+// environment overrides and validates it. See config.example.yaml at the
+// repository root for every field with its default.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
+)
+
+// Config is the whole configuration.
+type Config struct {
+	Kafka    Kafka    `yaml:"kafka"`
+	Redis    Redis    `yaml:"redis"`
+	Segments Segments `yaml:"segments"`
+	Batch    Batch    `yaml:"batch"`
+	Rules    Rules    `yaml:"rules"`
+	// MetricsAddr serves /metrics, /healthz and /readyz. Defaults to ":9090"; "off" disables.
+	MetricsAddr string `yaml:"metrics_addr"`
+	// ShutdownTimeout bounds finishing the in-flight batch on SIGTERM. Defaults to 30s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// LogLevel is debug, info, warn or error. Defaults to info.
+	LogLevel string `yaml:"log_level"`
+}
+
+type Kafka struct {
+	Brokers []string `yaml:"brokers"`  // (Required)
+	GroupID string   `yaml:"group_id"` // Defaults to "capper".
+	Topics  Topics   `yaml:"topics"`
+	// SessionTimeout: a member silent this long leaves the group and its partitions move. Defaults to 30s.
+	SessionTimeout Duration `yaml:"session_timeout"`
+	// SASL: mechanism plain, scram-sha-256 or scram-sha-512; empty disables.
+	SASLMechanism string `yaml:"sasl_mechanism"`
+	SASLUsername  string `yaml:"sasl_username"`
+	// SASLPassword: set CAPPER_KAFKA_SASL_PASSWORD or sasl_password_file, never the file itself.
+	SASLPassword     Secret `yaml:"-"`
+	SASLPasswordFile string `yaml:"sasl_password_file"`
+	TLS              TLS    `yaml:"tls"`
+}
+
+type Topics struct {
+	Input   string `yaml:"input"`   // Defaults to "sends".
+	Allowed string `yaml:"allowed"` // Defaults to "sends.allowed".
+	Capped  string `yaml:"capped"`  // Defaults to "sends.capped".
+	DLQ     string `yaml:"dlq"`     // Defaults to "sends.dlq".
+}
+
+type Redis struct {
+	// Addrs: one address = a standalone Redis, several = a cluster. (Required)
+	Addrs    []string `yaml:"addrs"`
+	Username string   `yaml:"username"`
+	// Password: set CAPPER_REDIS_PASSWORD or password_file.
+	Password     Secret   `yaml:"-"`
+	PasswordFile string   `yaml:"password_file"`
+	TLS          TLS      `yaml:"tls"`
+	KeyPrefix    string   `yaml:"key_prefix"`    // Defaults to "fc".
+	DialTimeout  Duration `yaml:"dial_timeout"`  // Defaults to 1s.
+	ReadTimeout  Duration `yaml:"read_timeout"`  // Defaults to 1s.
+	WriteTimeout Duration `yaml:"write_timeout"` // Defaults to 1s.
+	// DecideTimeout bounds one batch's decisions, reloads included. Defaults to 3s.
+	DecideTimeout Duration `yaml:"decide_timeout"`
+}
+
+type TLS struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"`
+}
+
+type Segments struct {
+	// Source: s3://bucket/prefix or a local directory. (Required)
+	Source          string   `yaml:"source"`
+	S3Endpoint      string   `yaml:"s3_endpoint"`   // S3-compatible endpoint; defaults to AWS.
+	S3Region        string   `yaml:"s3_region"`     // Defaults to AWS_REGION, then us-east-1.
+	S3PathStyle     bool     `yaml:"s3_path_style"` // Defaults to false.
+	RefreshInterval Duration `yaml:"refresh_interval"`
+	StartupTimeout  Duration `yaml:"startup_timeout"`
+}
+
+type Batch struct {
+	Size    int      `yaml:"size"`     // Defaults to 500.
+	MaxWait Duration `yaml:"max_wait"` // Defaults to 100ms.
+}
+
+// Rules is the reloadable part: segments in priority order and their caps.
+type Rules struct {
+	Segments          []SegmentRule `yaml:"segments"`
+	DefaultCaps       []Cap         `yaml:"default_caps"`
+	ExemptCategories  []string      `yaml:"exempt_categories"` // Defaults to [transactional].
+	ReloadInterval    Duration      `yaml:"reload_interval"`   // How often the file is checked for changes. Defaults to 10s.
+	exemptWasExplicit bool
+}
+
+type SegmentRule struct {
+	Name string `yaml:"name"`
+	Caps []Cap  `yaml:"caps"`
+}
+
+type Cap struct {
+	Name    string   `yaml:"name"`
+	Window  Duration `yaml:"window"`
+	Limit   *int     `yaml:"limit"`
+	Channel string   `yaml:"channel"`
+}
+
+// Duration reads "24h", "7d", "500ms".
+type Duration time.Duration
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseDuration(n.Value)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// ParseDuration is time.ParseDuration plus a "d" (24h) suffix for whole days.
+func ParseDuration(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q", s)
+	}
+	return d, nil
+}
+
+// Secret is a string never printed.
+type Secret string
+
+func (Secret) String() string   { return "[redacted]" }
+func (Secret) GoString() string { return "[redacted]" }
+
+// Load reads path, applies CAPPER_* environment overrides, fills defaults and validates.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(data, os.LookupEnv)
+}
+
+// Parse is Load on bytes, with env looking up environment variables.
+func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c.Rules.exemptWasExplicit = c.Rules.ExemptCategories != nil
+	if err := applyEnv(reflect.ValueOf(&c).Elem(), "CAPPER", env); err != nil {
+		return nil, err
+	}
+	if err := c.readSecrets(env); err != nil {
+		return nil, err
+	}
+	c.defaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func (c *Config) readSecrets(env func(string) (string, bool)) error {
+	read := func(dst *Secret, envName, file, field string) error {
+		if v, ok := env(envName); ok {
+			*dst = Secret(v)
+			return nil
+		}
+		if file == "" {
+			return nil
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return fmt.Errorf("config: %s: %w", field, err)
+		}
+		*dst = Secret(strings.TrimRight(string(b), "\r\n"))
+		return nil
+	}
+	if err := read(&c.Redis.Password, "CAPPER_REDIS_PASSWORD", c.Redis.PasswordFile, "redis.password_file"); err != nil {
+		return err
+	}
+	return read(&c.Kafka.SASLPassword, "CAPPER_KAFKA_SASL_PASSWORD", c.Kafka.SASLPasswordFile, "kafka.sasl_password_file")
+}
+
+func (c *Config) defaults() {
+	set := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	setD := func(p *Duration, v time.Duration) {
+		if *p == 0 {
+			*p = Duration(v)
+		}
+	}
+	set(&c.Kafka.GroupID, "capper")
+	set(&c.Kafka.Topics.Input, "sends")
+	set(&c.Kafka.Topics.Allowed, "sends.allowed")
+	set(&c.Kafka.Topics.Capped, "sends.capped")
+	set(&c.Kafka.Topics.DLQ, "sends.dlq")
+	set(&c.Redis.KeyPrefix, "fc")
+	setD(&c.Kafka.SessionTimeout, 30*time.Second)
+	setD(&c.Redis.DialTimeout, time.Second)
+	setD(&c.Redis.ReadTimeout, time.Second)
+	setD(&c.Redis.WriteTimeout, time.Second)
+	setD(&c.Redis.DecideTimeout, 3*time.Second)
+	setD(&c.Segments.RefreshInterval, 5*time.Minute)
+	setD(&c.Segments.StartupTimeout, 2*time.Minute)
+	setD(&c.Batch.MaxWait, 100*time.Millisecond)
+	setD(&c.ShutdownTimeout, 30*time.Second)
+	setD(&c.Rules.ReloadInterval, 10*time.Second)
+	if c.Batch.Size == 0 {
+		c.Batch.Size = 500
+	}
+	set(&c.MetricsAddr, ":9090")
+	set(&c.LogLevel, "info")
+	if !c.Rules.exemptWasExplicit && c.Rules.ExemptCategories == nil {
+		c.Rules.ExemptCategories = []string{"transactional"}
+	}
+}
+
+// Validate checks every field and names the offending one.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("config: %s (%s): %s", field, envName(field), fmt.Sprintf(format, args...)))
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		bad("kafka.brokers", "at least one broker address is required")
+	}
+	switch c.Kafka.SASLMechanism {
+	case "", "plain", "scram-sha-256", "scram-sha-512":
+	default:
+		bad("kafka.sasl_mechanism", "%q is not plain, scram-sha-256 or scram-sha-512", c.Kafka.SASLMechanism)
+	}
+	if c.Kafka.SASLMechanism != "" && (c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "") {
+		bad("kafka.sasl_username", "SASL needs a username and a password (CAPPER_KAFKA_SASL_PASSWORD or sasl_password_file)")
+	}
+	ts := c.Kafka.Topics
+	if ts.Input == ts.Allowed || ts.Input == ts.Capped || ts.Input == ts.DLQ {
+		bad("kafka.topics.input", "the input topic %q must differ from the output topics", ts.Input)
+	}
+	if len(c.Redis.Addrs) == 0 {
+		bad("redis.addrs", "at least one address is required")
+	}
+	if strings.ContainsAny(c.Redis.KeyPrefix, "{}") {
+		bad("redis.key_prefix", "must not contain { or }")
+	}
+	if c.Segments.Source == "" {
+		bad("segments.source", "an s3://bucket/prefix URI or a directory is required")
+	}
+	if c.Batch.Size < 1 || c.Batch.Size > 100000 {
+		bad("batch.size", "%d is not in 1..100000", c.Batch.Size)
+	}
+	if time.Duration(c.Batch.MaxWait) > time.Second {
+		bad("batch.max_wait", "%v is over 1s", time.Duration(c.Batch.MaxWait))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	if _, err := c.Rules.Build(0); err != nil {
+		errs = append(errs, fmt.Errorf("config: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// Build converts the rules for the worker.
+func (r *Rules) Build(version int64) (*consumer.Rules, error) {
+	conv := func(field string, in []Cap) ([]capping.Cap, error) {
+		out := make([]capping.Cap, len(in))
+		for i, c := range in {
+			if c.Limit == nil {
+				return nil, fmt.Errorf("%s[%d]: limit is required", field, i)
+			}
+			out[i] = capping.Cap{Name: c.Name, Window: time.Duration(c.Window), Limit: *c.Limit, Channel: c.Channel}
+			if out[i].Name == "" {
+				out[i].Name = fmt.Sprintf("%s/%s", c.Window.String(), c.Channel)
+			}
+		}
+		return out, nil
+	}
+	cr := &consumer.Rules{Exempt: r.ExemptCategories, Version: version}
+	var err error
+	if cr.Default, err = conv("rules.default_caps", r.DefaultCaps); err != nil {
+		return nil, err
+	}
+	for i, s := range r.Segments {
+		caps, err := conv(fmt.Sprintf("rules.segments[%d].caps", i), s.Caps)
+		if err != nil {
+			return nil, err
+		}
+		cr.Segments = append(cr.Segments, consumer.SegmentRule{Name: s.Name, Caps: caps})
+	}
+	if err := cr.Validate(); err != nil {
+		return nil, err
+	}
+	return cr, nil
+}
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// envName is the environment variable of a field path: kafka.topics.input -> CAPPER_KAFKA_TOPICS_INPUT.
+func envName(path string) string {
+	return "CAPPER_" + strings.ToUpper(strings.NewReplacer(".", "_").Replace(path))
+}
+
+// applyEnv sets every scalar or string-list field from PREFIX_FIELD_PATH when set.
+// Rules (lists of structs) come only from the file.
+func applyEnv(v reflect.Value, prefix string, env func(string) (string, bool)) error {
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+		if tag == "" || tag == "-" || !f.IsExported() {
+			continue
+		}
+		name := prefix + "_" + strings.ToUpper(tag)
+		fv := v.Field(i)
+		if f.Type.Kind() == reflect.Struct {
+			if err := applyEnv(fv, name, env); err != nil {
+				return err
+			}
+			continue
+		}
+		val, ok := env(name)
+		if !ok {
+			continue
+		}
+		switch {
+		case f.Type == reflect.TypeOf(Duration(0)):
+			d, err := ParseDuration(val)
+			if err != nil {
+				return fmt.Errorf("config: %s: %w", name, err)
+			}
+			fv.SetInt(int64(d))
+		case f.Type.Kind() == reflect.String:
+			fv.SetString(val)
+		case f.Type.Kind() == reflect.Int:
+			n, err := strconv.Atoi(val)
+			if err != nil {
+				return fmt.Errorf("config: %s: %q is not an integer", name, val)
+			}
+			fv.SetInt(int64(n))
+		case f.Type.Kind() == reflect.Bool:
+			b, err := strconv.ParseBool(val)
+			if err != nil {
+				return fmt.Errorf("config: %s: %q is not true or false", name, val)
+			}
+			fv.SetBool(b)
+		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.String:
+			var parts []string
+			for _, p := range strings.Split(val, ",") {
+				if p = strings.TrimSpace(p); p != "" {
+					parts = append(parts, p)
+				}
+			}
+			fv.Set(reflect.ValueOf(parts))
+		}
+	}
+	return nil
+}

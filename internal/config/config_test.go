@@ -1,0 +1,95 @@
+package config_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capper-dev/capper/internal/config"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestExampleConfigLoads(t *testing.T) {
+	data, err := os.ReadFile("../../config.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Parse(data, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := c.Rules.Build(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.SegmentNames(); strings.Join(got, ",") != "new,active,dormant" {
+		t.Errorf("segments %v", got)
+	}
+	if caps := r.CapsFor("active", true); len(caps) != 3 || caps[1].Window != 7*24*time.Hour || caps[2].Channel != "push" {
+		t.Errorf("active caps %+v", caps)
+	}
+	if !r.IsExempt("transactional") || r.IsExempt("marketing") {
+		t.Error("exempt categories wrong")
+	}
+}
+
+func TestEnvironmentOverridesAndSecrets(t *testing.T) {
+	data, _ := os.ReadFile("../../config.example.yaml")
+	c, err := config.Parse(data, env(map[string]string{
+		"CAPPER_KAFKA_BROKERS":          "a:1, b:2",
+		"CAPPER_KAFKA_TOPICS_INPUT":     "jobs",
+		"CAPPER_BATCH_SIZE":             "64",
+		"CAPPER_BATCH_MAX_WAIT":         "250ms",
+		"CAPPER_SEGMENTS_S3_PATH_STYLE": "false",
+		"CAPPER_REDIS_PASSWORD":         "hunter2",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.Kafka.Brokers, ",") != "a:1,b:2" || c.Kafka.Topics.Input != "jobs" || c.Batch.Size != 64 ||
+		time.Duration(c.Batch.MaxWait) != 250*time.Millisecond || c.Segments.S3PathStyle {
+		t.Fatalf("overrides not applied: %+v", c)
+	}
+	if string(c.Redis.Password) != "hunter2" {
+		t.Fatal("password not read from CAPPER_REDIS_PASSWORD")
+	}
+	if s := strings.Join([]string{c.Redis.Password.String(), (&c.Redis).Password.GoString()}, " "); strings.Contains(s, "hunter2") {
+		t.Fatal("a secret is printable")
+	}
+}
+
+func TestValidationNamesTheField(t *testing.T) {
+	base, _ := os.ReadFile("../../config.example.yaml")
+	tests := []struct {
+		name string
+		env  map[string]string
+		yaml string
+		want string
+	}{
+		{"no brokers", map[string]string{"CAPPER_KAFKA_BROKERS": ""}, "", "kafka.brokers (CAPPER_KAFKA_BROKERS)"},
+		{"batch size", map[string]string{"CAPPER_BATCH_SIZE": "0x"}, "", "CAPPER_BATCH_SIZE"},
+		{"batch wait", map[string]string{"CAPPER_BATCH_MAX_WAIT": "5s"}, "", "batch.max_wait"},
+		{"input is an output", map[string]string{"CAPPER_KAFKA_TOPICS_INPUT": "sends.dlq"}, "", "kafka.topics.input"},
+		{"sasl without password", map[string]string{"CAPPER_KAFKA_SASL_MECHANISM": "plain", "CAPPER_KAFKA_SASL_USERNAME": "u"}, "", "kafka.sasl_username"},
+		{"unknown field", nil, "kafka: {brokerz: [x]}\n", "brokerz"},
+		{"cap without limit", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nrules: {default_caps: [{window: 24h}]}\n", "rules.default_caps[0]: limit is required"},
+		{"zero window", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nrules: {default_caps: [{window: 0s, limit: 1}]}\n", "window"},
+		{"no default caps", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\n", "default_caps"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			data := base
+			if tt.yaml != "" {
+				data = []byte(tt.yaml)
+			}
+			_, err := config.Parse(data, env(tt.env))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one naming %q", err, tt.want)
+			}
+		})
+	}
+}
