@@ -14,7 +14,7 @@ trap 'scripts/stack.sh down' EXIT
 eval "$(scripts/stack.sh env)"
 
 pkgs=("$@"); [[ ${#pkgs[@]} -eq 0 ]] && pkgs=(./...)
-go test -race -count=1 -timeout 25m "${pkgs[@]}"
+go test -race -count=1 -p 1 -timeout 25m "${pkgs[@]}"
 rc=$?
 echo "test.sh: go test exited $rc after $(( $(date +%s) - start )) s"
 exit $rc

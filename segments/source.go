@@ -179,6 +179,7 @@ func NewS3Client(ctx context.Context, cfg S3Config) (*s3.Client, error) {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 		o.UsePathStyle = cfg.PathStyle
+		o.DisableLogOutputChecksumValidationSkipped = true
 	}), nil
 }
 

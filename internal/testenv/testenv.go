@@ -118,5 +118,16 @@ func CreateTopicsErr(brokers []string, partitions int, topics ...string) error {
 	if err := cc.CreateTopics(cfgs...); err != nil {
 		return fmt.Errorf("create topics %v: %w", topics, err)
 	}
-	return nil
+	// Wait until every partition of every topic is in the metadata.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		parts, err := conn.ReadPartitions(topics...)
+		if err == nil && len(parts) == partitions*len(topics) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topics %v not visible 10s after creation (%d partitions, err %v)", topics, len(parts), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,0 +1,70 @@
+package consumer_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/capper-dev/capper/consumer"
+)
+
+func TestDecodeJob(t *testing.T) {
+	tests := []struct {
+		name, in string
+		want     consumer.Job
+		err      string
+	}{
+		{"full", `{"job_id":"j1","user_id":4294967295,"campaign_id":"c","channel":"push","category":"transactional","payload":{"a":1}}`,
+			consumer.Job{JobID: "j1", UserID: 4294967295, CampaignID: "c", Channel: "push", Category: "transactional"}, ""},
+		{"default category", `{"job_id":"j1","user_id":0,"campaign_id":"c","channel":"email"}`,
+			consumer.Job{JobID: "j1", UserID: 0, CampaignID: "c", Channel: "email", Category: "marketing"}, ""},
+		{"not json", `hello`, consumer.Job{}, "not a JSON object"},
+		{"array", `[1,2]`, consumer.Job{}, "not a JSON object"},
+		{"trailing", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e"} {}`, consumer.Job{}, "trailing data"},
+		{"no job id", `{"user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "job_id is missing"},
+		{"long job id", `{"job_id":"` + strings.Repeat("x", 129) + `","user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "at most 128"},
+		{"no user", `{"job_id":"j","campaign_id":"c","channel":"e"}`, consumer.Job{}, "user_id is missing"},
+		{"negative user", `{"job_id":"j","user_id":-1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "not an integer in 0..4294967295"},
+		{"user too big", `{"job_id":"j","user_id":4294967296,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "not an integer"},
+		{"fractional user", `{"job_id":"j","user_id":1.5,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "not an integer"},
+		{"string user", `{"job_id":"j","user_id":"12","campaign_id":"c","channel":"e"}`, consumer.Job{}, "not a number"},
+		{"no campaign", `{"job_id":"j","user_id":1,"channel":"e"}`, consumer.Job{}, "campaign_id"},
+		{"no channel", `{"job_id":"j","user_id":1,"campaign_id":"c"}`, consumer.Job{}, "channel"},
+		{"wrong type", `{"job_id":5,"user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "not a JSON object"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := consumer.DecodeJob([]byte(tt.in), 1<<20)
+			if tt.err != "" {
+				if err == nil || !errors.Is(err, consumer.ErrMalformed) || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("err = %v, want malformed: %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+	if _, err := consumer.DecodeJob(make([]byte, 100), 50); err == nil || !strings.Contains(err.Error(), "exceeds") {
+		t.Fatalf("oversize: %v", err)
+	}
+}
+
+func FuzzDecodeJob(f *testing.F) {
+	f.Add([]byte(`{"job_id":"j1","user_id":123,"campaign_id":"c","channel":"email","payload":{}}`))
+	f.Add([]byte(`{"job_id":"","user_id":-1}`))
+	f.Add([]byte(`{"user_id":1e300}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		j, err := consumer.DecodeJob(data, 4096)
+		if err != nil {
+			if !errors.Is(err, consumer.ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if j.JobID == "" || len(j.JobID) > consumer.MaxJobIDBytes || j.Channel == "" || j.CampaignID == "" || j.Category == "" {
+			t.Fatalf("accepted an invalid job %+v", j)
+		}
+	})
+}
