@@ -191,8 +191,6 @@ type jobSpec struct {
 
 func (s *stack) produce(jobs []jobSpec, raw ...kafka.Message) {
 	s.t.Helper()
-	w := &kafka.Writer{Addr: kafka.TCP(s.brokers...), Topic: s.topics[0], Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000}
-	defer w.Close()
 	msgs := make([]kafka.Message, 0, len(jobs)+len(raw))
 	for _, j := range jobs {
 		v := map[string]any{"job_id": j.id, "user_id": j.user, "campaign_id": "c1", "channel": j.channel, "payload": map[string]any{"subject": "hi"}}
@@ -206,8 +204,13 @@ func (s *stack) produce(jobs []jobSpec, raw ...kafka.Message) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var err error
-	for attempt := 0; attempt < 10; attempt++ { // a new topic can take a moment to reach the writer's metadata
-		if err = w.WriteMessages(ctx, msgs...); err == nil {
+	// kafka-go caches topic metadata in the writer's transport, so a retry after
+	// "Unknown Topic Or Partition" (a topic just created) needs a new writer.
+	for attempt := 0; attempt < 20; attempt++ {
+		w := &kafka.Writer{Addr: kafka.TCP(s.brokers...), Topic: s.topics[0], Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000}
+		err = w.WriteMessages(ctx, msgs...)
+		w.Close()
+		if err == nil {
 			return
 		}
 		time.Sleep(300 * time.Millisecond)
