@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -262,25 +261,5 @@ func TestFailoverMidRun(t *testing.T) {
 		}
 	}
 	t.Logf("failover of %s: %d retried rounds", replica.Options().Addr, retries)
-	waitClusterOK(t, e.rdb)
-}
-
-func waitClusterOK(t *testing.T, rdb *redis.ClusterClient) {
-	t.Helper()
-	ctx := context.Background()
-	for i := 0; i < 100; i++ {
-		ok := true
-		_ = rdb.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-			info, err := c.ClusterInfo(ctx).Result()
-			if err != nil || !strings.Contains(info, "cluster_state:ok") {
-				ok = false
-			}
-			return nil
-		})
-		if ok {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatal("cluster not ok after failover")
+	testenv.WaitClusterOK(t, e.rdb)
 }

@@ -11,21 +11,11 @@ import (
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capper-dev/capper/internal/testenv"
 	"github.com/capper-dev/capper/segments"
 )
-
-func s3Client(endpoint string) *s3.Client {
-	return s3.New(s3.Options{
-		Region: "us-east-1", BaseEndpoint: aws.String(endpoint), UsePathStyle: true,
-		Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
-	})
-}
 
 // countingSource counts the objects a real source reads.
 type countingSource struct {
@@ -57,7 +47,7 @@ func TestStoreAgainstS3(t *testing.T) {
 	proxy := httptest.NewServer(httputil.NewSingleHostReverseProxy(target))
 	defer proxy.Close()
 
-	up := &segments.S3Source{Client: s3Client(endpoint), Bucket: bucket, Prefix: testenv.Unique("segtest/")}
+	up := &segments.S3Source{Client: testenv.S3Client(endpoint), Bucket: bucket, Prefix: testenv.Unique("segtest/")}
 	put := func(name string, data []byte) {
 		t.Helper()
 		if err := up.Put(ctx, name, data); err != nil {
@@ -75,7 +65,7 @@ func TestStoreAgainstS3(t *testing.T) {
 	put("active", enc(10, 11, 3))
 	put("dormant", enc(20))
 
-	src := &countingSource{Source: &segments.S3Source{Client: s3Client(proxy.URL), Bucket: bucket, Prefix: up.Prefix}, reads: map[string]int{}}
+	src := &countingSource{Source: &segments.S3Source{Client: testenv.S3Client(proxy.URL), Bucket: bucket, Prefix: up.Prefix}, reads: map[string]int{}}
 	reg := prometheus.NewRegistry()
 	st, err := segments.New(segments.Config{Segments: []string{"new", "active", "dormant"}, Source: src, Registerer: reg, StartupTimeout: 10 * time.Second})
 	if err != nil {

@@ -19,9 +19,6 @@ import (
 	"time"
 
 	"github.com/RoaringBitmap/roaring/v2"
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
@@ -84,9 +81,7 @@ func newStack(t *testing.T, partitions int, extra map[string][]uint32) *stack {
 	}
 	testenv.CreateTopics(t, s.brokers, partitions, s.topics[:]...)
 	s.prefix = name
-	cl := s3.New(s3.Options{Region: "us-east-1", BaseEndpoint: aws.String(endpoint), UsePathStyle: true,
-		Credentials: credentials.NewStaticCredentialsProvider("test", "test", "")})
-	up := &segments.S3Source{Client: cl, Bucket: bucket, Prefix: name}
+	up := &segments.S3Source{Client: testenv.S3Client(endpoint), Bucket: bucket, Prefix: name}
 	segs := map[string][]uint32{"new": {1, 2}, "active": {3, 4}, "dormant": {5}}
 	for k, v := range extra {
 		segs[k] = append(segs[k], v...)
@@ -571,23 +566,5 @@ func TestRedisMasterStoppedMidRun(t *testing.T) {
 	if !notReady {
 		t.Error("/readyz never reported not-ready while a Redis master was stopped")
 	}
-	waitCluster(t, rdb)
-}
-
-func waitCluster(t *testing.T, rdb *redis.ClusterClient) {
-	t.Helper()
-	for i := 0; i < 150; i++ {
-		ok := true
-		_ = rdb.ForEachShard(context.Background(), func(ctx context.Context, c *redis.Client) error {
-			if info, err := c.ClusterInfo(ctx).Result(); err != nil || !strings.Contains(info, "cluster_state:ok") {
-				ok = false
-			}
-			return nil
-		})
-		if ok {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Error("the cluster did not return to cluster_state:ok")
+	testenv.WaitClusterOK(t, rdb)
 }

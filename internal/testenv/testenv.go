@@ -15,9 +15,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 )
@@ -130,4 +134,32 @@ func CreateTopicsErr(brokers []string, partitions int, topics ...string) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// WaitClusterOK waits until every node of the cluster reports cluster_state:ok,
+// for tests that fail over or stop a node.
+func WaitClusterOK(t testing.TB, rdb *redis.ClusterClient) {
+	t.Helper()
+	for i := 0; i < 150; i++ {
+		var bad atomic.Bool // ForEachShard calls its function concurrently
+		_ = rdb.ForEachShard(context.Background(), func(ctx context.Context, c *redis.Client) error {
+			if info, err := c.ClusterInfo(ctx).Result(); err != nil || !strings.Contains(info, "cluster_state:ok") {
+				bad.Store(true)
+			}
+			return nil
+		})
+		if !bad.Load() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Error("the cluster did not return to cluster_state:ok in 15s")
+}
+
+// S3Client returns an AWS SDK client of the local S3 endpoint.
+func S3Client(endpoint string) *s3.Client {
+	return s3.New(s3.Options{
+		Region: "us-east-1", BaseEndpoint: aws.String(endpoint), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
+	})
 }
