@@ -568,3 +568,59 @@ func TestRedisMasterStoppedMidRun(t *testing.T) {
 	}
 	testenv.WaitClusterOK(t, rdb)
 }
+
+// TestRulesReloadOnSIGHUP raises the default cap from 2 to 3 by rewriting the config file
+// and sending SIGHUP; a broken file sent afterwards is rejected and the
+// reloaded rules stay in force.
+func TestRulesReloadOnSIGHUP(t *testing.T) {
+	s := newStack(t, 1, nil)
+	w := s.start(false)
+	s.produce([]jobSpec{{id: "r1", user: 77, channel: "email"}, {id: "r2", user: 77, channel: "email"}, {id: "r3", user: 77, channel: "email"}})
+	outs := s.collect(3, 60*time.Second)
+	if capped := countDecision(outs, "capped"); capped != 1 {
+		t.Fatalf("before the reload: %d capped of 3 (default cap 2), want 1", capped)
+	}
+	orig, err := os.ReadFile(s.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raised := strings.Replace(string(orig), "default_caps: [{name: daily, window: 24h, limit: 2}]", "default_caps: [{name: daily, window: 24h, limit: 3}]", 1)
+	if raised == string(orig) {
+		t.Fatal("test config has no default cap to raise")
+	}
+	if err := os.WriteFile(s.config, []byte(raised), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(time.Second)
+	if err := os.WriteFile(s.config, []byte(raised+"\nrules: [broken\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(time.Second)
+	s.produce([]jobSpec{{id: "r4", user: 77, channel: "email"}, {id: "r5", user: 77, channel: "email"}})
+	outs = s.collect(5, 60*time.Second)
+	got := map[string]string{}
+	for _, o := range outs {
+		got[o.jobID] = o.decision
+	}
+	if got["r4"] != "allowed" || got["r5"] != "capped" {
+		t.Fatalf("after raising the cap to 3: r4 %q, r5 %q; want allowed, capped (decisions %v)", got["r4"], got["r5"], got)
+	}
+	if !strings.Contains(w.logText(), "rules reload rejected") {
+		t.Error("the broken config file was not reported as rejected")
+	}
+	if w.cmd.ProcessState != nil {
+		t.Fatal("the worker exited")
+	}
+}
+
+func countDecision(outs []output, decision string) int {
+	n := 0
+	for _, o := range outs {
+		if o.decision == decision {
+			n++
+		}
+	}
+	return n
+}
