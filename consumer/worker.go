@@ -181,11 +181,9 @@ func (w *Worker) Run(ctx context.Context, drain time.Duration) error {
 	for {
 		batch, err := w.fetch(ctx)
 		if len(batch) > 0 {
+			// The batch survives ctx's end by at most drain.
 			dctx, cancel := context.WithCancel(context.Background())
-			stop := context.AfterFunc(ctx, func() {
-				t := time.AfterFunc(drain, cancel)
-				_ = t
-			})
+			stop := context.AfterFunc(ctx, func() { time.AfterFunc(drain, cancel) })
 			perr := w.process(dctx, batch)
 			stop()
 			cancel()

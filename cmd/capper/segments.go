@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -139,9 +138,6 @@ func upload(ctx context.Context, dir, dest string, stdout io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stdout, "uploaded %s (%d bytes) to s3://%s/%s%s\n", f, len(datas[i]), bucket, strings.TrimSuffix(prefix, "/")+"/", name+segments.Ext)
-	}
-	if len(files) == 0 {
-		return errors.New("nothing uploaded")
 	}
 	return nil
 }
