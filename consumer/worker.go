@@ -295,8 +295,8 @@ func (w *Worker) process(ctx context.Context, batch []kafka.Message) error {
 // backoff until all are decided or ctx ends. Invalid requests go to the
 // dead-letter topic.
 func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []int, items []item) error {
-	backoff := w.cfg.RetryMin
-	for attempt := 1; len(reqs) > 0; attempt++ {
+	retry := w.newRetry("redis")
+	for len(reqs) > 0 {
 		ds, err := w.cfg.Decider.Decide(ctx, reqs)
 		var re capping.RequestErrors
 		if err != nil && !errors.As(err, &re) {
@@ -333,13 +333,9 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 		if len(retryReqs) == 0 {
 			return nil
 		}
-		w.ready.Store(false)
-		w.m.errors.WithLabelValues("redis").Inc()
-		w.cfg.Logger.Warn("redis decisions failed; retrying", "failed", len(retryReqs), "attempt", attempt, "in", backoff, "err", err)
-		if !sleep(ctx, backoff) {
+		if !retry.wait(ctx, "redis decisions failed; retrying", len(retryReqs), err) {
 			return fmt.Errorf("consumer: stopped with %d undecided jobs (left uncommitted): %w", len(retryReqs), ctx.Err())
 		}
-		backoff = min(2*backoff, w.cfg.RetryMax)
 		reqs, reqItems = retryReqs, retryItems
 	}
 	return nil
@@ -385,8 +381,8 @@ func (w *Worker) output(it *item) kafka.Message {
 // write writes outs, retrying the failed messages until all are acknowledged
 // or ctx ends.
 func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
-	backoff := w.cfg.RetryMin
-	for attempt := 1; ; attempt++ {
+	retry := w.newRetry("kafka_write")
+	for {
 		err := w.cfg.Writer.WriteMessages(ctx, outs...)
 		if err == nil {
 			return nil
@@ -401,13 +397,9 @@ func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
 			}
 			outs = failed
 		}
-		w.ready.Store(false)
-		w.m.errors.WithLabelValues("kafka_write").Inc()
-		w.cfg.Logger.Warn("writing outputs failed; retrying", "messages", len(outs), "attempt", attempt, "in", backoff, "err", err)
-		if !sleep(ctx, backoff) {
+		if !retry.wait(ctx, "writing outputs failed; retrying", len(outs), err) {
 			return fmt.Errorf("consumer: stopped with %d unwritten outputs (batch left uncommitted): %w", len(outs), ctx.Err())
 		}
-		backoff = min(2*backoff, w.cfg.RetryMax)
 	}
 }
 
@@ -421,6 +413,30 @@ func (w *Worker) commit(ctx context.Context, batch []kafka.Message) {
 		w.m.errors.WithLabelValues("kafka_commit").Inc()
 		w.cfg.Logger.Warn("commit failed; the batch will be redelivered", "messages", len(batch), "err", err)
 	}
+}
+
+// retry is the capped exponential backoff of one failing step of a batch.
+type retry struct {
+	w       *Worker
+	kind    string // the errors_total label
+	next    time.Duration
+	attempt int
+}
+
+func (w *Worker) newRetry(kind string) *retry {
+	return &retry{w: w, kind: kind, next: w.cfg.RetryMin}
+}
+
+// wait records a failure of n jobs (not ready, metric, log) and sleeps the
+// next backoff; false when ctx ended first.
+func (r *retry) wait(ctx context.Context, msg string, n int, err error) bool {
+	r.attempt++
+	r.w.ready.Store(false)
+	r.w.m.errors.WithLabelValues(r.kind).Inc()
+	r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.attempt, "in", r.next, "err", err)
+	d := r.next
+	r.next = min(2*r.next, r.w.cfg.RetryMax)
+	return sleep(ctx, d)
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

@@ -516,11 +516,7 @@ func scrapeJobs(t *testing.T, addr string) float64 {
 // flow, then resumes it: the worker retries, reports not-ready, and recovers
 // with no loss and no over-send.
 func TestRedisMasterStoppedMidRun(t *testing.T) {
-	stateDir := os.Getenv("CAPPER_STACK_DIR")
-	if stateDir == "" {
-		testenv.RedisAddrs(t) // skips, or fails under CI
-		t.Skip("CAPPER_STACK_DIR is not set: run under scripts/test.sh")
-	}
+	stateDir := testenv.StackDir(t)
 	s := newStack(t, 6, nil)
 	w := s.start(true)
 	w.waitReady(t)

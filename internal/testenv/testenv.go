@@ -70,6 +70,13 @@ func S3(t testing.TB) (endpoint, bucket string) {
 	return endpoint, bucket
 }
 
+// StackDir returns the local stack's state directory (PID files and logs),
+// for tests that stop or freeze a stack process.
+func StackDir(t testing.TB) string {
+	t.Helper()
+	return require(t, "CAPPER_STACK_DIR")
+}
+
 // ClusterClient returns a client of the Redis Cluster, closed when the test ends.
 func ClusterClient(t testing.TB) *redis.ClusterClient {
 	t.Helper()
