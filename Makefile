@@ -1,7 +1,11 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: test stack-up stack-down stack-status build vet bench-capping bench-segments
+.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments
 
 GO ?= go
+
+## demo: the real worker against the local stack: 200,000 jobs for 50,000 users, then a verifying report
+demo:
+	scripts/demo.sh
 
 ## test: the whole test suite against the local stack (what CI runs)
 test:

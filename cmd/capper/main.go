@@ -3,6 +3,7 @@
 //	capper run --config FILE           consume, cap and forward send jobs
 //	capper check --config FILE --user ID [--channel C]
 //	capper segments build|inspect|upload ...
+//	capper loadgen / capper report       synthetic blasts and their verification
 package main
 
 import (
@@ -39,7 +40,11 @@ Usage:
   capper segments build --name NAME --out FILE [--from FILE|-]
                                                build a segment bitmap from user ids, one per line
   capper segments inspect FILE|s3://bucket/key  cardinality, size, containers, min/max id
-  capper segments upload DIR s3://bucket/prefix  upload DIR/*.roaring (S3 settings from CAPPER_S3_* or AWS_*)
+  capper segments upload DIR s3://bucket/prefix  upload DIR/*.roaring (S3 settings from CAPPER_SEGMENTS_S3_* or AWS_*)
+  capper loadgen --config FILE --manifest FILE [--jobs N --users U ...]
+                                               produce a synthetic blast to the input topic, record it
+  capper report --config FILE --manifest FILE  check the output topics against the blast and the caps;
+                                               the last line is JSON; exits 1 on loss or over-send
 
 Every config field can be overridden by an environment variable: kafka.topics.input is
 CAPPER_KAFKA_TOPICS_INPUT. Secrets come from CAPPER_REDIS_PASSWORD and CAPPER_KAFKA_SASL_PASSWORD
@@ -58,6 +63,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runCheck(ctx, args[1:], stdout, stderr)
 	case "segments":
 		return runSegments(ctx, args[1:], stdout, stderr)
+	case "loadgen":
+		return runLoadgen(ctx, args[1:], stdout, stderr)
+	case "report":
+		return runReport(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

@@ -98,7 +98,9 @@ func kafkaSASL(c config.Kafka) (sasl.Mechanism, error) {
 	}
 }
 
-func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
+// kafkaClients returns the dialer (readers, admin) and transport (writers)
+// that carry the configured TLS and SASL.
+func kafkaClients(c config.Kafka) (*kafka.Dialer, *kafka.Transport, error) {
 	tc, err := tlsConfig(c.TLS, "kafka.tls")
 	if err != nil {
 		return nil, nil, err
@@ -108,7 +110,34 @@ func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader
 		return nil, nil, fmt.Errorf("kafka.sasl_mechanism: %w", err)
 	}
 	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: tc, SASLMechanism: mech}
-	errLog := kafka.LoggerFunc(func(msg string, args ...any) { logger.Warn("kafka: " + fmt.Sprintf(msg, args...)) })
+	transport := &kafka.Transport{TLS: tc, SASL: mech, Dial: (&net.Dialer{Timeout: 10 * time.Second}).DialContext}
+	return dialer, transport, nil
+}
+
+// newWriter returns a synchronous writer that waits for all in-sync replicas
+// and partitions by key like the Java client. With topic empty, each message
+// names its topic.
+func newWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSize int, logger *slog.Logger) *kafka.Writer {
+	return &kafka.Writer{
+		Addr:         kafka.TCP(c.Brokers...),
+		Topic:        topic,
+		Balancer:     &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll,
+		BatchSize:    max(100, batchSize),
+		BatchBytes:   64 << 20,
+		BatchTimeout: 2 * time.Millisecond,
+		MaxAttempts:  3,
+		WriteTimeout: 10 * time.Second,
+		Transport:    transport,
+		ErrorLogger:  kafka.LoggerFunc(func(msg string, args ...any) { logger.Warn("kafka: " + fmt.Sprintf(msg, args...)) }),
+	}
+}
+
+func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
+	dialer, transport, err := kafkaClients(c)
+	if err != nil {
+		return nil, nil, err
+	}
 	r := kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           c.Brokers,
 		GroupID:           c.GroupID,
@@ -123,21 +152,9 @@ func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader
 		RebalanceTimeout:  time.Duration(c.SessionTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		QueueCapacity:     max(100, 2*batchSize),
-		ErrorLogger:       errLog,
+		ErrorLogger:       kafka.LoggerFunc(func(msg string, args ...any) { logger.Warn("kafka: " + fmt.Sprintf(msg, args...)) }),
 	})
-	w := &kafka.Writer{
-		Addr:         kafka.TCP(c.Brokers...),
-		Balancer:     &kafka.Murmur2Balancer{}, // same key -> partition mapping as the Java client
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    max(100, batchSize),
-		BatchBytes:   64 << 20,
-		BatchTimeout: 2 * time.Millisecond,
-		MaxAttempts:  3,
-		WriteTimeout: 10 * time.Second,
-		Transport:    &kafka.Transport{TLS: tc, SASL: mech, Dial: (&net.Dialer{Timeout: 10 * time.Second}).DialContext},
-		ErrorLogger:  errLog,
-	}
-	return r, w, nil
+	return r, newWriter(c, transport, "", batchSize, logger), nil
 }
 
 func newSegmentSource(ctx context.Context, c config.Segments) (segments.Source, error) {

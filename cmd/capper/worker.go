@@ -42,10 +42,7 @@ type app struct {
 }
 
 func start(ctx context.Context, path string, logOut *os.File) (*app, error) {
-	if path == "" {
-		return nil, errors.New("--config is required")
-	}
-	cfg, err := config.Load(path)
+	cfg, err := loadConfig(path)
 	if err != nil {
 		return nil, err
 	}

@@ -10,10 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -23,7 +20,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/redis/go-redis/v9"
-	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/internal/loadtest"
 )
 
 // Environment variables naming the stack.
@@ -98,48 +96,14 @@ func Unique(prefix string) string {
 	return prefix + hex.EncodeToString(b)
 }
 
-// CreateTopics creates topics with the given partition count on the broker.
+// CreateTopics creates topics with the given partition count on the broker
+// and waits until they are visible.
 func CreateTopics(t testing.TB, brokers []string, partitions int, topics ...string) {
 	t.Helper()
-	if err := CreateTopicsErr(brokers, partitions, topics...); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := loadtest.CreateTopics(ctx, nil, brokers, partitions, topics...); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// CreateTopicsErr is CreateTopics for callers without a testing.TB.
-func CreateTopicsErr(brokers []string, partitions int, topics ...string) error {
-	conn, err := kafka.Dial("tcp", brokers[0])
-	if err != nil {
-		return fmt.Errorf("dial kafka %s: %w", brokers[0], err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("find kafka controller: %w", err)
-	}
-	cc, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("dial kafka controller: %w", err)
-	}
-	defer cc.Close()
-	cfgs := make([]kafka.TopicConfig, len(topics))
-	for i, tp := range topics {
-		cfgs[i] = kafka.TopicConfig{Topic: tp, NumPartitions: partitions, ReplicationFactor: 1}
-	}
-	if err := cc.CreateTopics(cfgs...); err != nil {
-		return fmt.Errorf("create topics %v: %w", topics, err)
-	}
-	// Wait until every partition of every topic is in the metadata.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		parts, err := conn.ReadPartitions(topics...)
-		if err == nil && len(parts) == partitions*len(topics) {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("topics %v not visible 10s after creation (%d partitions, err %v)", topics, len(parts), err)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/segments"
+)
+
+// runLoadgen produces a synthetic blast to the configured input topic and
+// writes its manifest.
+func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("capper loadgen", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := configFlag(fs)
+	var g loadtest.GenConfig
+	fs.IntVar(&g.Jobs, "jobs", 200000, "messages to produce (duplicates and malformed included); 0 with --create-topics only creates the topics")
+	fs.IntVar(&g.Users, "users", 50000, "users 1..N receive the jobs")
+	fs.Float64Var(&g.RepeatShare, "repeat", 0.3, "share of jobs sent to a hot tenth of the users, so caps bite")
+	fs.Float64Var(&g.DuplicateShare, "duplicates", 0.02, "share of messages that resend an earlier job id (redelivery)")
+	fs.Float64Var(&g.ExemptShare, "exempt", 0.02, "share of transactional (exempt) jobs")
+	fs.Float64Var(&g.MalformedShare, "malformed", 0.005, "share of malformed messages")
+	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
+	partitions := fs.Int("create-topics", 0, "create the input and output topics with this many partitions when missing (0: do not)")
+	if err := fs.Parse(args); err != nil || *manifest == "" {
+		fmt.Fprintln(stderr, "capper loadgen: --config and --manifest are required")
+		return errUsage
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	dialer, transport, err := kafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	ts := cfg.Kafka.Topics
+	if *partitions > 0 {
+		if err := loadtest.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, *partitions, ts.Input, ts.Allowed, ts.Capped, ts.DLQ); err != nil {
+			return err
+		}
+		if g.Jobs == 0 {
+			fmt.Fprintf(stdout, "loadgen: topics %s, %s, %s, %s ready\n", ts.Input, ts.Allowed, ts.Capped, ts.DLQ)
+			return nil
+		}
+	}
+	msgs, sent, err := loadtest.Generate(g)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(*manifest)
+	if err != nil {
+		return err
+	}
+	if err := loadtest.WriteManifest(f, sent); err != nil {
+		f.Close()
+		return fmt.Errorf("write manifest %s: %w", *manifest, err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	w := newWriter(cfg.Kafka, transport, ts.Input, 5000, newLogger("warn", os.Stderr))
+	defer w.Close()
+	start, last := time.Now(), time.Now()
+	err = loadtest.Produce(ctx, w, msgs, 5000, func(done int) {
+		if time.Since(last) >= time.Second || done == len(msgs) {
+			last = time.Now()
+			fmt.Fprintf(stderr, "loadgen: %d/%d messages (%.0f%%), %.0f/s\n", done, len(msgs), 100*float64(done)/float64(len(msgs)), float64(done)/time.Since(start).Seconds())
+		}
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "loadgen: produced %d messages for %d users to %s in %v; manifest %s\n", len(msgs), g.Users, ts.Input, time.Since(start).Round(time.Millisecond), *manifest)
+	return nil
+}
+
+// runReport reads the output topics and checks them against the manifest and
+// the caps. Its last line is one JSON object; it fails when a job is
+// unaccounted for or a cap was exceeded.
+func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("capper report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := configFlag(fs)
+	manifest := fs.String("manifest", "", "manifest written by capper loadgen (Required)")
+	wait := fs.Duration("wait", 5*time.Minute, "give up waiting for outputs after this long")
+	idle := fs.Duration("idle", 30*time.Second, "stop waiting when no new output arrived for this long")
+	if err := fs.Parse(args); err != nil || *manifest == "" {
+		fmt.Fprintln(stderr, "capper report: --config and --manifest are required")
+		return errUsage
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	mf, err := os.Open(*manifest)
+	if err != nil {
+		return err
+	}
+	sent, err := loadtest.ReadManifest(mf)
+	mf.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", *manifest, err)
+	}
+	rules, err := cfg.Rules.Build(0)
+	if err != nil {
+		return err
+	}
+	src, err := newSegmentSource(ctx, cfg.Segments)
+	if err != nil {
+		return err
+	}
+	store, err := segments.New(segments.Config{Segments: rules.SegmentNames(), Source: src, Logger: newLogger("warn", os.Stderr),
+		StartupTimeout: time.Duration(cfg.Segments.StartupTimeout)})
+	if err != nil {
+		return err
+	}
+	if err := store.Start(ctx); err != nil {
+		return err
+	}
+	snap := store.Snapshot()
+	want := make(map[string]bool, len(sent))
+	for _, s := range sent {
+		want[s.ID] = true
+	}
+	dialer, _, err := kafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	ts := cfg.Kafka.Topics
+	rctx, cancel := context.WithTimeout(ctx, *wait)
+	defer cancel()
+	outs, err := loadtest.ReadOutputs(rctx, dialer, cfg.Kafka.Brokers, map[string]string{
+		loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ,
+	}, want, *idle, func(n int) { fmt.Fprintf(stderr, "report: %d outputs read\n", n) })
+	if err != nil {
+		return err
+	}
+	r := loadtest.Check(sent, outs, func(u uint32) []capping.Cap { return rules.CapsFor(snap.Lookup(u)) })
+	printReport(stdout, &r, len(outs))
+	line, _ := json.Marshal(r)
+	fmt.Fprintln(stdout, string(line))
+	if !r.OK() {
+		return errors.New("report: jobs unaccounted for or caps exceeded")
+	}
+	return nil
+}
+
+func printReport(w io.Writer, r *loadtest.Result, outputs int) {
+	fmt.Fprintf(w, "capper report: %d jobs sent, %d outputs read\n", r.Jobs, outputs)
+	fmt.Fprintf(w, "  decisions   allowed %d, duplicate %d, exempt %d, capped %d, dead-letter %d\n", r.Allowed, r.Duplicates, r.Exempt, r.Capped, r.DLQ)
+	var caps []string
+	for c, n := range r.ByCap {
+		caps = append(caps, fmt.Sprintf("%s %d", c, n))
+	}
+	sort.Strings(caps)
+	fmt.Fprintf(w, "  capped by   %s\n", strings.Join(caps, ", "))
+	var segs []string
+	for s := range r.BySegment {
+		segs = append(segs, s)
+	}
+	sort.Strings(segs)
+	for _, s := range segs {
+		d := r.BySegment[s]
+		fmt.Fprintf(w, "  segment %-9s allowed %d, duplicate %d, exempt %d, capped %d\n", s, d["allowed"], d["duplicate"], d["exempt"], d["capped"])
+	}
+	fmt.Fprintf(w, "  throughput  %.0f jobs/s from first produce to last forward; latency p50 %.0f ms, p99 %.0f ms\n", r.JobsPerSec, r.P50ms, r.P99ms)
+	fmt.Fprintf(w, "  checks      %d unaccounted, %d cap violations\n", r.Unaccounted, r.Violations)
+	for _, p := range r.Problems {
+		fmt.Fprintf(w, "  problem: %s\n", p)
+	}
+}
+
+func loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		return nil, errors.New("--config is required")
+	}
+	return config.Load(path)
+}

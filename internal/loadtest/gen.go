@@ -1,0 +1,253 @@
+package loadtest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Headers loadgen adds to every message; capper forwards them untouched.
+const (
+	HeaderID         = "capper-loadgen-id"  // unique per produced message
+	HeaderProducedAt = "capper-produced-at" // ms since the epoch, when the message was handed to the producer
+)
+
+// Kinds of produced messages.
+const (
+	KindJob       = "job"       // a marketing job
+	KindDuplicate = "duplicate" // the same job id sent again (a redelivery)
+	KindExempt    = "exempt"    // category transactional
+	KindMalformed = "malformed" // not a valid job
+)
+
+// Sent is one produced message, as recorded in the manifest.
+type Sent struct {
+	ID       string // HeaderID
+	JobID    string // empty for malformed messages
+	UserID   uint32
+	Channel  string
+	Category string
+	Kind     string
+}
+
+// GenConfig shapes a blast.
+type GenConfig struct {
+	Jobs  int // messages to produce, duplicates and malformed included (Required)
+	Users int // users 1..Users receive the jobs (Required)
+	// RepeatShare is the share of jobs that go to a small hot set of users
+	// (a tenth of Users), so caps bite. Defaults to 0.3.
+	RepeatShare float64
+	// DuplicateShare, ExemptShare and MalformedShare are shares of Jobs.
+	// Default to 0.02, 0.02 and 0.005.
+	DuplicateShare, ExemptShare, MalformedShare float64
+	// Channels to spread jobs over. Defaults to email, push, sms.
+	Channels []string
+	// Seed makes the blast reproducible; RunID prefixes ids so runs never collide.
+	Seed  uint64
+	RunID string
+}
+
+// Validate reports whether the configuration is usable.
+func (c *GenConfig) Validate() error {
+	if c.Jobs < 1 || c.Users < 1 {
+		return errors.New("loadgen: --jobs and --users must be at least 1")
+	}
+	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.MalformedShare} {
+		if s < 0 || s > 1 {
+			return fmt.Errorf("loadgen: share %v is not in 0..1", s)
+		}
+	}
+	if c.DuplicateShare+c.ExemptShare+c.MalformedShare > 0.9 {
+		return errors.New("loadgen: duplicate, exempt and malformed shares add up to more than 0.9")
+	}
+	return nil
+}
+
+func (c GenConfig) withDefaults() GenConfig {
+	if c.RepeatShare == 0 {
+		c.RepeatShare = 0.3
+	}
+	if c.DuplicateShare == 0 {
+		c.DuplicateShare = 0.02
+	}
+	if c.ExemptShare == 0 {
+		c.ExemptShare = 0.02
+	}
+	if c.MalformedShare == 0 {
+		c.MalformedShare = 0.005
+	}
+	if len(c.Channels) == 0 {
+		c.Channels = []string{"email", "push", "sms"}
+	}
+	if c.RunID == "" {
+		c.RunID = strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
+	return c
+}
+
+var malformedBodies = []string{
+	`not json`,
+	`{"job_id":"","user_id":1,"campaign_id":"c","channel":"email"}`,
+	`{"job_id":"m","user_id":-5,"campaign_id":"c","channel":"email"}`,
+	`{"job_id":"m","user_id":7,"channel":"email"}`,
+	`[1,2,3]`,
+}
+
+// Generate returns the messages of a blast and their manifest, in send order.
+// Duplicates repeat an earlier job's exact value and key.
+func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, nil, err
+	}
+	cfg = cfg.withDefaults()
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
+	hot := max(1, cfg.Users/10)
+	msgs := make([]kafka.Message, 0, cfg.Jobs)
+	sent := make([]Sent, 0, cfg.Jobs)
+	var jobs []int // indexes of valid jobs, for duplicates
+	for i := 0; i < cfg.Jobs; i++ {
+		id := fmt.Sprintf("%s-%d", cfg.RunID, i)
+		r := rng.Float64()
+		var s Sent
+		var value []byte
+		switch {
+		case r < cfg.MalformedShare:
+			s = Sent{ID: id, Kind: KindMalformed}
+			value = []byte(malformedBodies[i%len(malformedBodies)])
+		case r < cfg.MalformedShare+cfg.DuplicateShare && len(jobs) > 0:
+			orig := jobs[rng.IntN(len(jobs))]
+			s = sent[orig]
+			s.ID, s.Kind = id, KindDuplicate
+			value = msgs[orig].Value
+		default:
+			user := uint32(1 + rng.IntN(cfg.Users))
+			if rng.Float64() < cfg.RepeatShare { // hot users are spread over the id range, so over the segments
+				user = uint32(1 + (rng.IntN(hot)*(cfg.Users/hot))%cfg.Users)
+			}
+			s = Sent{ID: id, JobID: "job-" + id, UserID: user, Channel: cfg.Channels[rng.IntN(len(cfg.Channels))], Category: "marketing", Kind: KindJob}
+			if rng.Float64() < cfg.ExemptShare/(1-cfg.MalformedShare-cfg.DuplicateShare) {
+				s.Category, s.Kind = "transactional", KindExempt
+			}
+			value, _ = json.Marshal(map[string]any{
+				"job_id": s.JobID, "user_id": s.UserID, "campaign_id": "blast-" + cfg.RunID,
+				"channel": s.Channel, "category": s.Category, "payload": map[string]string{"template": "promo-42"},
+			})
+			jobs = append(jobs, len(sent))
+		}
+		key := []byte(strconv.FormatUint(uint64(s.UserID), 10))
+		if s.Kind == KindMalformed {
+			key = []byte(id)
+		}
+		msgs = append(msgs, kafka.Message{Key: key, Value: value, Headers: []kafka.Header{{Key: HeaderID, Value: []byte(id)}}})
+		sent = append(sent, s)
+	}
+	return msgs, sent, nil
+}
+
+// Produce writes msgs in chunks, stamping HeaderProducedAt on each chunk, and
+// calls progress after each chunk with the count written so far.
+func Produce(ctx context.Context, w interface {
+	WriteMessages(context.Context, ...kafka.Message) error
+}, msgs []kafka.Message, chunk int, progress func(done int)) error {
+	for start := 0; start < len(msgs); start += chunk {
+		end := min(start+chunk, len(msgs))
+		at := []byte(strconv.FormatInt(time.Now().UnixMilli(), 10))
+		for i := start; i < end; i++ {
+			msgs[i].Headers = append(msgs[i].Headers[:1], kafka.Header{Key: HeaderProducedAt, Value: at})
+		}
+		if err := w.WriteMessages(ctx, msgs[start:end]...); err != nil {
+			return fmt.Errorf("loadgen: produce messages %d..%d: %w", start, end-1, err)
+		}
+		if progress != nil {
+			progress(end)
+		}
+	}
+	return nil
+}
+
+// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind.
+func WriteManifest(w io.Writer, sent []Sent) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprintln(bw, "id,job_id,user_id,channel,category,kind")
+	for _, s := range sent {
+		fmt.Fprintf(bw, "%s,%s,%d,%s,%s,%s\n", s.ID, s.JobID, s.UserID, s.Channel, s.Category, s.Kind)
+	}
+	return bw.Flush()
+}
+
+// ReadManifest reads what WriteManifest wrote.
+func ReadManifest(r io.Reader) ([]Sent, error) {
+	sc := bufio.NewScanner(r)
+	var out []Sent
+	line := 0
+	for sc.Scan() {
+		line++
+		if line == 1 {
+			continue
+		}
+		f := strings.Split(sc.Text(), ",")
+		if len(f) != 6 {
+			return nil, fmt.Errorf("manifest line %d: %d fields, want 6", line, len(f))
+		}
+		uid, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("manifest line %d: user id %q", line, f[2])
+		}
+		out = append(out, Sent{ID: f[0], JobID: f[1], UserID: uint32(uid), Channel: f[3], Category: f[4], Kind: f[5]})
+	}
+	return out, sc.Err()
+}
+
+// CreateTopics creates the topics that do not exist yet, with the given
+// partition count, and waits until their partitions are in the metadata.
+func CreateTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, partitions int, topics ...string) error {
+	if dialer == nil {
+		dialer = &kafka.Dialer{Timeout: 10 * time.Second}
+	}
+	conn, err := dialer.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return fmt.Errorf("dial kafka %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("find kafka controller: %w", err)
+	}
+	cc, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return fmt.Errorf("dial kafka controller: %w", err)
+	}
+	defer cc.Close()
+	cfgs := make([]kafka.TopicConfig, len(topics))
+	for i, tp := range topics {
+		cfgs[i] = kafka.TopicConfig{Topic: tp, NumPartitions: partitions, ReplicationFactor: 1}
+	}
+	if err := cc.CreateTopics(cfgs...); err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("create topics %v: %w", topics, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		parts, err := conn.ReadPartitions(topics...)
+		seen := map[string]bool{}
+		for _, p := range parts {
+			seen[p.Topic] = true
+		}
+		if err == nil && len(seen) == len(topics) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("topics %v not visible 10s after creation (err %v)", topics, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,307 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
+)
+
+// Output roles: which output topic a message was read from.
+const (
+	RoleAllowed = "allowed"
+	RoleCapped  = "capped"
+	RoleDLQ     = "dlq"
+)
+
+// Output is one message read from an output topic.
+type Output struct {
+	Role       string // RoleAllowed, RoleCapped or RoleDLQ
+	ID         string // HeaderID
+	Decision   string // capper-decision
+	Segment    string // capper-segment
+	Cap        string // capper-cap
+	Time       time.Time
+	ProducedAt time.Time
+}
+
+// Result is the report's verdict. The JSON field names are the report's last line.
+type Result struct {
+	Jobs        int     `json:"jobs"`
+	Allowed     int     `json:"allowed"`
+	Capped      int     `json:"capped"`
+	DLQ         int     `json:"dlq"`
+	Duplicates  int     `json:"duplicates"`
+	Exempt      int     `json:"exempt"`
+	Unaccounted int     `json:"unaccounted"`
+	Violations  int     `json:"violations"`
+	JobsPerSec  float64 `json:"jobs_per_sec"`
+	P50ms       float64 `json:"p50_ms"`
+	P99ms       float64 `json:"p99_ms"`
+
+	ByCap     map[string]int            `json:"-"`
+	BySegment map[string]map[string]int `json:"-"` // segment -> decision -> outputs
+	Problems  []string                  `json:"-"` // the first few, for people
+}
+
+// OK reports whether nothing was lost or over-sent.
+func (r *Result) OK() bool { return r.Unaccounted == 0 && r.Violations == 0 }
+
+const maxProblems = 20
+
+func (r *Result) problem(format string, args ...any) {
+	if len(r.Problems) < maxProblems {
+		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// Check compares the outputs with what was sent and with the caps.
+//
+//   - Every produced message (by HeaderID) must reach an output topic, and every
+//     job id must reach exactly one of allowed, capped and dead-letter;
+//     otherwise it is unaccounted.
+//   - Malformed messages must be dead-lettered; anything else there is a violation.
+//   - For every user, the unique job ids allowed (exempt ones excluded, since
+//     they are not counted) must not exceed any of the user's caps in any
+//     window. A send's time is the time of its first allowed output; a violation
+//     is counted once per user and cap.
+//
+// caps returns the caps that apply to a user (its segment's, or the defaults).
+func Check(sent []Sent, outs []Output, caps func(user uint32) []capping.Cap) Result {
+	r := Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}}
+	byID := make(map[string]*Sent, len(sent))
+	for i := range sent {
+		byID[sent[i].ID] = &sent[i]
+	}
+	seen := make(map[string]bool, len(sent))
+	jobRoles := map[string]map[string]bool{}
+	type send struct {
+		t       time.Time
+		channel string
+	}
+	allowed := map[uint32]map[string]send{}
+	var lat []float64
+	var first, last time.Time
+	for _, o := range outs {
+		switch o.Decision {
+		case consumer.DecisionAllowed:
+			r.Allowed++
+		case consumer.DecisionDuplicate:
+			r.Duplicates++
+		case consumer.DecisionExempt:
+			r.Exempt++
+		case consumer.DecisionCapped:
+			r.Capped++
+			r.ByCap[o.Cap]++
+		case consumer.DecisionDLQ:
+			r.DLQ++
+		}
+		if o.Segment != "" {
+			if r.BySegment[o.Segment] == nil {
+				r.BySegment[o.Segment] = map[string]int{}
+			}
+			r.BySegment[o.Segment][o.Decision]++
+		}
+		if !o.ProducedAt.IsZero() {
+			lat = append(lat, float64(o.Time.Sub(o.ProducedAt).Microseconds())/1000)
+			if first.IsZero() || o.ProducedAt.Before(first) {
+				first = o.ProducedAt
+			}
+		}
+		if o.Time.After(last) {
+			last = o.Time
+		}
+		s, ok := byID[o.ID]
+		if !ok {
+			continue // not part of this blast
+		}
+		seen[o.ID] = true
+		if s.Kind == KindMalformed {
+			if o.Role != RoleDLQ {
+				r.Violations++
+				r.problem("malformed message %s reached %s", o.ID, o.Role)
+			}
+			continue
+		}
+		if jobRoles[s.JobID] == nil {
+			jobRoles[s.JobID] = map[string]bool{}
+		}
+		jobRoles[s.JobID][o.Role] = true
+		if o.Role == RoleAllowed && s.Category != "transactional" {
+			if allowed[s.UserID] == nil {
+				allowed[s.UserID] = map[string]send{}
+			}
+			if prev, ok := allowed[s.UserID][s.JobID]; !ok || o.Time.Before(prev.t) {
+				allowed[s.UserID][s.JobID] = send{o.Time, s.Channel}
+			}
+		}
+	}
+	for _, s := range sent {
+		if !seen[s.ID] {
+			r.Unaccounted++
+			r.problem("message %s (job %q, user %d, %s) reached no output topic", s.ID, s.JobID, s.UserID, s.Kind)
+		}
+	}
+	for job, roles := range jobRoles {
+		if len(roles) > 1 {
+			r.Unaccounted++
+			r.problem("job %q reached %d output topics: %v", job, len(roles), roles)
+		}
+	}
+	users := make([]uint32, 0, len(allowed))
+	for u := range allowed {
+		users = append(users, u)
+	}
+	sort.Slice(users, func(i, j int) bool { return users[i] < users[j] })
+	for _, u := range users {
+		for _, c := range caps(u) {
+			var ts []time.Time
+			for _, s := range allowed[u] {
+				if c.Channel == "" || c.Channel == s.channel {
+					ts = append(ts, s.t)
+				}
+			}
+			if n, at := maxInWindow(ts, c.Window); n > c.Limit {
+				r.Violations++
+				r.problem("user %d: %d sends allowed within %v of %s, cap %q allows %d", u, n, c.Window, at.Format(time.RFC3339), c.Name, c.Limit)
+			}
+		}
+	}
+	if d := last.Sub(first); d > 0 {
+		r.JobsPerSec = float64(len(sent)) / d.Seconds()
+	}
+	sort.Float64s(lat)
+	r.P50ms, r.P99ms = percentile(lat, 0.50), percentile(lat, 0.99)
+	return r
+}
+
+// maxInWindow returns the most times inside any window of length w (an
+// entry at t counts until t+w, exclusive) and the start of that window.
+func maxInWindow(ts []time.Time, w time.Duration) (int, time.Time) {
+	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+	best, at, lo := 0, time.Time{}, 0
+	for hi := range ts {
+		for ts[hi].Sub(ts[lo]) >= w {
+			lo++
+		}
+		if n := hi - lo + 1; n > best {
+			best, at = n, ts[lo]
+		}
+	}
+	return best, at
+}
+
+// percentile is the nearest-rank percentile of sorted values.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	rank := int(math.Ceil(p * float64(len(sorted))))
+	return sorted[min(len(sorted), max(rank, 1))-1]
+}
+
+// ReadOutputs reads the output topics (role -> topic) from their beginning
+// with a fresh consumer group, until every id in want has been seen, nothing
+// new arrived for idle, or ctx ends. progress, when set, is called now and then
+// with the count read so far.
+func ReadOutputs(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics map[string]string, want map[string]bool, idle time.Duration, progress func(read int)) ([]Output, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var mu sync.Mutex
+	var outs []Output
+	seen := map[string]bool{}
+	lastNew := time.Now()
+	group := fmt.Sprintf("capper-report-%d", time.Now().UnixNano())
+	var wg sync.WaitGroup
+	errs := make(chan error, len(topics))
+	for role, topic := range topics {
+		wg.Add(1)
+		go func(role, topic string) {
+			defer wg.Done()
+			rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Dialer: dialer, GroupID: group + "-" + role, Topic: topic,
+				MaxWait: 250 * time.Millisecond, StartOffset: kafka.FirstOffset, MaxBytes: 16 << 20, QueueCapacity: 10000})
+			defer rd.Close()
+			for {
+				m, err := rd.ReadMessage(ctx) // commits in the background: the group is this report's own
+				if err != nil {
+					if ctx.Err() == nil {
+						errs <- fmt.Errorf("report: read %s: %w", topic, err)
+					}
+					return
+				}
+				o := parseOutput(role, m)
+				mu.Lock()
+				outs = append(outs, o)
+				if !seen[o.ID] {
+					seen[o.ID] = true
+					lastNew = time.Now()
+				}
+				mu.Unlock()
+			}
+		}(role, topic)
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	lastProgress := time.Now()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-errs:
+			cancel()
+			wg.Wait()
+			return nil, err
+		case <-tick.C:
+			mu.Lock()
+			done := 0
+			for id := range want {
+				if seen[id] {
+					done++
+				}
+			}
+			n, quiet := len(outs), time.Since(lastNew)
+			mu.Unlock()
+			if progress != nil && time.Since(lastProgress) >= 2*time.Second {
+				progress(n)
+				lastProgress = time.Now()
+			}
+			if done == len(want) || quiet > idle {
+				break loop
+			}
+		}
+	}
+	cancel()
+	wg.Wait()
+	return outs, nil
+}
+
+func parseOutput(role string, m kafka.Message) Output {
+	o := Output{Role: role, Time: m.Time}
+	for _, h := range m.Headers {
+		v := string(h.Value)
+		switch h.Key {
+		case HeaderID:
+			o.ID = v
+		case HeaderProducedAt:
+			if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+				o.ProducedAt = time.UnixMilli(ms)
+			}
+		case consumer.HeaderDecision:
+			o.Decision = v
+		case consumer.HeaderSegment:
+			o.Segment = v
+		case consumer.HeaderCap:
+			o.Cap = v
+		}
+	}
+	return o
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# demo.sh — capper doing its real job on the local stack, end to end:
+#   1. brings the local stack up (Redis Cluster, Kafka-protocol broker, S3 endpoint) unless it runs already;
+#   2. builds segment bitmaps for users 1..DEMO_USERS (new 20%, active 40%, dormant 20%, the rest in no
+#      segment) and uploads them to the local S3 endpoint;
+#   3. starts `capper run` with config.example.yaml (topics, group, key prefix and segment prefix unique to
+#      this run, through CAPPER_* overrides);
+#   4. `capper loadgen` sends DEMO_JOBS jobs (default 200,000) for DEMO_USERS users (default 50,000) with
+#      repeat sends, redeliveries, exempt and malformed jobs;
+#   5. `capper report` waits for the worker to drain and checks every job and every cap; its last line is JSON;
+#   6. stops the worker, and the stack if this script started it. Exits with the report's status.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+JOBS=${DEMO_JOBS:-200000}
+USERS=${DEMO_USERS:-50000}
+PARTITIONS=${DEMO_PARTITIONS:-6}
+METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
+
+say() { printf '\n== %s\n' "$*" >&2; }
+
+started_stack=0
+if ! scripts/stack.sh status >/dev/null 2>&1; then
+  say "starting the local stack"
+  scripts/stack.sh up >&2
+  started_stack=1
+fi
+eval "$(scripts/stack.sh env)"
+work=$(mktemp -d)
+worker_pid=""
+cleanup() {
+  if [[ -n $worker_pid ]] && kill -0 "$worker_pid" 2>/dev/null; then
+    kill -TERM "$worker_pid" 2>/dev/null || true
+    wait "$worker_pid" 2>/dev/null || true
+  fi
+  ((started_stack)) && scripts/stack.sh down >&2
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+say "building capper"
+go build -o "$CAPPER_STACK_DIR/bin/capper" ./cmd/capper
+capper="$CAPPER_STACK_DIR/bin/capper"
+
+run="demo-$(date +%s)-$$"
+export AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=us-east-1
+export CAPPER_SEGMENTS_S3_ENDPOINT=$CAPPER_TEST_S3_ENDPOINT CAPPER_SEGMENTS_S3_PATH_STYLE=true
+export CAPPER_KAFKA_BROKERS=$CAPPER_TEST_KAFKA_BROKERS CAPPER_KAFKA_GROUP_ID=$run
+export CAPPER_KAFKA_TOPICS_INPUT=$run.sends CAPPER_KAFKA_TOPICS_ALLOWED=$run.sends.allowed
+export CAPPER_KAFKA_TOPICS_CAPPED=$run.sends.capped CAPPER_KAFKA_TOPICS_DLQ=$run.sends.dlq
+export CAPPER_REDIS_ADDRS=$CAPPER_TEST_REDIS_ADDRS CAPPER_REDIS_KEY_PREFIX=$run
+export CAPPER_SEGMENTS_SOURCE="s3://$CAPPER_TEST_S3_BUCKET/$run" CAPPER_METRICS_ADDR=$METRICS
+export CAPPER_LOG_LEVEL=${CAPPER_LOG_LEVEL:-warn}
+
+say "segments for users 1..$USERS: new, active, dormant (the rest get the default caps)"
+mkdir -p "$work/segments"
+a=$((USERS / 5)) b=$((USERS * 3 / 5)) c=$((USERS * 4 / 5))
+seq 1 "$a" | "$capper" segments build --name new --out "$work/segments/new.roaring"
+seq $((a + 1)) "$b" | "$capper" segments build --name active --out "$work/segments/active.roaring"
+seq $((b + 1)) "$c" | "$capper" segments build --name dormant --out "$work/segments/dormant.roaring"
+"$capper" segments upload "$work/segments" "s3://$CAPPER_TEST_S3_BUCKET/$run"
+
+say "topics $run.sends{,.allowed,.capped,.dlq} with $PARTITIONS partitions"
+"$capper" loadgen --config config.example.yaml --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
+
+say "starting capper run (metrics on http://$METRICS/metrics)"
+"$capper" run --config config.example.yaml 2>"$work/worker.log" &
+worker_pid=$!
+for _ in $(seq 300); do
+  curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
+  kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
+  sleep 0.1
+done
+curl -fsS "http://$METRICS/readyz" >/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper not ready after 30 s" >&2; exit 1; }
+
+say "loadgen: $JOBS jobs for $USERS users"
+"$capper" loadgen --config config.example.yaml --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
+
+say "report"
+status=0
+"$capper" report --config config.example.yaml --manifest "$work/manifest.csv" --idle 30s || status=$?
+
+kill -TERM "$worker_pid"
+if ! wait "$worker_pid"; then
+  echo "demo: capper run did not exit cleanly; its log:" >&2
+  tail -50 "$work/worker.log" >&2
+  status=1
+fi
+worker_pid=""
+if [[ -s $work/worker.log ]]; then
+  say "worker warnings and errors"
+  tail -20 "$work/worker.log" >&2
+fi
+exit $status
