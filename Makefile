@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments
+.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e
 
 GO ?= go
 
@@ -32,3 +32,7 @@ bench-capping:
 ## bench-segments: snapshot heap, load time and lookup cost for 270 million users in 4 segments (medians)
 bench-segments:
 	scripts/bench-segments.sh
+
+## bench-e2e: 1,000,000 jobs end to end vs a pass-through baseline and the Redis ceiling, with ratios
+bench-e2e:
+	scripts/bench-e2e.sh

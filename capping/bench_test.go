@@ -25,20 +25,22 @@ var benchCaps = []capping.Cap{
 const benchUsers = 1_000_000
 
 // BenchmarkDecide decides batches of 1, 64 and 512 requests for random users
-// against the local Redis Cluster. scripts/bench-capping.sh runs it beside
-// redis-benchmark's EVALSHA of the same script.
+// against the local Redis Cluster, one batch in flight per core (RunParallel),
+// and at batch 512 with 1, 2 and 4 concurrent pipelines per batch.
+// scripts/bench-capping.sh runs it beside redis-benchmark's EVALSHA of the same script.
 func BenchmarkDecide(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
 	defer rdb.Close()
 	prefix := testenv.Unique("bench")
-	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix})
-	if err != nil {
-		b.Fatal(err)
-	}
 	defer deletePrefix(b, rdb, prefix)
 	var seq atomic.Int64
-	for _, size := range []int{1, 64, 512} {
-		b.Run(fmt.Sprintf("batch=%d", size), func(b *testing.B) {
+	for _, bc := range []struct{ size, pipelines int }{{1, 1}, {64, 1}, {512, 1}, {512, 2}, {512, 4}} {
+		lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Pipelines: bc.pipelines})
+		if err != nil {
+			b.Fatal(err)
+		}
+		size := bc.size
+		b.Run(fmt.Sprintf("batch=%d/pipelines=%d", size, bc.pipelines), func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 7))

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -50,6 +51,11 @@ type Config struct {
 	// ScriptReloads is how many times one call reloads the script after NOSCRIPT
 	// (a failover, restart or SCRIPT FLUSH) and retries the failed requests. Defaults to 3.
 	ScriptReloads int
+	// Pipelines splits a batch into up to this many pipelines by user, sent
+	// concurrently (each still grouped per node), so Redis is not idle while one
+	// is in flight. A user's requests stay in one pipeline, in order. Batches of
+	// fewer than 64 requests use one pipeline. Defaults to 1.
+	Pipelines int
 }
 
 // Validate reports whether the configuration is usable.
@@ -59,6 +65,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ScriptReloads < 0 {
 		return fmt.Errorf("capping: script reloads %d must not be negative", c.ScriptReloads)
+	}
+	if c.Pipelines < 0 || c.Pipelines > 64 {
+		return fmt.Errorf("capping: pipelines %d is not in 0..64", c.Pipelines)
 	}
 	return nil
 }
@@ -75,6 +84,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ScriptReloads == 0 {
 		c.ScriptReloads = 3
+	}
+	if c.Pipelines == 0 {
+		c.Pipelines = 1
 	}
 	return c
 }
@@ -187,11 +199,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	}
 	cmds := make([]*redis.Cmd, len(reqs))
 	for reloads := 0; len(pending) > 0; reloads++ {
-		pipe := l.client.Pipeline()
-		for _, i := range pending {
-			cmds[i] = pipe.EvalSha(ctx, decideSHA, []string{l.Key(reqs[i].UserID)}, scriptArgs(&reqs[i], now, recordArg)...)
-		}
-		_, _ = pipe.Exec(ctx) // errors are read per command below
+		l.send(ctx, reqs, pending, cmds, now, recordArg)
 		var noscript []int
 		for _, i := range pending {
 			v, err := cmds[i].Result()
@@ -228,6 +236,35 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		return decs, errs
 	}
 	return decs, nil
+}
+
+// send queues pending requests on up to Pipelines pipelines, split by user,
+// and executes them concurrently; results and errors land in cmds.
+func (l *Limiter) send(ctx context.Context, reqs []Request, pending []int, cmds []*redis.Cmd, now time.Time, record string) {
+	n := l.cfg.Pipelines
+	if len(pending) < 64 {
+		n = 1
+	}
+	pipes := make([]redis.Pipeliner, n)
+	for _, i := range pending {
+		p := int(reqs[i].UserID % uint32(n))
+		if pipes[p] == nil {
+			pipes[p] = l.client.Pipeline()
+		}
+		cmds[i] = pipes[p].EvalSha(ctx, decideSHA, []string{l.Key(reqs[i].UserID)}, scriptArgs(&reqs[i], now, record)...)
+	}
+	var wg sync.WaitGroup
+	for _, p := range pipes {
+		if p == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = p.Exec(ctx) // errors are read per command
+		}()
+	}
+	wg.Wait()
 }
 
 func scriptArgs(r *Request, now time.Time, record string) []any {

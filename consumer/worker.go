@@ -173,22 +173,50 @@ func (w *Worker) SetRules(r *Rules) error {
 // Ready reports whether the last batch went through without a backend failure.
 func (w *Worker) Ready() bool { return w.ready.Load() }
 
-// Run consumes until ctx ends. The batch in flight when ctx ends is finished
-// (decided, written, committed) within drain, a separate deadline; if it
-// cannot be, its offsets stay uncommitted and it is redelivered. Run returns
-// nil after a clean stop.
+// Run consumes until ctx ends. Two stages overlap: while one batch is
+// written and committed, the next is fetched and decided; commits stay in
+// batch order. The batches in flight when ctx ends are finished (decided,
+// written, committed) within drain, a separate deadline; if they cannot be,
+// their offsets stay uncommitted and they are redelivered. Run returns nil
+// after a clean stop.
 func (w *Worker) Run(ctx context.Context, drain time.Duration) error {
+	dctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(drain, cancel) })
+	defer stop()
+	ready := make(chan *decided, 1)
+	delivered := make(chan error, 1)
+	go func() {
+		var err error
+		for d := range ready {
+			if err == nil { // after a failure nothing later may be committed
+				err = w.deliver(dctx, d)
+			}
+		}
+		delivered <- err
+	}()
+	err := w.consume(ctx, dctx, ready)
+	close(ready)
+	if derr := <-delivered; err == nil {
+		err = derr
+	}
+	return err
+}
+
+// consume fetches and decides batches until ctx ends, handing them to the
+// delivery stage.
+func (w *Worker) consume(ctx, dctx context.Context, ready chan<- *decided) error {
 	for {
 		batch, err := w.fetch(ctx)
 		if len(batch) > 0 {
-			// The batch survives ctx's end by at most drain.
-			dctx, cancel := context.WithCancel(context.Background())
-			stop := context.AfterFunc(ctx, func() { time.AfterFunc(drain, cancel) })
-			perr := w.process(dctx, batch)
-			stop()
-			cancel()
+			d, perr := w.prepare(dctx, batch)
 			if perr != nil {
 				return perr
+			}
+			select {
+			case ready <- d:
+			case <-dctx.Done():
+				return fmt.Errorf("consumer: stopped with a decided batch of %d jobs unwritten (left uncommitted): %w", len(batch), dctx.Err())
 			}
 		}
 		if ctx.Err() != nil {
@@ -235,9 +263,16 @@ type item struct {
 	reason   string
 }
 
-// process decides, writes and commits one batch. It returns an error only when
-// ctx ends before the batch is done (the batch is then left uncommitted).
-func (w *Worker) process(ctx context.Context, batch []kafka.Message) error {
+// decided is a batch whose outputs are ready to be written.
+type decided struct {
+	batch []kafka.Message
+	outs  []kafka.Message
+	start time.Time
+}
+
+// prepare decodes and decides one batch and builds its outputs. It returns an
+// error only when ctx ends before the batch is decided.
+func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, error) {
 	start := time.Now()
 	var trips0 uint64
 	if w.cfg.RoundTrips != nil {
@@ -270,23 +305,29 @@ func (w *Worker) process(ctx context.Context, batch []kafka.Message) error {
 		reqItems = append(reqItems, i)
 	}
 	if err := w.decide(ctx, reqs, reqItems, items); err != nil {
-		return err
+		return nil, err
+	}
+	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
+		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}
 	outs := make([]kafka.Message, len(items))
 	for i := range items {
 		outs[i] = w.output(&items[i])
 		w.m.jobs.WithLabelValues(items[i].decision).Inc()
 	}
-	if err := w.write(ctx, outs); err != nil {
+	return &decided{batch: batch, outs: outs, start: start}, nil
+}
+
+// deliver writes a decided batch's outputs and then commits its offsets. It
+// returns an error only when ctx ends before the outputs are acknowledged.
+func (w *Worker) deliver(ctx context.Context, d *decided) error {
+	if err := w.write(ctx, d.outs); err != nil {
 		return err
 	}
-	w.commit(ctx, batch)
+	w.commit(ctx, d.batch)
 	w.ready.Store(true)
-	w.m.batchSize.Observe(float64(len(batch)))
-	w.m.batchSeconds.Observe(time.Since(start).Seconds())
-	if w.cfg.RoundTrips != nil {
-		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
-	}
+	w.m.batchSize.Observe(float64(len(d.batch)))
+	w.m.batchSeconds.Observe(time.Since(d.start).Seconds())
 	w.m.lag.Set(float64(w.cfg.Reader.Stats().Lag))
 	return nil
 }

@@ -10,6 +10,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 ROUNDS=${ROUNDS:-3}
+CEILING_ONLY=${CEILING_ONLY:-0}   # 1: print only the median ceiling (decisions/s), for bench-e2e.sh
 BENCHTIME=${BENCHTIME:-3s}
 REQUESTS=${REQUESTS:-300000}
 CLIENTS=${CLIENTS:-32}
@@ -26,7 +27,7 @@ for p in $(seq "$port" $((port + 5))); do
   got=$(redis-cli -p "$p" -x script load <capping/decide.lua)
   [[ $got == "$sha" ]] || { echo "script load on $p returned $got, want $sha" >&2; exit 1; }
 done
-go test -c -o "${CAPPER_STACK_DIR}/capping.test" ./capping/
+((CEILING_ONLY)) || go test -c -o "${CAPPER_STACK_DIR}/capping.test" ./capping/
 
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 ceil_runs=() capper_runs=()
@@ -36,6 +37,7 @@ for r in $(seq "$ROUNDS"); do
   rps=$(redis-benchmark -p "$port" --cluster -q -n "$REQUESTS" -c "$CLIENTS" -P "$PIPELINE" -r 1000000 \
     evalsha "$sha" 1 "rbbench:{tag}:__rand_int__" "$now" "m__rand_int__" email 1 604800000 \
     86400000 1073741824 "" 604800000 1073741824 "" 2>/dev/null | tr '\r' '\n' | sed -n 's/.* \([0-9.]*\) requests per second.*/\1/p' | tail -1)
+  if ((CEILING_ONLY)); then ceil_runs+=("$rps"); continue; fi
   dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512$' -test.benchtime "$BENCHTIME" \
     | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}')
   printf 'round %d: redis-benchmark EVALSHA ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
@@ -45,5 +47,6 @@ for p in $(seq "$port" $((port + 5))); do # drop redis-benchmark's keys (capper'
   redis-cli -p "$p" --scan --pattern 'rbbench:*' | xargs -r -n 500 redis-cli -p "$p" unlink >/dev/null 2>&1 || true
 done
 c=$(printf '%s\n' "${ceil_runs[@]}" | median)
+if ((CEILING_ONLY)); then echo "$c"; exit 0; fi
 k=$(printf '%s\n' "${capper_runs[@]}" | median)
 awk -v c="$c" -v k="$k" 'BEGIN{printf "median: ceiling %.0f/s, capper %.0f decisions/s, capper/ceiling = %.0f%%\n", c, k, 100*k/c}'

@@ -16,6 +16,7 @@ JOBS=${DEMO_JOBS:-200000}
 USERS=${DEMO_USERS:-50000}
 PARTITIONS=${DEMO_PARTITIONS:-6}
 METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
+WORKER_ARGS=${DEMO_WORKER_ARGS:-}   # e.g. --passthrough for bench-e2e.sh's baseline
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -64,7 +65,8 @@ say "topics $run.sends{,.allowed,.capped,.dlq} with $PARTITIONS partitions"
 "$capper" loadgen --config config.example.yaml --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
 
 say "starting capper run (metrics on http://$METRICS/metrics)"
-"$capper" run --config config.example.yaml 2>"$work/worker.log" &
+# shellcheck disable=SC2086
+"$capper" run --config config.example.yaml $WORKER_ARGS 2>"$work/worker.log" &
 worker_pid=$!
 for _ in $(seq 300); do
   curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
@@ -80,6 +82,13 @@ say "report"
 status=0
 "$capper" report --config config.example.yaml --manifest "$work/manifest.csv" --idle 30s || status=$?
 
+# The worker's own cost: CPU time from /proc, batches and Redis round trips from its metrics.
+ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat")
+curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" '
+  /^capper_batch_size_count/ {batches=$2} /^capper_batch_size_sum/ {handled=$2}
+  /^capper_redis_round_trips_per_batch_sum/ {rt=$2} /^capper_redis_round_trips_per_batch_count/ {rtn=$2}
+  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch\n",
+        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0) }'
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2

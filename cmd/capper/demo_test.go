@@ -26,7 +26,7 @@ func TestDemoScript(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var last string
 	for i := len(lines) - 1; i >= 0; i-- {
-		if strings.HasPrefix(lines[i], "{") {
+		if strings.HasPrefix(lines[i], `{"jobs"`) { // worker log lines are JSON too
 			last = lines[i]
 			break
 		}

@@ -59,7 +59,7 @@ func start(ctx context.Context, path string, logOut *os.File) (*app, error) {
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for backoff := 250 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		a.limiter, err = capping.New(lctx, rdb, capping.Config{KeyPrefix: cfg.Redis.KeyPrefix, Timeout: time.Duration(cfg.Redis.DecideTimeout)})
+		a.limiter, err = capping.New(lctx, rdb, capping.Config{KeyPrefix: cfg.Redis.KeyPrefix, Timeout: time.Duration(cfg.Redis.DecideTimeout), Pipelines: cfg.Redis.Pipelines})
 		if err == nil {
 			break
 		}
@@ -95,6 +95,7 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := configFlag(fs)
+	passthrough := fs.Bool("passthrough", false, "benchmark baseline only: skip capping and forward every job as allowed (never in production)")
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -109,8 +110,13 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer writer.Close()
+	var decider consumer.Decider = a.limiter
+	if *passthrough {
+		a.log.Warn("passthrough: capping is skipped and every job is forwarded as allowed; this is a benchmark baseline")
+		decider = allowAll{}
+	}
 	w, err := consumer.New(consumer.Config{
-		Reader: reader, Writer: writer, Decider: a.limiter,
+		Reader: reader, Writer: writer, Decider: decider,
 		Segments:  func() consumer.Segmenter { return a.store.Snapshot() },
 		Rules:     a.rules,
 		Topics:    consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ},
@@ -220,4 +226,16 @@ func watchRules(ctx context.Context, path string, a *app, w *consumer.Worker) {
 		version++
 		a.log.Info("rules reloaded", "rules_version", version)
 	}
+}
+
+// allowAll is the pass-through baseline's decider: the consume, produce and
+// commit path of capper run with capping skipped.
+type allowAll struct{}
+
+func (allowAll) Decide(_ context.Context, reqs []capping.Request) ([]capping.Decision, error) {
+	ds := make([]capping.Decision, len(reqs))
+	for i := range ds {
+		ds[i] = capping.Decision{Allowed: true, Cap: -1}
+	}
+	return ds, nil
 }

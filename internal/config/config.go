@@ -70,6 +70,8 @@ type Redis struct {
 	WriteTimeout Duration `yaml:"write_timeout"` // Defaults to 1s.
 	// DecideTimeout bounds one batch's decisions, reloads included. Defaults to 3s.
 	DecideTimeout Duration `yaml:"decide_timeout"`
+	// Pipelines: a batch is split by user into up to this many pipelines sent concurrently. Defaults to 1.
+	Pipelines int `yaml:"pipelines"`
 }
 
 type TLS struct {
@@ -230,6 +232,9 @@ func (c *Config) defaults() {
 	setD(&c.Batch.MaxWait, 100*time.Millisecond)
 	setD(&c.ShutdownTimeout, 30*time.Second)
 	setD(&c.Rules.ReloadInterval, 10*time.Second)
+	if c.Redis.Pipelines == 0 {
+		c.Redis.Pipelines = 1
+	}
 	if c.Batch.Size == 0 {
 		c.Batch.Size = 500
 	}
@@ -263,6 +268,9 @@ func (c *Config) Validate() error {
 	}
 	if len(c.Redis.Addrs) == 0 {
 		bad("redis.addrs", "at least one address is required")
+	}
+	if c.Redis.Pipelines < 1 || c.Redis.Pipelines > 64 {
+		bad("redis.pipelines", "%d is not in 1..64", c.Redis.Pipelines)
 	}
 	if strings.ContainsAny(c.Redis.KeyPrefix, "{}") {
 		bad("redis.key_prefix", "must not contain { or }")
