@@ -78,6 +78,15 @@ curl -fsS "http://$METRICS/readyz" >/dev/null || { cat "$work/worker.log" >&2; e
 say "loadgen: $JOBS jobs for $USERS users"
 "$capper" loadgen --config config.example.yaml --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
 
+say "waiting for capper to drain"
+for _ in $(seq 1800); do
+  handled=$(curl -fsS "http://$METRICS/metrics" | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
+  ((handled >= JOBS)) && break
+  kill -0 "$worker_pid" 2>/dev/null || break
+  sleep 0.2
+done
+echo "capper handled $handled of $JOBS jobs" >&2
+
 say "report"
 status=0
 "$capper" report --config config.example.yaml --manifest "$work/manifest.csv" --idle 30s || status=$?

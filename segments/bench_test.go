@@ -110,7 +110,7 @@ func BenchmarkPopulation(b *testing.B) {
 		snap := load().Snapshot()
 		var users uint64
 		for _, s := range snap.Segments() {
-			users += s.Bitmap.GetCardinality()
+			users += s.Users
 		}
 		ids := make([]uint32, 1<<16)
 		rng := rand.New(rand.NewPCG(3, 4))

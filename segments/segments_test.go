@@ -133,11 +133,14 @@ func TestBuild(t *testing.T) {
 }
 
 func TestSnapshotPriorityOverlapAndNone(t *testing.T) {
-	snap := segments.NewSnapshot([]segments.Segment{
+	snap, err := segments.NewSnapshot([]segments.Segment{
 		{Name: "new", Bitmap: roaring.BitmapOf(1, 2, 3)},
 		{Name: "active", Bitmap: roaring.BitmapOf(3, 4, 5, 6)},
 		{Name: "dormant", Bitmap: roaring.BitmapOf(6, 7, 2)},
 	}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for user, want := range map[uint32]string{1: "new", 2: "new", 3: "new", 4: "active", 6: "active", 7: "dormant", 8: "", 1 << 31: ""} {
 		got, ok := snap.Lookup(user)
 		if got != want || ok != (want != "") {

@@ -6,10 +6,14 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 )
 
-// Segment is one loaded segment of a Snapshot. Its bitmap must not be modified.
+// Segment is one segment of a Snapshot.
 type Segment struct {
-	Name   string
+	Name string
+	// Bitmap holds the segment's users while a snapshot is built; NewSnapshot
+	// keeps only its owner index, so Bitmap is nil in Snapshot.Segments.
 	Bitmap *roaring.Bitmap
+	// Users is the segment's cardinality.
+	Users uint64
 	// ETag of the object it was loaded from.
 	ETag string
 	// SerializedBytes is the size of the object.
@@ -28,32 +32,42 @@ type Overlap struct {
 type Snapshot struct {
 	segments []Segment
 	overlaps []Overlap
+	index    *index
 	loadedAt time.Time
 }
 
-// NewSnapshot builds a snapshot of segs, in priority order (the first wins),
-// and computes the overlap of every pair. The bitmaps must not be modified
-// afterwards.
-func NewSnapshot(segs []Segment, loadedAt time.Time) *Snapshot {
-	s := &Snapshot{segments: segs, loadedAt: loadedAt}
+// NewSnapshot builds a snapshot of segs, in priority order (the first wins):
+// it counts each segment's users and every pair's overlap, then keeps an owner
+// index of all users instead of the bitmaps (see index). At most MaxSegments.
+func NewSnapshot(segs []Segment, loadedAt time.Time) (*Snapshot, error) {
+	bms := make([]*roaring.Bitmap, len(segs))
 	for i := range segs {
+		bms[i] = segs[i].Bitmap
+	}
+	ix, err := newIndex(bms)
+	if err != nil {
+		return nil, err
+	}
+	s := &Snapshot{segments: make([]Segment, len(segs)), index: ix, loadedAt: loadedAt}
+	for i, seg := range segs {
+		seg.Users = seg.Bitmap.GetCardinality()
+		seg.Bitmap = nil
+		s.segments[i] = seg
 		for j := i + 1; j < len(segs); j++ {
 			if n := segs[i].Bitmap.AndCardinality(segs[j].Bitmap); n > 0 {
 				s.overlaps = append(s.overlaps, Overlap{A: segs[i].Name, B: segs[j].Name, Users: n})
 			}
 		}
 	}
-	return s
+	return s, nil
 }
 
 // Lookup returns the first segment, in priority order, that holds user, and
 // false when none does (the caller applies its default caps). It does not
 // allocate.
 func (s *Snapshot) Lookup(user uint32) (segment string, ok bool) {
-	for i := range s.segments {
-		if s.segments[i].Bitmap.Contains(user) {
-			return s.segments[i].Name, true
-		}
+	if o := s.index.owner(user); o > 0 {
+		return s.segments[o-1].Name, true
 	}
 	return "", false
 }
@@ -67,11 +81,5 @@ func (s *Snapshot) Overlaps() []Overlap { return s.overlaps }
 // LoadedAt is when the snapshot was built.
 func (s *Snapshot) LoadedAt() time.Time { return s.loadedAt }
 
-// HeapBytes estimates the memory the snapshot's bitmaps hold.
-func (s *Snapshot) HeapBytes() uint64 {
-	var n uint64
-	for _, seg := range s.segments {
-		n += seg.Bitmap.GetSizeInBytes()
-	}
-	return n
-}
+// HeapBytes is the memory the snapshot's index holds.
+func (s *Snapshot) HeapBytes() uint64 { return s.index.bytes() }

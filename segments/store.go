@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,12 +34,19 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Clock defaults to time.Now.
 	Clock func() time.Time
+	// CacheDir keeps the downloaded objects, so that a refresh re-reads the
+	// unchanged ones from local disk instead of downloading them or holding
+	// their bitmaps in memory. Defaults to a new temporary directory, removed by Close.
+	CacheDir string
 }
 
 // Validate reports whether the configuration is usable.
 func (c *Config) Validate() error {
 	if len(c.Segments) == 0 {
 		return errors.New("segments: no segments configured")
+	}
+	if len(c.Segments) > MaxSegments {
+		return fmt.Errorf("segments: %d segments configured, at most %d", len(c.Segments), MaxSegments)
 	}
 	seen := map[string]bool{}
 	for _, s := range c.Segments {
@@ -58,9 +67,10 @@ func (c *Config) Validate() error {
 	return nil
 }
 
+// cached is a downloaded object kept in the cache directory.
 type cached struct {
 	etag string
-	seg  Segment
+	path string
 }
 
 // Store holds the current Snapshot and refreshes it from its source. It is
@@ -70,6 +80,8 @@ type Store struct {
 	current atomic.Pointer[Snapshot]
 	mu      sync.Mutex // serialises refreshes; guards cache
 	cache   map[string]cached
+	tempDir string // the cache directory New created, removed by Close
+	seq     int    // numbers the cached files
 
 	refreshes  *prometheus.CounterVec
 	downloaded prometheus.Counter
@@ -94,6 +106,15 @@ func New(cfg Config) (*Store, error) {
 		cfg.Clock = time.Now
 	}
 	s := &Store{cfg: cfg, cache: map[string]cached{}}
+	if cfg.CacheDir == "" {
+		dir, err := os.MkdirTemp("", "capper-segments-")
+		if err != nil {
+			return nil, fmt.Errorf("segments: cache directory: %w", err)
+		}
+		s.cfg.CacheDir, s.tempDir = dir, dir
+	} else if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("segments: cache directory: %w", err)
+	}
 	s.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_segments_refreshes_total", Help: "Segment snapshot refreshes by result (ok, unchanged, error).",
 	}, []string{"result"})
@@ -156,33 +177,56 @@ func (s *Store) refresh(ctx context.Context) (bool, error) {
 	next := make(map[string]cached, len(s.cfg.Segments))
 	var downloaded []string
 	var bytes int64
-	for i, name := range s.cfg.Segments {
+	for _, name := range s.cfg.Segments {
 		o, ok := byName[name]
 		if !ok {
 			return false, fmt.Errorf("segments: segment %q: no object %s%s in %s", name, name, Ext, s.cfg.Source)
 		}
-		if c, ok := s.cache[name]; ok && c.etag == o.ETag && o.ETag != "" {
-			segs[i], next[name] = c.seg, c
-			continue
+		c, ok := s.cache[name]
+		if fresh := !ok || c.etag != o.ETag || o.ETag == ""; fresh {
+			downloaded = append(downloaded, name)
+			s.seq++ // a new file per download: the cached copy in use is never overwritten
+			c = cached{etag: o.ETag, path: filepath.Join(s.cfg.CacheDir, fmt.Sprintf("%s.%d%s", name, s.seq, Ext))}
 		}
-		data, err := s.cfg.Source.Read(ctx, o.Key)
-		if err != nil {
-			return false, fmt.Errorf("segments: segment %q: %w", name, err)
+		next[name] = c
+	}
+	if len(downloaded) == 0 && s.current.Load() != nil {
+		return false, nil
+	}
+	for i, name := range s.cfg.Segments {
+		o, c := byName[name], next[name]
+		var data []byte
+		if c == s.cache[name] { // unchanged: from the cache directory
+			if data, err = os.ReadFile(c.path); err != nil {
+				return false, fmt.Errorf("segments: segment %q: cached copy: %w", name, err)
+			}
+		} else {
+			if data, err = s.cfg.Source.Read(ctx, o.Key); err != nil {
+				return false, fmt.Errorf("segments: segment %q: %w", name, err)
+			}
+			bytes += int64(len(data))
 		}
 		bm, err := Decode(data)
 		if err != nil {
 			return false, fmt.Errorf("segments: segment %q (%s in %s): %w", name, o.Key, s.cfg.Source, err)
 		}
-		bytes += int64(len(data))
+		if c != s.cache[name] {
+			if err := writeFileAtomic(c.path, data); err != nil {
+				return false, fmt.Errorf("segments: segment %q: cache: %w", name, err)
+			}
+		}
 		segs[i] = Segment{Name: name, Bitmap: bm, ETag: o.ETag, SerializedBytes: int64(len(data))}
-		next[name] = cached{etag: o.ETag, seg: segs[i]}
-		downloaded = append(downloaded, name)
 	}
 	s.downloaded.Add(float64(bytes))
-	if len(downloaded) == 0 && s.current.Load() != nil {
-		return false, nil
+	snap, err := NewSnapshot(segs, s.cfg.Clock())
+	if err != nil {
+		return false, fmt.Errorf("segments: %w", err)
 	}
-	snap := NewSnapshot(segs, s.cfg.Clock())
+	for name, c := range s.cache { // drop the cached copies that were replaced
+		if next[name] != c {
+			_ = os.Remove(c.path)
+		}
+	}
 	s.cache = next
 	s.current.Store(snap)
 	s.report(snap, downloaded, bytes, s.cfg.Clock().Sub(start))
@@ -194,15 +238,29 @@ func (s *Store) report(snap *Snapshot, downloaded []string, bytes int64, took ti
 	log.Info("segment snapshot loaded", "source", s.cfg.Source.String(), "downloaded", downloaded,
 		"downloaded_bytes", bytes, "heap_bytes", snap.HeapBytes(), "took", took)
 	for _, seg := range snap.Segments() {
-		n := seg.Bitmap.GetCardinality()
-		s.users.WithLabelValues(seg.Name).Set(float64(n))
-		log.Info("segment", "segment", seg.Name, "users", n, "serialized_bytes", seg.SerializedBytes,
-			"heap_bytes", seg.Bitmap.GetSizeInBytes())
+		s.users.WithLabelValues(seg.Name).Set(float64(seg.Users))
+		log.Info("segment", "segment", seg.Name, "users", seg.Users, "serialized_bytes", seg.SerializedBytes)
 	}
 	for _, o := range snap.Overlaps() {
 		log.Warn("users in more than one segment; the first in priority order applies",
 			"segment_a", o.A, "segment_b", o.B, "users", o.Users)
 	}
+}
+
+// Close removes the cache directory New created. The current snapshot stays usable.
+func (s *Store) Close() error {
+	if s.tempDir == "" {
+		return nil
+	}
+	return os.RemoveAll(s.tempDir)
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // Start loads the first complete snapshot, retrying with exponential backoff

@@ -93,7 +93,7 @@ type Segments struct {
 }
 
 type Batch struct {
-	Size    int      `yaml:"size"`     // Defaults to 500.
+	Size    int      `yaml:"size"`     // Defaults to 1000.
 	MaxWait Duration `yaml:"max_wait"` // Defaults to 100ms.
 }
 
@@ -236,7 +236,7 @@ func (c *Config) defaults() {
 		c.Redis.Pipelines = 1
 	}
 	if c.Batch.Size == 0 {
-		c.Batch.Size = 500
+		c.Batch.Size = 1000
 	}
 	set(&c.MetricsAddr, ":9090")
 	set(&c.LogLevel, "info")

@@ -218,6 +218,7 @@ func ReadOutputs(ctx context.Context, dialer *kafka.Dialer, brokers []string, to
 	var mu sync.Mutex
 	var outs []Output
 	seen := map[string]bool{}
+	found := 0 // ids of want seen so far
 	lastNew := time.Now()
 	group := fmt.Sprintf("capper-report-%d", time.Now().UnixNano())
 	var wg sync.WaitGroup
@@ -230,7 +231,7 @@ func ReadOutputs(ctx context.Context, dialer *kafka.Dialer, brokers []string, to
 				MaxWait: 250 * time.Millisecond, StartOffset: kafka.FirstOffset, MaxBytes: 16 << 20, QueueCapacity: 10000})
 			defer rd.Close()
 			for {
-				m, err := rd.ReadMessage(ctx) // commits in the background: the group is this report's own
+				m, err := rd.FetchMessage(ctx) // no commits: the group is this report's own, used once
 				if err != nil {
 					if ctx.Err() == nil {
 						errs <- fmt.Errorf("report: read %s: %w", topic, err)
@@ -243,6 +244,9 @@ func ReadOutputs(ctx context.Context, dialer *kafka.Dialer, brokers []string, to
 				if !seen[o.ID] {
 					seen[o.ID] = true
 					lastNew = time.Now()
+					if want[o.ID] {
+						found++
+					}
 				}
 				mu.Unlock()
 			}
@@ -262,13 +266,7 @@ loop:
 			return nil, err
 		case <-tick.C:
 			mu.Lock()
-			done := 0
-			for id := range want {
-				if seen[id] {
-					done++
-				}
-			}
-			n, quiet := len(outs), time.Since(lastNew)
+			done, n, quiet := found, len(outs), time.Since(lastNew)
 			mu.Unlock()
 			if progress != nil && time.Since(lastProgress) >= 2*time.Second {
 				progress(n)
