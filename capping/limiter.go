@@ -54,7 +54,7 @@ type Config struct {
 	// Pipelines splits a batch into up to this many pipelines by user, sent
 	// concurrently (each still grouped per node), so Redis is not idle while one
 	// is in flight. A user's requests stay in one pipeline, in order. Batches of
-	// fewer than 64 requests use one pipeline. Defaults to 1.
+	// fewer than 64 requests use one pipeline. Defaults to 4.
 	Pipelines int
 }
 
@@ -86,7 +86,7 @@ func (c Config) withDefaults() Config {
 		c.ScriptReloads = 3
 	}
 	if c.Pipelines == 0 {
-		c.Pipelines = 1
+		c.Pipelines = 4
 	}
 	return c
 }

@@ -2,7 +2,8 @@
 # bench-capping.sh — capper's decisions/s against the Redis ceiling, side by side in one run.
 #
 # Alternates ROUNDS times (default 3): redis-benchmark --cluster running EVALSHA of capping/decide.lua
-# (same caps, write path, random users) as the ceiling, then `go test -bench BenchmarkDecide/batch=512`.
+# (same caps, write path, random users) as the ceiling, then `go test -bench BenchmarkDecide/batch=512/pipelines=1`
+# (one pipeline per batch, one batch in flight per core).
 # Prints each round, the medians and capper's median as a share of the ceiling's median.
 # Uses the running local stack, or starts (and afterwards stops) it.
 #   ROUNDS=5 BENCHTIME=3s scripts/bench-capping.sh
@@ -38,7 +39,7 @@ for r in $(seq "$ROUNDS"); do
     evalsha "$sha" 1 "rbbench:{tag}:__rand_int__" "$now" "m__rand_int__" email 1 604800000 \
     86400000 1073741824 "" 604800000 1073741824 "" 2>/dev/null | tr '\r' '\n' | sed -n 's/.* \([0-9.]*\) requests per second.*/\1/p' | tail -1)
   if ((CEILING_ONLY)); then ceil_runs+=("$rps"); continue; fi
-  dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512$' -test.benchtime "$BENCHTIME" \
+  dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512/pipelines=1$' -test.benchtime "$BENCHTIME" \
     | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}')
   printf 'round %d: redis-benchmark EVALSHA ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
   ceil_runs+=("$rps") capper_runs+=("$dps")

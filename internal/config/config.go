@@ -70,7 +70,7 @@ type Redis struct {
 	WriteTimeout Duration `yaml:"write_timeout"` // Defaults to 1s.
 	// DecideTimeout bounds one batch's decisions, reloads included. Defaults to 3s.
 	DecideTimeout Duration `yaml:"decide_timeout"`
-	// Pipelines: a batch is split by user into up to this many pipelines sent concurrently. Defaults to 1.
+	// Pipelines: a batch is split by user into up to this many pipelines sent concurrently. Defaults to 4.
 	Pipelines int `yaml:"pipelines"`
 }
 
@@ -233,7 +233,7 @@ func (c *Config) defaults() {
 	setD(&c.ShutdownTimeout, 30*time.Second)
 	setD(&c.Rules.ReloadInterval, 10*time.Second)
 	if c.Redis.Pipelines == 0 {
-		c.Redis.Pipelines = 1
+		c.Redis.Pipelines = 4
 	}
 	if c.Batch.Size == 0 {
 		c.Batch.Size = 1000
