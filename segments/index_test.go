@@ -64,7 +64,7 @@ func TestLookupMatchesProbingTheBitmaps(t *testing.T) {
 			}
 			for k := 0; k < 200000; k++ {
 				check(rng.Uint32())
-				check(uint32(rng.IntN(8<<16)))
+				check(uint32(rng.IntN(8 << 16)))
 			}
 			check(0)
 			check(1<<32 - 1)

@@ -127,6 +127,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	defer store.Close()
 	if err := store.Start(ctx); err != nil {
 		return err
 	}

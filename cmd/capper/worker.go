@@ -79,11 +79,14 @@ func start(ctx context.Context, path string, logOut *os.File) (*app, error) {
 	a.store, err = segments.New(segments.Config{
 		Segments: a.rules.SegmentNames(), Source: src, Logger: a.log, Registerer: a.reg,
 		RefreshInterval: time.Duration(cfg.Segments.RefreshInterval), StartupTimeout: time.Duration(cfg.Segments.StartupTimeout),
+		CacheDir: cfg.Segments.CacheDir,
 	})
 	if err != nil {
 		a.close()
 		return nil, err
 	}
+	closeRedis := a.close
+	a.close = func() { closeRedis(); _ = a.store.Close() }
 	if err := a.store.Start(ctx); err != nil {
 		a.close()
 		return nil, err

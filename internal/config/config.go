@@ -90,6 +90,8 @@ type Segments struct {
 	S3PathStyle     bool     `yaml:"s3_path_style"` // Defaults to false.
 	RefreshInterval Duration `yaml:"refresh_interval"`
 	StartupTimeout  Duration `yaml:"startup_timeout"`
+	// CacheDir keeps the downloaded objects; defaults to a temporary directory removed at exit.
+	CacheDir string `yaml:"cache_dir"`
 }
 
 type Batch struct {
