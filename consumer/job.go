@@ -1,11 +1,12 @@
 package consumer
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"strconv"
 )
 
 // Job is one send job of the input topic.
@@ -34,13 +35,39 @@ const DefaultCategory = "marketing"
 // ErrMalformed wraps every reason a message is not a valid job.
 var ErrMalformed = errors.New("malformed job")
 
+// rawJob is what DecodeJob reads. The payload is not a field: json still
+// checks that it is valid JSON, but nothing copies it.
 type rawJob struct {
-	JobID      *string         `json:"job_id"`
-	UserID     json.RawMessage `json:"user_id"`
-	CampaignID *string         `json:"campaign_id"`
-	Channel    *string         `json:"channel"`
-	Category   *string         `json:"category"`
-	Payload    json.RawMessage `json:"payload"`
+	JobID      string `json:"job_id"`
+	UserID     userID `json:"user_id"`
+	CampaignID string `json:"campaign_id"`
+	Channel    string `json:"channel"`
+	Category   string `json:"category"`
+}
+
+// userID parses a JSON number into 0..4294967295 without allocating.
+type userID struct {
+	v   uint32
+	set bool
+	err string
+}
+
+func (u *userID) UnmarshalJSON(b []byte) error {
+	u.set = true
+	if n, err := strconv.ParseUint(string(b), 10, 32); err == nil { // the usual case: plain digits
+		u.v = uint32(n)
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	switch {
+	case err != nil:
+		u.err = fmt.Sprintf("user_id is not a number: %s", truncate(string(b), 40))
+	case f < 0 || f > math.MaxUint32 || f != math.Trunc(f):
+		u.err = fmt.Sprintf("user_id %s is not an integer in 0..4294967295", truncate(string(b), 40))
+	default:
+		u.v = uint32(f) // e.g. 1e3 or 12.0
+	}
+	return nil
 }
 
 // DecodeJob parses and validates one message value. Errors wrap ErrMalformed
@@ -53,39 +80,39 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 		return bad("message of %d bytes exceeds %d", len(value), maxBytes)
 	}
 	var r rawJob
-	dec := json.NewDecoder(bytes.NewReader(value))
-	if err := dec.Decode(&r); err != nil {
+	if err := json.Unmarshal(value, &r); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return bad("%s must be a %s, not %s", te.Field, jsonKind(te.Type.Kind()), te.Value)
+		}
 		return bad("not a JSON object: %v", err)
 	}
-	if dec.More() {
-		return bad("trailing data after the JSON object")
-	}
-	var j Job
 	switch {
-	case r.JobID == nil || *r.JobID == "":
+	case r.JobID == "":
 		return bad("job_id is missing or empty")
-	case len(*r.JobID) > MaxJobIDBytes:
-		return bad("job_id is %d bytes, at most %d", len(*r.JobID), MaxJobIDBytes)
-	case r.CampaignID == nil || *r.CampaignID == "":
+	case len(r.JobID) > MaxJobIDBytes:
+		return bad("job_id is %d bytes, at most %d", len(r.JobID), MaxJobIDBytes)
+	case r.CampaignID == "":
 		return bad("campaign_id is missing or empty")
-	case r.Channel == nil || *r.Channel == "":
+	case r.Channel == "":
 		return bad("channel is missing or empty")
-	case r.UserID == nil:
+	case !r.UserID.set:
 		return bad("user_id is missing")
+	case r.UserID.err != "":
+		return bad("%s", r.UserID.err)
 	}
-	var uid float64
-	if err := json.Unmarshal(r.UserID, &uid); err != nil {
-		return bad("user_id is not a number: %s", truncate(string(r.UserID), 40))
-	}
-	if uid < 0 || uid > math.MaxUint32 || uid != math.Trunc(uid) {
-		return bad("user_id %s is not an integer in 0..4294967295", truncate(string(r.UserID), 40))
-	}
-	j.JobID, j.UserID, j.CampaignID, j.Channel = *r.JobID, uint32(uid), *r.CampaignID, *r.Channel
-	j.Category = DefaultCategory
-	if r.Category != nil && *r.Category != "" {
-		j.Category = *r.Category
+	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category}
+	if j.Category == "" {
+		j.Category = DefaultCategory
 	}
 	return j, nil
+}
+
+func jsonKind(k reflect.Kind) string {
+	if k == reflect.String {
+		return "string"
+	}
+	return "number"
 }
 
 func truncate(s string, n int) string {

@@ -20,7 +20,7 @@ func TestDecodeJob(t *testing.T) {
 			consumer.Job{JobID: "j1", UserID: 0, CampaignID: "c", Channel: "email", Category: "marketing"}, ""},
 		{"not json", `hello`, consumer.Job{}, "not a JSON object"},
 		{"array", `[1,2]`, consumer.Job{}, "not a JSON object"},
-		{"trailing", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e"} {}`, consumer.Job{}, "trailing data"},
+		{"trailing", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e"} {}`, consumer.Job{}, "not a JSON object"},
 		{"no job id", `{"user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "job_id is missing"},
 		{"long job id", `{"job_id":"` + strings.Repeat("x", 129) + `","user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "at most 128"},
 		{"no user", `{"job_id":"j","campaign_id":"c","channel":"e"}`, consumer.Job{}, "user_id is missing"},
@@ -30,7 +30,10 @@ func TestDecodeJob(t *testing.T) {
 		{"string user", `{"job_id":"j","user_id":"12","campaign_id":"c","channel":"e"}`, consumer.Job{}, "not a number"},
 		{"no campaign", `{"job_id":"j","user_id":1,"channel":"e"}`, consumer.Job{}, "campaign_id"},
 		{"no channel", `{"job_id":"j","user_id":1,"campaign_id":"c"}`, consumer.Job{}, "channel"},
-		{"wrong type", `{"job_id":5,"user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "not a JSON object"},
+		{"wrong type", `{"job_id":5,"user_id":1,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "job_id must be a string, not number"},
+		{"user id as exponent", `{"job_id":"j","user_id":1e3,"campaign_id":"c","channel":"e"}`, consumer.Job{JobID: "j", UserID: 1000, CampaignID: "c", Channel: "e", Category: "marketing"}, ""},
+		{"invalid payload", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","payload":{"a":}}`, consumer.Job{}, "not a JSON object"},
+		{"null user", `{"job_id":"j","user_id":null,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "user_id"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,4 +70,14 @@ func FuzzDecodeJob(f *testing.F) {
 			t.Fatalf("accepted an invalid job %+v", j)
 		}
 	})
+}
+
+func BenchmarkDecodeJob(b *testing.B) {
+	msg := []byte(`{"job_id":"blast-42:user-1234567:email","user_id":1234567,"campaign_id":"blast-42","channel":"email","category":"marketing","payload":{"template":"promo-42","vars":{"name":"Ana","offer":"20%"}}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := consumer.DecodeJob(msg, 1<<20); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -32,6 +32,8 @@ type Config struct {
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
 	// LogLevel is debug, info, warn or error. Defaults to info.
 	LogLevel string `yaml:"log_level"`
+	// DebugPprof serves Go's profiler under /debug/pprof/ on metrics_addr. Defaults to false.
+	DebugPprof bool `yaml:"debug_pprof"`
 }
 
 type Kafka struct {
