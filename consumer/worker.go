@@ -265,9 +265,10 @@ type item struct {
 
 // decided is a batch whose outputs are ready to be written.
 type decided struct {
-	batch []kafka.Message
-	outs  []kafka.Message
-	start time.Time
+	batch     []kafka.Message
+	outs      []kafka.Message
+	decisions map[string]int // jobs by decision, counted once the outputs are acknowledged
+	start     time.Time
 }
 
 // prepare decodes and decides one batch and builds its outputs. It returns an
@@ -311,11 +312,12 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}
 	outs := make([]kafka.Message, len(items))
+	decisions := make(map[string]int, 5)
 	for i := range items {
 		outs[i] = w.output(&items[i])
-		w.m.jobs.WithLabelValues(items[i].decision).Inc()
+		decisions[items[i].decision]++
 	}
-	return &decided{batch: batch, outs: outs, start: start}, nil
+	return &decided{batch: batch, outs: outs, decisions: decisions, start: start}, nil
 }
 
 // deliver writes a decided batch's outputs and then commits its offsets. It
@@ -323,6 +325,9 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	if err := w.write(ctx, d.outs); err != nil {
 		return err
+	}
+	for decision, n := range d.decisions {
+		w.m.jobs.WithLabelValues(decision).Add(float64(n))
 	}
 	w.commit(ctx, d.batch)
 	w.ready.Store(true)
@@ -431,12 +436,17 @@ func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
 		var we kafka.WriteErrors
 		if errors.As(err, &we) && len(we) == len(outs) {
 			var failed []kafka.Message
+			tooLarge := false
 			for i, e := range we {
 				if e != nil {
 					failed = append(failed, outs[i])
+					tooLarge = tooLarge || errors.Is(e, kafka.MessageSizeTooLarge)
 				}
 			}
 			outs = failed
+			if tooLarge { // retrying cannot help until the configuration changes
+				w.cfg.Logger.Error("the broker rejects output batches as too large: set kafka.max_batch_bytes below the broker's message.max.bytes; retrying, nothing is committed")
+			}
 		}
 		if !retry.wait(ctx, "writing outputs failed; retrying", len(outs), err) {
 			return fmt.Errorf("consumer: stopped with %d unwritten outputs (batch left uncommitted): %w", len(outs), ctx.Err())

@@ -620,3 +620,34 @@ func countDecision(outs []output, decision string) int {
 	}
 	return n
 }
+
+// TestLargeBatchesStayUnderTheBrokerLimit sends batches whose outputs for one
+// partition add up to several MB: the worker must split them below the
+// broker's message size limit (1 MB by default) instead of retrying a
+// rejected batch forever.
+func TestLargeBatchesStayUnderTheBrokerLimit(t *testing.T) {
+	s := newStack(t, 1, nil)
+	cfg, err := os.ReadFile(s.config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := strings.Replace(string(cfg), "batch: {size: 200, max_wait: 50ms}", "batch: {size: 5000, max_wait: 500ms}", 1)
+	if big == string(cfg) {
+		t.Fatal("test config has no batch line to change")
+	}
+	if err := os.WriteFile(s.config, []byte(big), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pad := strings.Repeat("x", 700)
+	var msgs []kafka.Message
+	for i := 0; i < 6000; i++ {
+		v := fmt.Sprintf(`{"job_id":"big-%d","user_id":%d,"campaign_id":"c","channel":"email","payload":{"body":"%s"}}`, i, 1000+i, pad)
+		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(1000 + i)), Value: []byte(v)})
+	}
+	s.produce(nil, msgs...)
+	s.start(false)
+	outs := s.collect(len(msgs), 60*time.Second)
+	if len(outs) < len(msgs) {
+		t.Fatalf("%d of %d jobs reached an output topic", len(outs), len(msgs))
+	}
+}

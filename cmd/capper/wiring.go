@@ -124,7 +124,7 @@ func newWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    max(100, batchSize),
-		BatchBytes:   64 << 20,
+		BatchBytes:   int64(c.MaxBatchBytes),
 		BatchTimeout: 2 * time.Millisecond,
 		MaxAttempts:  3,
 		WriteTimeout: 10 * time.Second,

@@ -42,6 +42,9 @@ type Kafka struct {
 	Topics  Topics   `yaml:"topics"`
 	// SessionTimeout: a member silent this long leaves the group and its partitions move. Defaults to 30s.
 	SessionTimeout Duration `yaml:"session_timeout"`
+	// MaxBatchBytes bounds a record batch the worker produces; it must stay below the
+	// broker's message.max.bytes (Kafka's default is 1048588). Defaults to 1000000.
+	MaxBatchBytes int `yaml:"max_batch_bytes"`
 	// SASL: mechanism plain, scram-sha-256 or scram-sha-512; empty disables.
 	SASLMechanism string `yaml:"sasl_mechanism"`
 	SASLUsername  string `yaml:"sasl_username"`
@@ -227,6 +230,9 @@ func (c *Config) defaults() {
 	set(&c.Kafka.Topics.DLQ, "sends.dlq")
 	set(&c.Redis.KeyPrefix, "fc")
 	setD(&c.Kafka.SessionTimeout, 30*time.Second)
+	if c.Kafka.MaxBatchBytes == 0 {
+		c.Kafka.MaxBatchBytes = 1_000_000
+	}
 	setD(&c.Redis.DialTimeout, time.Second)
 	setD(&c.Redis.ReadTimeout, time.Second)
 	setD(&c.Redis.WriteTimeout, time.Second)
@@ -265,6 +271,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Kafka.SASLMechanism != "" && (c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "") {
 		bad("kafka.sasl_username", "SASL needs a username and a password (CAPPER_KAFKA_SASL_PASSWORD or sasl_password_file)")
+	}
+	if c.Kafka.MaxBatchBytes < 10_000 {
+		bad("kafka.max_batch_bytes", "%d is below 10000", c.Kafka.MaxBatchBytes)
 	}
 	ts := c.Kafka.Topics
 	if ts.Input == ts.Allowed || ts.Input == ts.Capped || ts.Input == ts.DLQ {
