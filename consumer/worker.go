@@ -74,7 +74,7 @@ type Config struct {
 	Rules *Rules
 	// Topics are the output topics. (Required)
 	Topics Topics
-	// BatchSize is the most jobs in one batch. Defaults to 1000.
+	// BatchSize is the most jobs in one batch. Defaults to 2000.
 	BatchSize int
 	// BatchWait is how long a batch waits for more jobs after its first. Defaults to 100ms.
 	BatchWait time.Duration
@@ -129,7 +129,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 1000
+		cfg.BatchSize = 2000
 	}
 	if cfg.BatchWait == 0 {
 		cfg.BatchWait = 100 * time.Millisecond

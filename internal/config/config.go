@@ -100,7 +100,7 @@ type Segments struct {
 }
 
 type Batch struct {
-	Size    int      `yaml:"size"`     // Defaults to 1000.
+	Size    int      `yaml:"size"`     // Defaults to 2000.
 	MaxWait Duration `yaml:"max_wait"` // Defaults to 100ms.
 }
 
@@ -246,7 +246,7 @@ func (c *Config) defaults() {
 		c.Redis.Pipelines = 4
 	}
 	if c.Batch.Size == 0 {
-		c.Batch.Size = 1000
+		c.Batch.Size = 2000
 	}
 	set(&c.MetricsAddr, ":9090")
 	set(&c.LogLevel, "info")
