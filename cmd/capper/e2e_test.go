@@ -443,11 +443,15 @@ func (s *stack) checkAccounting(jobs []jobSpec, outs []output) {
 	}
 }
 
+// TestCrashMidStreamLosesNothing SIGKILLs the worker mid-stream while a Redis
+// master is frozen, so a batch is caught half-decided and uncommitted; after a
+// restart every job must be accounted for, no cap exceeded, and the jobs whose
+// decisions were recorded before the crash must come back as duplicates
+// without being counted twice.
 func TestCrashMidStreamLosesNothing(t *testing.T) {
 	s := newStack(t, 6, nil)
-	jobs := blast("crash", 6000, 500)
+	jobs := blast("crash", 6000, 3000) // two jobs per user: the jobs in flight at the crash are allowed, so recorded
 	w := s.start(false)
-	// Stream the jobs in chunks while the worker runs; SIGKILL it mid-stream.
 	const chunks = 30
 	per := len(jobs) / chunks
 	produced := make(chan int, chunks)
@@ -461,17 +465,57 @@ func TestCrashMidStreamLosesNothing(t *testing.T) {
 	}()
 	for c := range produced {
 		if c == chunks/3 {
+			resume := s.freezeMaster(t, 1)
+			time.Sleep(700 * time.Millisecond) // the worker is now retrying a half-decided batch
 			if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
 			<-w.done
 			w.done <- nil
+			resume()
 			s.start(false)
 		}
 	}
 	outs := s.collect(len(jobs), 90*time.Second)
 	s.checkAccounting(jobs, outs)
-	t.Logf("%d outputs for %d jobs (redelivered after the crash: %d)", len(outs), len(jobs), len(outs)-len(jobs))
+	if n := countDecision(outs, "duplicate"); n == 0 {
+		t.Errorf("no job came back as a duplicate: the crash did not catch a batch with recorded decisions")
+	} else {
+		t.Logf("%d outputs for %d jobs; %d redelivered jobs recognised as duplicates", len(outs), len(jobs), n)
+	}
+}
+
+// freezeMaster stops (SIGSTOP) the Redis master that owns user's key and
+// returns the function that resumes it and waits for the cluster to be ok.
+func (s *stack) freezeMaster(t *testing.T, user uint32) (resume func()) {
+	t.Helper()
+	stateDir := testenv.StackDir(t)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
+	master, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.prefix, user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(master.Options().Addr)
+	pidb, err := os.ReadFile(filepath.Join(stateDir, "redis", port+".pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidb)))
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	resume = func() {
+		if done {
+			return
+		}
+		done = true
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		testenv.WaitClusterOK(t, rdb)
+		rdb.Close()
+	}
+	t.Cleanup(resume)
+	return resume
 }
 
 func TestTwoWorkersShareTheGroup(t *testing.T) {
@@ -516,35 +560,12 @@ func scrapeJobs(t *testing.T, addr string) float64 {
 // flow, then resumes it: the worker retries, reports not-ready, and recovers
 // with no loss and no over-send.
 func TestRedisMasterStoppedMidRun(t *testing.T) {
-	stateDir := testenv.StackDir(t)
 	s := newStack(t, 6, nil)
 	w := s.start(true)
 	w.waitReady(t)
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
-	defer rdb.Close()
-	master, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.prefix, 1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, port, _ := net.SplitHostPort(master.Options().Addr)
-	pidb, err := os.ReadFile(filepath.Join(stateDir, "redis", port+".pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(pidb)))
 	jobs := blast("freeze", 3000, 300)
 	s.produce(jobs[:1000])
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-			resumed = true
-		}
-	}
-	defer resume()
+	resume := s.freezeMaster(t, 1)
 	s.produce(jobs[1000:])
 	notReady := false
 	for i := 0; i < 30 && !notReady; i++ {
@@ -562,7 +583,6 @@ func TestRedisMasterStoppedMidRun(t *testing.T) {
 	if !notReady {
 		t.Error("/readyz never reported not-ready while a Redis master was stopped")
 	}
-	testenv.WaitClusterOK(t, rdb)
 }
 
 // TestRulesReloadOnSIGHUP raises the default cap from 2 to 3 by rewriting the config file
