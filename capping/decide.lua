@@ -5,7 +5,8 @@
 -- ARGV[1]  now: ms since the epoch, from the worker's clock (never the server's)
 -- ARGV[2]  member of this send: 8-byte digest of the job id followed by the channel
 -- ARGV[3]  channel of this send
--- ARGV[4]  "1": record an allowed send and evict old entries; "0": look only, write nothing
+-- ARGV[4]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
+--          "0": look only, write nothing
 -- ARGV[5]  retention (ms), the longest window: entries this old are evicted, the key expires after it
 -- ARGV[6..] three values per cap: window (ms), limit, channel ("" counts every channel)
 --
@@ -79,8 +80,12 @@ if never then
   retry_at = 0
 end
 
-if status == 1 and record then
-  redis.call('ZADD', key, now, member)
+if record and status ~= 0 then
+  if status == 1 then
+    redis.call('ZADD', key, now, member)
+  end
+  -- Also on a duplicate: the write advances this connection's replication offset
+  -- past the earlier write of the same job, so a WAIT after the script waits for that too.
   redis.call('PEXPIRE', key, retention)
 end
 

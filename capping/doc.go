@@ -22,9 +22,22 @@
 // little longer. The error is bounded by the skew, which should be far below a
 // cap's window (hours to days).
 //
-// A Limiter sends a batch of decisions as one pipeline: go-redis groups the
-// commands by cluster node and sends the node groups concurrently, so a batch
-// costs one round trip per node. Jobs of one user in one batch are decided in
-// order and see each other. Errors are per request (see RequestErrors): a
-// failing node does not fail the decisions of users on other nodes.
+// A Limiter sends a batch of decisions as pipelines grouped by the cluster
+// master that owns each user (Config.Pipelines groups of users, each split per
+// node), all sent concurrently: one round trip per group and node. Jobs of one
+// user in one batch are decided in order and see each other. Errors are per
+// request (see RequestErrors): a failing node does not fail the decisions of
+// users on other nodes. When a node cannot be reached or redirects, the
+// Limiter asks the cluster client to reload the slot map at once, so a replica
+// promoted after a crash is used from the next attempt on; a node that answers
+// NOSCRIPT (a promoted replica or a restarted node) gets the script loaded and
+// only its requests are retried.
+//
+// Redis replicates asynchronously: a master can acknowledge a recorded send
+// and crash before its replica has it, and the promoted replica then no longer
+// counts that send. Config.MinReplicasAcked closes that gap at a cost in
+// latency: each node's pipeline ends with WAIT on the same connection, and a
+// decision that recorded (or found) a send is answered only once enough
+// replicas acknowledged it; otherwise it fails with ErrNotReplicated and is
+// retried.
 package capping

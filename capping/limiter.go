@@ -2,15 +2,14 @@ package capping
 
 import (
 	"context"
-	"crypto/sha1"
 	_ "embed"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -18,35 +17,39 @@ import (
 )
 
 //go:embed decide.lua
-var decideScript string
+var decideSource string
 
-// decideSHA is the SHA1 of decide.lua, the name EVALSHA calls it by.
-var decideSHA = func() string {
-	sum := sha1.Sum([]byte(decideScript))
-	return hex.EncodeToString(sum[:])
-}()
+// decideScript is decide.lua; EVALSHA calls it by its SHA1 (decideScript.Hash()).
+var decideScript = redis.NewScript(decideSource)
 
-// Client is what a Limiter needs of Redis. *redis.Client, *redis.ClusterClient
-// and *redis.Ring satisfy it. When the client also has ForEachShard (cluster
-// and ring clients do), scripts are loaded on every node, replicas included.
+// Client is what a Limiter needs of Redis: a *redis.ClusterClient, or a
+// *redis.Client for a single node. With a cluster client the Limiter groups
+// each batch by the master that owns each user itself (so that a WAIT can
+// follow the scripts on the same connection), reloads the cluster topology as
+// soon as a node fails or redirects, and loads the script on a node that
+// answers NOSCRIPT (a promoted replica, a restarted node).
 type Client interface {
 	Pipeline() redis.Pipeliner
 	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
 }
 
-type shardedClient interface {
-	ForEachShard(ctx context.Context, fn func(ctx context.Context, client *redis.Client) error) error
+// node is one Redis server a pipeline goes to: a cluster master's client, or
+// the single-node Client itself.
+type node interface {
+	Pipeline() redis.Pipeliner
+	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
 }
 
-// Config configures a Limiter.
+// Config configures a Limiter. A zero value means the default of each field.
 type Config struct {
 	// KeyPrefix starts every key; a user's log is PREFIX:{USER_ID}. Defaults to "fc".
 	KeyPrefix string
 	// Clock returns the time decisions are taken at. Defaults to time.Now.
 	// Workers' clocks are assumed to be NTP-synchronised (see the package doc).
 	Clock func() time.Time
-	// Timeout bounds one Decide or Peek call, script reloads included.
-	// Defaults to 2s; a negative value means no timeout beyond the context's.
+	// Timeout bounds one Decide or Peek call (one attempt), script reloads and
+	// the replica WAIT included. Defaults to 2s; a negative value means no
+	// timeout beyond the context's.
 	Timeout time.Duration
 	// ScriptReloads is how many times one call reloads the script after NOSCRIPT
 	// (a failover, restart or SCRIPT FLUSH) and retries the failed requests. Defaults to 3.
@@ -56,6 +59,16 @@ type Config struct {
 	// is in flight. A user's requests stay in one pipeline, in order. Batches of
 	// fewer than 64 requests use one pipeline. Defaults to 4.
 	Pipelines int
+	// MinReplicasAcked, when above 0, makes decisions durable: each node's
+	// pipeline ends with WAIT MinReplicasAcked, on the same connection, and a
+	// request that recorded a send (or found it recorded) on a node whose WAIT
+	// falls short fails with ErrNotReplicated instead of being answered allowed.
+	// Retrying it is safe (the job id makes it a duplicate). Defaults to 0: the
+	// answer does not wait for replication, and a master that crashes before
+	// replicating can lose recorded sends (see the package doc).
+	MinReplicasAcked int
+	// ReplicaTimeout bounds the WAIT when MinReplicasAcked is set. Defaults to 500ms.
+	ReplicaTimeout time.Duration
 }
 
 // Validate reports whether the configuration is usable.
@@ -68,6 +81,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Pipelines < 0 || c.Pipelines > 64 {
 		return fmt.Errorf("capping: pipelines %d is not in 0..64", c.Pipelines)
+	}
+	if c.MinReplicasAcked < 0 || c.ReplicaTimeout < 0 {
+		return fmt.Errorf("capping: min replicas acked %d and replica timeout %v must not be negative", c.MinReplicasAcked, c.ReplicaTimeout)
 	}
 	return nil
 }
@@ -88,13 +104,18 @@ func (c Config) withDefaults() Config {
 	if c.Pipelines == 0 {
 		c.Pipelines = 4
 	}
+	if c.ReplicaTimeout == 0 {
+		c.ReplicaTimeout = 500 * time.Millisecond
+	}
 	return c
 }
 
 // Limiter decides sends against caps. It is safe for concurrent use.
 type Limiter struct {
-	client Client
-	cfg    Config
+	client  Client
+	cluster *redis.ClusterClient // nil for a single node
+	cfg     Config
+	reloads atomic.Uint64
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -103,6 +124,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{client: client, cfg: cfg.withDefaults()}
+	l.cluster, _ = client.(*redis.ClusterClient)
 	if err := l.LoadScripts(ctx); err != nil {
 		return nil, err
 	}
@@ -110,28 +132,31 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 }
 
 // LoadScripts loads the script on every node (masters and replicas, since a
-// replica promoted by failover has no script cache). Decide calls it by itself
-// on NOSCRIPT.
+// replica promoted by failover has no script cache). Decide loads it by
+// itself on a node that answers NOSCRIPT.
 func (l *Limiter) LoadScripts(ctx context.Context) error {
-	load := func(ctx context.Context, c interface {
-		ScriptLoad(context.Context, string) *redis.StringCmd
-	}, node string) error {
-		sha, err := c.ScriptLoad(ctx, decideScript).Result()
-		if err != nil {
-			return fmt.Errorf("capping: load script on %s: %w", node, err)
-		}
-		if sha != decideSHA {
-			return fmt.Errorf("capping: load script on %s: sha %s, want %s", node, sha, decideSHA)
-		}
-		return nil
-	}
-	if sc, ok := l.client.(shardedClient); ok {
-		return sc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-			return load(ctx, c, c.Options().Addr)
+	if l.cluster != nil {
+		return l.cluster.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			return loadScript(ctx, c, c.Options().Addr)
 		})
 	}
-	return load(ctx, l.client, "redis")
+	return loadScript(ctx, l.client, "redis")
 }
+
+func loadScript(ctx context.Context, n node, name string) error {
+	sha, err := n.ScriptLoad(ctx, decideSource).Result()
+	if err != nil {
+		return fmt.Errorf("capping: load script on %s: %w", name, err)
+	}
+	if sha != decideScript.Hash() {
+		return fmt.Errorf("capping: load script on %s: sha %s, want %s", name, sha, decideScript.Hash())
+	}
+	return nil
+}
+
+// TopologyReloads returns how many times the Limiter asked the cluster client
+// to reload the topology after a node failed or redirected.
+func (l *Limiter) TopologyReloads() uint64 { return l.reloads.Load() }
 
 // Key returns the Redis key of a user's log.
 func (l *Limiter) Key(userID uint32) string {
@@ -148,14 +173,17 @@ func Member(jobID, channel string) string {
 	return string(b)
 }
 
-// Decide decides every request and records the allowed ones, in one pipeline
-// (one round trip per node that owns a user of the batch). Decisions line up
-// with reqs. Requests of one user are decided in order and see each other.
+// Decide decides every request and records the allowed ones. The batch is
+// split into up to Config.Pipelines pipelines by user, each grouped by the
+// master that owns its users, all sent concurrently: one round trip per
+// (pipeline, node). Decisions line up with reqs. Requests of one user are
+// decided in order and see each other.
 //
 // When some requests could not be decided, err is a RequestErrors with a
 // non-nil entry for each of them and their Decisions are zero; the others are
 // decided and recorded. A request that failed on the network may still have
 // been recorded: retrying it is safe, since its job id makes it a duplicate.
+// Errors that wrap ErrInvalidRequest are permanent; all others are transient.
 func (l *Limiter) Decide(ctx context.Context, reqs []Request) ([]Decision, error) {
 	return l.run(ctx, reqs, true)
 }
@@ -184,6 +212,10 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	decs := make([]Decision, len(reqs))
 	errs := make(RequestErrors, len(reqs))
 	failed := 0
+	fail := func(i int, err error) {
+		errs[i] = fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, err)
+		failed++
+	}
 	pending := make([]int, 0, len(reqs))
 	for i := range reqs {
 		if err := reqs[i].validate(); err != nil {
@@ -193,43 +225,50 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		}
 		pending = append(pending, i)
 	}
-	recordArg := "0"
-	if record {
-		recordArg = "1"
-	}
-	cmds := make([]*redis.Cmd, len(reqs))
+	b := &batch{l: l, reqs: reqs, now: now, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs))}
 	for reloads := 0; len(pending) > 0; reloads++ {
-		l.send(ctx, reqs, pending, cmds, now, recordArg)
-		var noscript []int
+		b.send(ctx, pending)
+		noscript := map[node][]int{}
+		reload := false
 		for _, i := range pending {
-			v, err := cmds[i].Result()
+			if b.nodes[i] == nil { // no route: the topology is unknown
+				fail(i, b.routeErr)
+				reload = true
+				continue
+			}
+			v, err := b.cmds[i].Result()
 			if err == nil {
 				decs[i], err = parseReply(v, len(reqs[i].Caps), now)
-			} else if isNoScript(err) {
-				noscript = append(noscript, i)
+				if err == nil && (decs[i].Allowed && record) && !b.replicated(b.nodes[i]) {
+					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
+				}
+			} else if redis.HasErrorPrefix(err, "NOSCRIPT") {
+				noscript[b.nodes[i]] = append(noscript[b.nodes[i]], i)
 				continue
 			}
 			if err != nil {
-				errs[i] = fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, err)
-				failed++
+				reload = reload || topologyChanged(err)
+				fail(i, err)
 			}
 		}
-		pending = noscript
-		if len(pending) == 0 {
-			break
+		if reload {
+			l.reloadTopology(ctx)
 		}
-		var reason error
-		if reloads >= l.cfg.ScriptReloads {
-			reason = fmt.Errorf("NOSCRIPT after %d script reloads", reloads)
-		} else if err := l.LoadScripts(ctx); err != nil {
-			reason = err
-		}
-		if reason != nil {
-			for _, i := range pending {
-				errs[i] = fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, reason)
-				failed++
+		pending = pending[:0]
+		for n, idx := range noscript {
+			var reason error
+			if reloads >= l.cfg.ScriptReloads {
+				reason = fmt.Errorf("NOSCRIPT after %d script reloads", reloads)
+			} else if err := loadScript(ctx, n, nodeName(n)); err != nil {
+				reason = err
 			}
-			break
+			for _, i := range idx {
+				if reason != nil {
+					fail(i, reason)
+				} else {
+					pending = append(pending, i)
+				}
+			}
 		}
 	}
 	if failed > 0 {
@@ -238,25 +277,66 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	return decs, nil
 }
 
-// send queues pending requests on up to Pipelines pipelines, split by user,
-// and executes them concurrently; results and errors land in cmds.
-func (l *Limiter) send(ctx context.Context, reqs []Request, pending []int, cmds []*redis.Cmd, now time.Time, record string) {
+// ErrNotReplicated marks a decision that recorded a send on a master (or
+// found it recorded) whose WAIT for Config.MinReplicasAcked replicas fell
+// short. It is transient: retry the request.
+var ErrNotReplicated = errors.New("recorded send not acknowledged by enough replicas")
+
+// batch is one attempt at deciding a set of requests.
+type batch struct {
+	l        *Limiter
+	reqs     []Request
+	now      time.Time
+	record   bool
+	cmds     []*redis.Cmd // by request
+	nodes    []node       // by request: where it was sent; nil when it could not be routed
+	routeErr error
+	mu       sync.Mutex
+	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
+}
+
+type pipeKey struct {
+	n node
+	p int
+}
+
+// send queues pending requests on one pipeline per (user group, master) and
+// executes them concurrently; results and errors land in b.cmds.
+func (b *batch) send(ctx context.Context, pending []int) {
+	l := b.l
 	n := l.cfg.Pipelines
 	if len(pending) < 64 {
 		n = 1
 	}
-	pipes := make([]redis.Pipeliner, n)
+	pipes := map[pipeKey]redis.Pipeliner{}
+	b.waits = map[node][]*redis.IntCmd{}
 	for _, i := range pending {
-		p := int(reqs[i].UserID % uint32(n))
-		if pipes[p] == nil {
-			pipes[p] = l.client.Pipeline()
+		r := &b.reqs[i]
+		key := l.Key(r.UserID)
+		nd, err := l.route(ctx, key)
+		if err != nil {
+			b.nodes[i], b.routeErr = nil, err
+			continue
 		}
-		cmds[i] = pipes[p].EvalSha(ctx, decideSHA, []string{l.Key(reqs[i].UserID)}, scriptArgs(&reqs[i], now, record)...)
+		b.nodes[i] = nd
+		k := pipeKey{nd, int(r.UserID % uint32(n))}
+		p := pipes[k]
+		if p == nil {
+			p = nd.Pipeline()
+			pipes[k] = p
+		}
+		record := "0"
+		if b.record {
+			record = "1"
+		}
+		b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, scriptArgs(r, b.now, record)...)
 	}
 	var wg sync.WaitGroup
-	for _, p := range pipes {
-		if p == nil {
-			continue
+	for k, p := range pipes {
+		if l.cfg.MinReplicasAcked > 0 && b.record {
+			w := redis.NewIntCmd(ctx, "wait", l.cfg.MinReplicasAcked, l.cfg.ReplicaTimeout.Milliseconds())
+			_ = p.Process(ctx, w)
+			b.waits[k.n] = append(b.waits[k.n], w)
 		}
 		wg.Add(1)
 		go func() {
@@ -265,6 +345,77 @@ func (l *Limiter) send(ctx context.Context, reqs []Request, pending []int, cmds 
 		}()
 	}
 	wg.Wait()
+}
+
+// replicated reports whether every WAIT sent to n this attempt reached
+// MinReplicasAcked (always true when durability is off).
+func (b *batch) replicated(n node) bool {
+	for _, w := range b.waits[n] {
+		if acked, err := w.Result(); err != nil || acked < int64(b.l.cfg.MinReplicasAcked) {
+			return false
+		}
+	}
+	return true
+}
+
+func (b *batch) waitErr(n node) error {
+	for _, w := range b.waits[n] {
+		acked, err := w.Result()
+		if err != nil {
+			return fmt.Errorf("%w: WAIT on %s: %w", ErrNotReplicated, nodeName(n), err)
+		}
+		if acked < int64(b.l.cfg.MinReplicasAcked) {
+			return fmt.Errorf("%w: %d of %d replicas of %s acknowledged within %v", ErrNotReplicated, acked, b.l.cfg.MinReplicasAcked, nodeName(n), b.l.cfg.ReplicaTimeout)
+		}
+	}
+	return ErrNotReplicated
+}
+
+// route returns the node that owns key: its master in a cluster, the client itself otherwise.
+func (l *Limiter) route(ctx context.Context, key string) (node, error) {
+	if l.cluster == nil {
+		return l.client, nil
+	}
+	c, err := l.cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("no master known for %s: %w", key, err)
+	}
+	return c, nil
+}
+
+// reloadTopology asks the cluster client to reload the slot map now rather
+// than at its next periodic reload: after a crash the promoted replica is
+// found as soon as the cluster has promoted it. go-redis runs one reload at a
+// time with a 200ms cool-down, so calling this on every failed attempt is cheap.
+func (l *Limiter) reloadTopology(ctx context.Context) {
+	if l.cluster == nil {
+		return
+	}
+	l.reloads.Add(1)
+	l.cluster.ReloadState(ctx)
+}
+
+// topologyChanged reports whether err suggests the slot map is stale: the
+// node could not be reached (crashed, frozen, restarting), or it redirected
+// or refused because it is no longer (or not yet) the slot's master.
+func topologyChanged(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return !errors.Is(err, ErrNotReplicated) // network errors, timeouts, closed pools
+	}
+	for _, p := range []string{"MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "LOADING", "MASTERDOWN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func nodeName(n node) string {
+	if c, ok := n.(*redis.Client); ok {
+		return c.Options().Addr
+	}
+	return "redis"
 }
 
 func scriptArgs(r *Request, now time.Time, record string) []any {
@@ -280,10 +431,6 @@ func scriptArgs(r *Request, now time.Time, record string) []any {
 	args[3] = record
 	args[4] = retention.Milliseconds()
 	return args
-}
-
-func isNoScript(err error) bool {
-	return strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
 // parseReply checks the script's reply shape; it never panics on a bad reply.

@@ -10,6 +10,7 @@
 # Every process runs on 127.0.0.1; its PID file and log live under $CAPPER_STACK_DIR (default .stack/,
 # git-ignored). `up` is idempotent; `down` stops exactly the processes `up` started, by PID.
 # `env` prints the variables the tests and the demo read. `purge` = down + delete the state directory.
+# `restart-node PORT` starts a Redis node that was killed (crash tests) and waits for 3 linked replicas.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,6 +43,27 @@ ensure_redis() {
 
 rcli() { redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
 
+start_redis_node() { # start_redis_node PORT: one cluster node; an existing nodes-PORT.conf makes it rejoin
+  local p=$1
+  redis-server --port "$p" --bind 127.0.0.1 --protected-mode yes \
+    --daemonize yes --pidfile "$STATE/redis/$p.pid" --logfile "$STATE/redis/$p.log" --dir "$STATE/redis" \
+    --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 2000 \
+    --save "" --appendonly no --repl-diskless-sync yes --repl-diskless-sync-delay 0 \
+    --maxmemory-policy noeviction >/dev/null
+}
+
+# restart_node PORT: start a node of this stack that crashed or was killed (kill -9 in a test). It rejoins
+# with its old identity; if its replica was promoted meanwhile it becomes that replica's replica.
+restart_node() {
+  local p=$1 pidf="$STATE/redis/$1.pid"
+  [[ " ${REDIS_PORTS[*]} " == *" $p "* ]] || die "$p is not a redis port of this stack"
+  alive "$pidf" && { log "redis $p is running"; wait_redis_ok; return; }
+  [[ -f $STATE/redis/nodes-$p.conf ]] || die "no cluster state for $p: run $0 down && $0 up"
+  start_redis_node "$p"
+  for _ in $(seq 100); do rcli "$p" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  wait_redis_ok
+}
+
 redis_up() {
   ensure_redis
   mkdir -p "$STATE/redis"
@@ -51,11 +73,7 @@ redis_up() {
     if alive "$pidf"; then continue; fi
     port_open "$p" && die "port $p is taken by a process this stack did not start"
     rm -f "$STATE/redis/nodes-$p.conf"
-    redis-server --port "$p" --bind 127.0.0.1 --protected-mode yes \
-      --daemonize yes --pidfile "$pidf" --logfile "$STATE/redis/$p.log" --dir "$STATE/redis" \
-      --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 2000 \
-      --save "" --appendonly no --repl-diskless-sync yes --repl-diskless-sync-delay 0 \
-      --maxmemory-policy noeviction >/dev/null
+    start_redis_node "$p"
     started=1
   done
   for p in "${REDIS_PORTS[@]}"; do
@@ -171,6 +189,7 @@ cmd_env() {
   echo "export CAPPER_TEST_S3_ENDPOINT=http://127.0.0.1:$S3_PORT"
   echo "export CAPPER_TEST_S3_BUCKET=$S3_BUCKET"
   echo "export CAPPER_STACK_DIR=$STATE"
+  echo "export CAPPER_STACK_SCRIPT=$ROOT/scripts/stack.sh"
 }
 
 case "${1:-}" in
@@ -179,5 +198,6 @@ case "${1:-}" in
   status) cmd_status ;;
   env) cmd_env ;;
   purge) cmd_down; rm -rf "$STATE" ;;
-  *) echo "usage: $0 up|down|status|env|purge" >&2; exit 2 ;;
+  restart-node) restart_node "${2:?usage: $0 restart-node PORT}" ;;
+  *) echo "usage: $0 up|down|status|env|purge|restart-node PORT" >&2; exit 2 ;;
 esac

@@ -10,9 +10,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -133,4 +138,98 @@ func S3Client(endpoint string) *s3.Client {
 		Region: "us-east-1", BaseEndpoint: aws.String(endpoint), UsePathStyle: true,
 		Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
 	})
+}
+
+// RedisPID returns the process id of the stack's Redis node at addr.
+func RedisPID(t testing.TB, addr string) int {
+	t.Helper()
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(StackDir(t), "redis", port+".pid"))
+	if err != nil {
+		t.Fatalf("pid of redis %s: %v", addr, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file of redis %s: %v", addr, err)
+	}
+	return pid
+}
+
+// KillRedis crashes the stack's Redis node at addr with SIGKILL (no shutdown,
+// no final replication) and returns the function that starts it again and
+// waits until the cluster has its three linked replicas back. The restart also
+// runs when the test ends, so later tests find a whole cluster.
+func KillRedis(t testing.TB, addr string) (restart func()) {
+	t.Helper()
+	pid := RedisPID(t, addr)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill -9 redis %s: %v", addr, err)
+	}
+	for i := 0; i < 200 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	done := false
+	restart = func() {
+		if done {
+			return
+		}
+		done = true
+		script := require(t, "CAPPER_STACK_SCRIPT")
+		out, err := exec.Command(script, "restart-node", port).CombinedOutput()
+		if err != nil {
+			t.Errorf("restart redis %s: %v\n%s", addr, err, out)
+		}
+	}
+	t.Cleanup(restart)
+	return restart
+}
+
+// ReplicaOf returns the address of a replica of the master at addr.
+func ReplicaOf(t testing.TB, addr string) string {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	info, err := c.Info(context.Background(), "replication").Result()
+	if err != nil {
+		t.Fatalf("info replication of %s: %v", addr, err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "slave0:") {
+			continue
+		}
+		var ip, port string
+		for _, kv := range strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "slave0:")), ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "ip":
+				ip = v
+			case "port":
+				port = v
+			}
+		}
+		return net.JoinHostPort(ip, port)
+	}
+	t.Fatalf("master %s has no replica:\n%s", addr, info)
+	return ""
+}
+
+// WaitMaster polls the node at addr until it reports the master role and
+// returns when it did, or fails the test after timeout.
+func WaitMaster(t testing.TB, addr string, timeout time.Duration) time.Time {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 200 * time.Millisecond, ReadTimeout: 200 * time.Millisecond})
+	defer c.Close()
+	end := time.Now().Add(timeout)
+	for time.Now().Before(end) {
+		if role, err := c.Do(context.Background(), "ROLE").Slice(); err == nil && len(role) > 0 && role[0] == "master" {
+			return time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s was not promoted to master within %v", addr, timeout)
+	return time.Time{}
 }
