@@ -3,6 +3,7 @@ package consumer
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/capper-dev/capper/capping"
 )
@@ -16,11 +17,27 @@ type Rules struct {
 	Default []capping.Cap
 	// Exempt lists categories that bypass the caps and are not counted.
 	Exempt []string
+	// FailOpen lists the categories and segments whose jobs may be forwarded
+	// unchecked (decision "unchecked") once Redis has been unavailable for
+	// longer than After. Every other job waits for Redis (fail-closed).
+	FailOpen []FailOpenRule
 	// Version identifies the rules in logs and metrics (e.g. a counter or hash).
 	Version int64
 
-	bySegment map[string][]capping.Cap
-	exempt    map[string]bool
+	bySegment     map[string][]capping.Cap
+	exempt        map[string]bool
+	failOpenByCat map[string]time.Duration
+	failOpenBySeg map[string]time.Duration
+}
+
+// FailOpenRule chooses availability over caps for one category or one
+// segment (exactly one of the two is set).
+type FailOpenRule struct {
+	Category string
+	Segment  string // a segment name, or "default" for users in no segment
+	// After is how long Redis may be unavailable before such jobs go out
+	// unchecked. (Required, > 0)
+	After time.Duration
 }
 
 // SegmentRule is one segment's caps.
@@ -61,7 +78,38 @@ func (r *Rules) Validate() error {
 	for _, c := range r.Exempt {
 		r.exempt[c] = true
 	}
+	r.failOpenByCat = map[string]time.Duration{}
+	r.failOpenBySeg = map[string]time.Duration{}
+	for i, f := range r.FailOpen {
+		var m map[string]time.Duration
+		var name string
+		switch {
+		case (f.Category == "") == (f.Segment == ""):
+			return fmt.Errorf("rules: fail_open[%d]: set exactly one of category and segment", i)
+		case f.After <= 0:
+			return fmt.Errorf("rules: fail_open[%d]: after must be a positive duration (how long Redis may be unavailable)", i)
+		case f.Category != "":
+			m, name = r.failOpenByCat, f.Category
+		default:
+			m, name = r.failOpenBySeg, f.Segment
+		}
+		if _, dup := m[name]; dup {
+			return fmt.Errorf("rules: fail_open[%d]: %q is listed twice", i, name)
+		}
+		m[name] = f.After
+	}
 	return nil
+}
+
+// FailOpenAfter returns how long Redis may be unavailable before a job of
+// category for a user of segment goes out unchecked: the shorter of the two
+// rules that apply, or 0 when none does (fail-closed).
+func (r *Rules) FailOpenAfter(category, segment string) time.Duration {
+	c, s := r.failOpenByCat[category], r.failOpenBySeg[segment]
+	if c == 0 || (s > 0 && s < c) {
+		return s
+	}
+	return c
 }
 
 // SegmentNames returns the segments in priority order.

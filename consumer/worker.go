@@ -24,6 +24,15 @@ const (
 	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
 )
 
+// reservedHeaderBytes bounds what capper adds to a message (its headers and
+// their framing), for the check that an output fits MaxOutputBytes before
+// the job is decided.
+const reservedHeaderBytes = 1024
+
+// truncatedValueBytes is how much of the value an oversize job keeps on the
+// dead-letter topic: enough to identify it.
+const truncatedValueBytes = 4096
+
 // Decision header values.
 const (
 	DecisionAllowed   = "allowed"
@@ -31,6 +40,9 @@ const (
 	DecisionExempt    = "exempt"
 	DecisionCapped    = "capped"
 	DecisionDLQ       = "dlq"
+	// DecisionUnchecked: forwarded without a cap check because Redis was
+	// unavailable for longer than the fail-open rule of its category or segment allows.
+	DecisionUnchecked = "unchecked"
 )
 
 // Reader is what the Worker needs of a consumer-group reader (*kafka.Reader).
@@ -80,11 +92,22 @@ type Config struct {
 	BatchWait time.Duration
 	// MaxMessageBytes: larger input messages go to the dead-letter topic. Defaults to 1 MiB.
 	MaxMessageBytes int
+	// MaxOutputBytes is the largest message the worker may produce (the writer's
+	// batch limit, below the broker's message.max.bytes). A job whose output
+	// would be larger goes to the dead-letter topic, with its value truncated,
+	// before it is decided. Defaults to 1,000,000.
+	MaxOutputBytes int
 	// CommitTimeout bounds an offset commit. Defaults to 10s.
 	CommitTimeout time.Duration
 	// RetryMin and RetryMax bound the exponential backoff of retries after a
-	// Redis or Kafka failure. Default to 100ms and 5s.
+	// Kafka failure. Default to 100ms and 5s.
 	RetryMin, RetryMax time.Duration
+	// RedisRetryMin and RedisRetryMax bound the backoff of retried decisions.
+	// A Redis failover takes seconds, not minutes, and each retry also makes
+	// the Redis client reload the cluster topology, so the ceiling is short:
+	// decisions resume within about RedisRetryMax of a promotion. Default to
+	// 50ms and 500ms.
+	RedisRetryMin, RedisRetryMax time.Duration
 	// RoundTrips, when set, returns a running count of Redis round trips; the
 	// worker reports the count per batch.
 	RoundTrips func() uint64
@@ -109,8 +132,10 @@ func (c *Config) Validate() error {
 		return errors.New("consumer: rules are required")
 	case c.Topics.Allowed == "" || c.Topics.Capped == "" || c.Topics.DLQ == "":
 		return errors.New("consumer: the allowed, capped and dead-letter topics are required")
-	case c.BatchSize < 0 || c.BatchWait < 0 || c.MaxMessageBytes < 0:
-		return errors.New("consumer: batch size, batch wait and max message bytes must not be negative")
+	case c.BatchSize < 0 || c.BatchWait < 0 || c.MaxMessageBytes < 0 || c.MaxOutputBytes < 0:
+		return errors.New("consumer: batch size, batch wait and max message and output bytes must not be negative")
+	case c.MaxOutputBytes > 0 && c.MaxOutputBytes < 2*reservedHeaderBytes:
+		return fmt.Errorf("consumer: max output bytes %d is below %d", c.MaxOutputBytes, 2*reservedHeaderBytes)
 	}
 	return c.Rules.Validate()
 }
@@ -121,6 +146,10 @@ type Worker struct {
 	rules atomic.Pointer[Rules]
 	ready atomic.Bool
 	m     metrics
+	// redisDownSince is when decisions started failing, zero while they
+	// succeed; only the consume stage touches it.
+	redisDownSince time.Time
+	redisAttempts  int
 }
 
 // New returns a Worker.
@@ -136,6 +165,15 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = 1 << 20
+	}
+	if cfg.MaxOutputBytes == 0 {
+		cfg.MaxOutputBytes = 1_000_000
+	}
+	if cfg.RedisRetryMin == 0 {
+		cfg.RedisRetryMin = 50 * time.Millisecond
+	}
+	if cfg.RedisRetryMax == 0 {
+		cfg.RedisRetryMax = 500 * time.Millisecond
 	}
 	if cfg.CommitTimeout == 0 {
 		cfg.CommitTimeout = 10 * time.Second
@@ -261,6 +299,7 @@ type item struct {
 	cap      string
 	retryAt  time.Time
 	reason   string
+	truncate bool // dead-letter an oversize message with the start of its value only
 }
 
 // decided is a batch whose outputs are ready to be written.
@@ -287,6 +326,11 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	for i := range batch {
 		it := &items[i]
 		it.msg = &batch[i]
+		if n := messageBytes(&batch[i]) + reservedHeaderBytes; n > w.cfg.MaxOutputBytes {
+			it.decision, it.truncate = DecisionDLQ, true
+			it.reason = fmt.Sprintf("%v: message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", ErrMalformed, n, w.cfg.MaxOutputBytes, truncatedValueBytes)
+			continue
+		}
 		job, err := DecodeJob(batch[i].Value, w.cfg.MaxMessageBytes)
 		if err != nil {
 			it.decision, it.reason = DecisionDLQ, err.Error()
@@ -339,9 +383,11 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 
 // decide decides reqs, retrying the failed ones with capped exponential
 // backoff until all are decided or ctx ends. Invalid requests go to the
-// dead-letter topic.
+// dead-letter topic. A job whose fail-open rule allows it is forwarded
+// unchecked once Redis has been failing for longer than the rule's limit.
 func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []int, items []item) error {
-	retry := w.newRetry("redis")
+	retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
+	rules := w.rules.Load()
 	for len(reqs) > 0 {
 		ds, err := w.cfg.Decider.Decide(ctx, reqs)
 		var re capping.RequestErrors
@@ -353,11 +399,17 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 		}
 		var retryReqs []capping.Request
 		var retryItems []int
+		transient := false
 		for j, i := range reqItems {
 			it := &items[i]
 			if re != nil && re[j] != nil {
 				if errors.Is(re[j], capping.ErrInvalidRequest) {
 					it.decision, it.reason = DecisionDLQ, re[j].Error()
+					continue
+				}
+				transient = true
+				if w.failOpen(rules, it) {
+					it.decision = DecisionUnchecked
 					continue
 				}
 				retryReqs = append(retryReqs, reqs[j])
@@ -376,6 +428,7 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 				it.retryAt = d.RetryAt
 			}
 		}
+		w.redisHealth(transient, err)
 		if len(retryReqs) == 0 {
 			return nil
 		}
@@ -385,6 +438,32 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 		reqs, reqItems = retryReqs, retryItems
 	}
 	return nil
+}
+
+// redisHealth tracks how long decisions have been failing: it starts the
+// clock at the first failure and, at the first attempt without one, logs and
+// records how long Redis was unavailable.
+func (w *Worker) redisHealth(failed bool, err error) {
+	now := time.Now()
+	switch {
+	case failed && w.redisDownSince.IsZero():
+		w.redisDownSince, w.redisAttempts = now, 1
+		w.cfg.Logger.Warn("redis decisions failing", "err", err)
+	case failed:
+		w.redisAttempts++
+	case !w.redisDownSince.IsZero():
+		down := now.Sub(w.redisDownSince)
+		w.m.redisOutage.Observe(down.Seconds())
+		w.cfg.Logger.Info("redis decisions recovered", "unavailable_seconds", down.Seconds(), "failed_attempts", w.redisAttempts)
+		w.redisDownSince, w.redisAttempts = time.Time{}, 0
+	}
+}
+
+// failOpen reports whether the job of it may go out unchecked: Redis has been
+// failing for longer than its category's or segment's fail-open limit.
+func (w *Worker) failOpen(rules *Rules, it *item) bool {
+	after := rules.FailOpenAfter(it.job.Category, it.segment)
+	return after > 0 && !w.redisDownSince.IsZero() && time.Since(w.redisDownSince) >= after
 }
 
 func capName(caps []capping.Cap, i int) string {
@@ -408,6 +487,18 @@ func (w *Worker) output(it *item) kafka.Message {
 	case DecisionDLQ:
 		m.Topic = w.cfg.Topics.DLQ
 		add(HeaderError, it.reason)
+		if it.truncate && len(m.Value) > truncatedValueBytes {
+			m.Value = m.Value[:truncatedValueBytes]
+		}
+		if over := messageBytes(&m) - w.cfg.MaxOutputBytes; over > 0 {
+			// Keep as much of the value as fits and the headers; drop the
+			// original headers too if they alone are too large.
+			keep := max(0, len(m.Value)-over-64)
+			m.Value = m.Value[:keep]
+			if messageBytes(&m) > w.cfg.MaxOutputBytes {
+				m.Headers = m.Headers[len(it.msg.Headers):]
+			}
+		}
 		return m
 	case DecisionCapped:
 		m.Topic = w.cfg.Topics.Capped
@@ -427,7 +518,7 @@ func (w *Worker) output(it *item) kafka.Message {
 // write writes outs, retrying the failed messages until all are acknowledged
 // or ctx ends.
 func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
-	retry := w.newRetry("kafka_write")
+	retry := w.newRetry("kafka_write", w.cfg.RetryMin, w.cfg.RetryMax)
 	for {
 		err := w.cfg.Writer.WriteMessages(ctx, outs...)
 		if err == nil {
@@ -471,11 +562,12 @@ type retry struct {
 	w       *Worker
 	kind    string // the errors_total label
 	next    time.Duration
+	max     time.Duration
 	attempt int
 }
 
-func (w *Worker) newRetry(kind string) *retry {
-	return &retry{w: w, kind: kind, next: w.cfg.RetryMin}
+func (w *Worker) newRetry(kind string, first, ceiling time.Duration) *retry {
+	return &retry{w: w, kind: kind, next: first, max: ceiling}
 }
 
 // wait records a failure of n jobs (not ready, metric, log) and sleeps the
@@ -486,7 +578,7 @@ func (r *retry) wait(ctx context.Context, msg string, n int, err error) bool {
 	r.w.m.errors.WithLabelValues(r.kind).Inc()
 	r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.attempt, "in", r.next, "err", err)
 	d := r.next
-	r.next = min(2*r.next, r.w.cfg.RetryMax)
+	r.next = min(2*r.next, r.max)
 	return sleep(ctx, d)
 }
 
@@ -499,4 +591,15 @@ func sleep(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// messageBytes is an upper bound of the size of m in a record batch (key,
+// value, headers and their framing), the size the writer checks against its
+// batch limit.
+func messageBytes(m *kafka.Message) int {
+	n := 64 + len(m.Key) + len(m.Value)
+	for _, h := range m.Headers {
+		n += 16 + len(h.Key) + len(h.Value)
+	}
+	return n
 }

@@ -14,12 +14,11 @@ import (
 // runCheck prints a read-only view of one user's caps.
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper check", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := configFlag(fs)
 	user := fs.Uint64("user", 1<<63, "user id (Required)")
 	channel := fs.String("channel", "email", "channel of the hypothetical send")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := parseFlags(fs, "capper check --config FILE --user ID [--channel C]", args, stdout, stderr); err != nil {
+		return err
 	}
 	if *user > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")

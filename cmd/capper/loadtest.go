@@ -22,7 +22,6 @@ import (
 // writes its manifest.
 func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper loadgen", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := configFlag(fs)
 	var g loadtest.GenConfig
 	fs.IntVar(&g.Jobs, "jobs", 200000, "messages to produce (duplicates and malformed included); 0 with --create-topics only creates the topics")
@@ -34,7 +33,10 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
 	partitions := fs.Int("create-topics", 0, "create the input and output topics with this many partitions when missing (0: do not)")
-	if err := fs.Parse(args); err != nil || *manifest == "" {
+	if err := parseFlags(fs, "capper loadgen --config FILE --manifest FILE [flags]", args, stdout, stderr); err != nil {
+		return err
+	}
+	if *manifest == "" {
 		fmt.Fprintln(stderr, "capper loadgen: --config and --manifest are required")
 		return errUsage
 	}
@@ -92,12 +94,14 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // unaccounted for or a cap was exceeded.
 func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper report", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := configFlag(fs)
 	manifest := fs.String("manifest", "", "manifest written by capper loadgen (Required)")
 	wait := fs.Duration("wait", 5*time.Minute, "give up waiting for outputs after this long")
 	idle := fs.Duration("idle", 30*time.Second, "stop waiting when no new output arrived for this long")
-	if err := fs.Parse(args); err != nil || *manifest == "" {
+	if err := parseFlags(fs, "capper report --config FILE --manifest FILE [--wait D --idle D]", args, stdout, stderr); err != nil {
+		return err
+	}
+	if *manifest == "" {
 		fmt.Fprintln(stderr, "capper report: --config and --manifest are required")
 		return errUsage
 	}
@@ -161,7 +165,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 	fmt.Fprintf(w, "capper report: %d jobs sent, %d outputs read\n", r.Jobs, outputs)
-	fmt.Fprintf(w, "  decisions   allowed %d, duplicate %d, exempt %d, capped %d, dead-letter %d\n", r.Allowed, r.Duplicates, r.Exempt, r.Capped, r.DLQ)
+	fmt.Fprintf(w, "  decisions   allowed %d, duplicate %d, exempt %d, unchecked %d, capped %d, dead-letter %d\n", r.Allowed, r.Duplicates, r.Exempt, r.Unchecked, r.Capped, r.DLQ)
 	var caps []string
 	for c, n := range r.ByCap {
 		caps = append(caps, fmt.Sprintf("%s %d", c, n))

@@ -9,6 +9,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -21,7 +22,7 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.Is(err, errUsage) {
+		if !errors.Is(err, errUsage) && !errors.Is(err, errLogged) {
 			fmt.Fprintln(os.Stderr, "capper:", err)
 		}
 		os.Exit(1)
@@ -29,6 +30,38 @@ func main() {
 }
 
 var errUsage = errors.New("usage")
+
+// errLogged ends a command whose error was already logged.
+var errLogged = errors.New("logged")
+
+// errHelp ends a command that printed its help to stdout (exit 0).
+var errHelp = errors.New("help")
+
+// parseFlags parses a command's flags. On -h or --help it prints the
+// command's synopsis and flags to stdout and returns errHelp; on a bad flag it
+// prints the error and the flags to stderr and returns errUsage.
+func parseFlags(fs *flag.FlagSet, synopsis string, args []string, stdout, stderr io.Writer) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(stdout, "usage: %s\n\nflags:\n", synopsis)
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return errHelp
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %v\nusage: %s\n", fs.Name(), err, synopsis)
+		fs.SetOutput(stderr)
+		fs.PrintDefaults()
+		return errUsage
+	}
+	return nil
+}
+
+// isHelp reports whether args ask for help (for commands without flags).
+func isHelp(args []string) bool {
+	return len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help")
+}
 
 const usage = `capper — per-user frequency capping for campaign messages
 
@@ -52,6 +85,13 @@ CAPPER_KAFKA_TOPICS_INPUT. Secrets come from CAPPER_REDIS_PASSWORD and CAPPER_KA
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if err := command(ctx, args, stdout, stderr); !errors.Is(err, errHelp) {
+		return err
+	}
+	return nil
+}
+
+func command(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
 		return errUsage

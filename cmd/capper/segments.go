@@ -14,18 +14,27 @@ import (
 )
 
 func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errUsage
+	const (
+		inspectUsage = "usage: capper segments inspect FILE|s3://bucket/key"
+		uploadUsage  = "usage: capper segments upload DIR s3://bucket/prefix"
+	)
+	if len(args) == 0 || isHelp(args) {
+		fmt.Fprint(stdout, usage)
+		if len(args) == 0 {
+			return errUsage
+		}
+		return nil
 	}
 	switch args[0] {
 	case "build":
 		fs := flag.NewFlagSet("capper segments build", flag.ContinueOnError)
-		fs.SetOutput(stderr)
 		name := fs.String("name", "", "segment name (Required)")
 		out := fs.String("out", "", "output file (Required); use NAME.roaring to upload it as segment NAME")
 		from := fs.String("from", "-", "file of user ids, one per line; - for standard input")
-		if err := fs.Parse(args[1:]); err != nil || *name == "" || *out == "" {
+		if err := parseFlags(fs, "capper segments build --name NAME --out FILE [--from FILE|-]", args[1:], stdout, stderr); err != nil {
+			return err
+		}
+		if *name == "" || *out == "" {
 			fmt.Fprintln(stderr, "capper segments build: --name and --out are required")
 			return errUsage
 		}
@@ -52,8 +61,12 @@ func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fmt.Fprintf(stdout, "segment %s: %d users, %d bytes -> %s\n", *name, bm.GetCardinality(), len(data), *out)
 		return nil
 	case "inspect":
+		if isHelp(args[1:]) {
+			fmt.Fprintln(stdout, inspectUsage)
+			return nil
+		}
 		if len(args) != 2 {
-			fmt.Fprintln(stderr, "usage: capper segments inspect FILE|s3://bucket/key")
+			fmt.Fprintln(stderr, inspectUsage)
 			return errUsage
 		}
 		data, err := readObject(ctx, args[1])
@@ -72,8 +85,12 @@ func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 		return nil
 	case "upload":
+		if isHelp(args[1:]) {
+			fmt.Fprintln(stdout, uploadUsage)
+			return nil
+		}
 		if len(args) != 3 {
-			fmt.Fprintln(stderr, "usage: capper segments upload DIR s3://bucket/prefix")
+			fmt.Fprintln(stderr, uploadUsage)
 			return errUsage
 		}
 		return upload(ctx, args[1], args[2], stdout)

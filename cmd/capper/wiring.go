@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -21,10 +23,33 @@ import (
 	"github.com/capper-dev/capper/segments"
 )
 
-func newLogger(level string, w *os.File) *slog.Logger {
+// newLogger returns the JSON logger every line of the process goes through,
+// go-redis's own lines included (component "redis", level warn: they report
+// connection trouble the worker also retries and counts).
+func newLogger(level string, w io.Writer) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
+	redis.SetLogger(redisLogger{log.With("component", "redis")})
+	return log
+}
+
+// redisLogger is go-redis's internal logger, in slog.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
+}
+
+// kafkaLogger is a kafka-go logger writing at level with component "kafka":
+// kafka-go's errors at warn (the worker retries them), its chatter at debug.
+func kafkaLogger(l *slog.Logger, level slog.Level) kafka.LoggerFunc {
+	l = l.With("component", "kafka")
+	return func(msg string, args ...any) {
+		if ctx := context.Background(); l.Enabled(ctx, level) {
+			l.Log(ctx, level, fmt.Sprintf(msg, args...))
+		}
+	}
 }
 
 func tlsConfig(c config.TLS, field string) (*tls.Config, error) {
@@ -80,6 +105,12 @@ func newRedis(c config.Redis, trips *roundTrips) (redis.UniversalClient, error) 
 	cl := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs: c.Addrs, Username: c.Username, Password: string(c.Password), TLSConfig: tc,
 		DialTimeout: time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
+		// The limiter reloads the slot map itself when a node fails or
+		// redirects; the periodic reload (go-redis: 60s) is only a safety net.
+		ClusterStateReloadInterval: 10 * time.Second,
+		// A dead node refuses at once; the worker's own backoff retries, so
+		// go-redis need not redial it five times per attempt.
+		DialerRetries: 1,
 	})
 	cl.OnNewNode(func(n *redis.Client) { n.AddHook(trips) })
 	return cl, nil
@@ -129,7 +160,8 @@ func newWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 		MaxAttempts:  3,
 		WriteTimeout: 10 * time.Second,
 		Transport:    transport,
-		ErrorLogger:  kafka.LoggerFunc(func(msg string, args ...any) { logger.Warn("kafka: " + fmt.Sprintf(msg, args...)) }),
+		Logger:       kafkaLogger(logger, slog.LevelDebug),
+		ErrorLogger:  kafkaLogger(logger, slog.LevelWarn),
 	}
 }
 
@@ -152,7 +184,8 @@ func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader
 		RebalanceTimeout:  time.Duration(c.SessionTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		QueueCapacity:     max(100, 2*batchSize),
-		ErrorLogger:       kafka.LoggerFunc(func(msg string, args ...any) { logger.Warn("kafka: " + fmt.Sprintf(msg, args...)) }),
+		Logger:            kafkaLogger(logger, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
 	})
 	return r, newWriter(c, transport, "", batchSize, logger), nil
 }

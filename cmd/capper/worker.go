@@ -42,7 +42,7 @@ type app struct {
 	close   func()
 }
 
-func start(ctx context.Context, path string, logOut *os.File) (*app, error) {
+func start(ctx context.Context, path string, logOut io.Writer) (*app, error) {
 	cfg, err := loadConfig(path)
 	if err != nil {
 		return nil, err
@@ -60,7 +60,10 @@ func start(ctx context.Context, path string, logOut *os.File) (*app, error) {
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for backoff := 250 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		a.limiter, err = capping.New(lctx, rdb, capping.Config{KeyPrefix: cfg.Redis.KeyPrefix, Timeout: time.Duration(cfg.Redis.DecideTimeout), Pipelines: cfg.Redis.Pipelines})
+		a.limiter, err = capping.New(lctx, rdb, capping.Config{
+			KeyPrefix: cfg.Redis.KeyPrefix, Timeout: time.Duration(cfg.Redis.DecideTimeout), Pipelines: cfg.Redis.Pipelines,
+			MinReplicasAcked: cfg.Redis.MinReplicasAcked, ReplicaTimeout: time.Duration(cfg.Redis.ReplicaTimeout),
+		})
 		if err == nil {
 			break
 		}
@@ -97,13 +100,22 @@ func start(ctx context.Context, path string, logOut *os.File) (*app, error) {
 
 func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	path := configFlag(fs)
 	passthrough := fs.Bool("passthrough", false, "benchmark baseline only: skip capping and forward every job as allowed (never in production)")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := parseFlags(fs, "capper run --config FILE", args, os.Stdout, stderr); err != nil {
+		return err
 	}
-	a, err := start(ctx, *path, os.Stderr)
+	if err := work(ctx, *path, *passthrough, stderr); err != nil {
+		// The worker's last line is JSON like every other.
+		slog.New(slog.NewJSONHandler(stderr, nil)).Error("capper run failed", "err", err.Error())
+		return errLogged
+	}
+	return nil
+}
+
+// work runs the worker until ctx ends.
+func work(ctx context.Context, path string, passthrough bool, stderr io.Writer) error {
+	a, err := start(ctx, path, stderr)
 	if err != nil {
 		return err
 	}
@@ -115,7 +127,7 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer writer.Close()
 	var decider consumer.Decider = a.limiter
-	if *passthrough {
+	if passthrough {
 		a.log.Warn("passthrough: capping is skipped and every job is forwarded as allowed; this is a benchmark baseline")
 		decider = allowAll{}
 	}
@@ -124,7 +136,7 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 		Segments:  func() consumer.Segmenter { return a.store.Snapshot() },
 		Rules:     a.rules,
 		Topics:    consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ},
-		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait),
+		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
 		RoundTrips: a.trips.n.Load, Logger: a.log, Registerer: a.reg,
 	})
 	if err != nil {
@@ -134,7 +146,7 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
 	go a.store.Run(bg)
-	go watchRules(bg, *path, a, w)
+	go watchRules(bg, path, a, w)
 	if cfg.MetricsAddr != "off" {
 		srv, err := serveHTTP(cfg.MetricsAddr, a, w)
 		if err != nil {

@@ -73,10 +73,15 @@ type Redis struct {
 	DialTimeout  Duration `yaml:"dial_timeout"`  // Defaults to 1s.
 	ReadTimeout  Duration `yaml:"read_timeout"`  // Defaults to 1s.
 	WriteTimeout Duration `yaml:"write_timeout"` // Defaults to 1s.
-	// DecideTimeout bounds one batch's decisions, reloads included. Defaults to 3s.
+	// DecideTimeout bounds one attempt at a batch's decisions, script reloads
+	// included; failed decisions are retried. Defaults to 3s.
 	DecideTimeout Duration `yaml:"decide_timeout"`
 	// Pipelines: a batch is split by user into up to this many pipelines sent concurrently. Defaults to 4.
 	Pipelines int `yaml:"pipelines"`
+	// MinReplicasAcked: see capping.Config.MinReplicasAcked. Defaults to 0 (off).
+	MinReplicasAcked int `yaml:"min_replicas_acked"`
+	// ReplicaTimeout: see capping.Config.ReplicaTimeout (0 = its default).
+	ReplicaTimeout Duration `yaml:"replica_timeout"`
 }
 
 type TLS struct {
@@ -106,11 +111,19 @@ type Batch struct {
 
 // Rules is the reloadable part: segments in priority order and their caps.
 type Rules struct {
-	Segments          []SegmentRule `yaml:"segments"`
-	DefaultCaps       []Cap         `yaml:"default_caps"`
-	ExemptCategories  []string      `yaml:"exempt_categories"` // Defaults to [transactional].
-	ReloadInterval    Duration      `yaml:"reload_interval"`   // How often the file is checked for changes. Defaults to 10s.
+	Segments         []SegmentRule `yaml:"segments"`
+	DefaultCaps      []Cap         `yaml:"default_caps"`
+	ExemptCategories []string      `yaml:"exempt_categories"` // Defaults to [transactional].
+	ReloadInterval   Duration      `yaml:"reload_interval"`   // How often the file is checked for changes. Defaults to 10s.
+	// FailOpen: see consumer.Rules.FailOpen. Defaults to none (fail-closed).
+	FailOpen          []FailOpenRule `yaml:"fail_open"`
 	exemptWasExplicit bool
+}
+
+type FailOpenRule struct {
+	Category string   `yaml:"category"`
+	Segment  string   `yaml:"segment"`
+	After    Duration `yaml:"after"`
 }
 
 type SegmentRule struct {
@@ -282,6 +295,9 @@ func (c *Config) Validate() error {
 	if len(c.Redis.Addrs) == 0 {
 		bad("redis.addrs", "at least one address is required")
 	}
+	if c.Redis.MinReplicasAcked < 0 || c.Redis.ReplicaTimeout < 0 {
+		bad("redis.min_replicas_acked", "min_replicas_acked and replica_timeout must not be negative")
+	}
 	if c.Redis.Pipelines < 1 || c.Redis.Pipelines > 64 {
 		bad("redis.pipelines", "%d is not in 1..64", c.Redis.Pipelines)
 	}
@@ -324,6 +340,9 @@ func (r *Rules) Build(version int64) (*consumer.Rules, error) {
 		return out, nil
 	}
 	cr := &consumer.Rules{Exempt: r.ExemptCategories, Version: version}
+	for _, f := range r.FailOpen {
+		cr.FailOpen = append(cr.FailOpen, consumer.FailOpenRule{Category: f.Category, Segment: f.Segment, After: time.Duration(f.After)})
+	}
 	var err error
 	if cr.Default, err = conv("rules.default_caps", r.DefaultCaps); err != nil {
 		return nil, err

@@ -152,3 +152,22 @@ func TestGenerateAndManifest(t *testing.T) {
 		t.Fatalf("manifest round trip: %v, %d entries", err, len(back))
 	}
 }
+
+// TestCheckUncheckedSends: a send that a fail-open rule let out unchecked is
+// counted apart and not held against the caps, while a checked send over the
+// cap still is a violation.
+func TestCheckUncheckedSends(t *testing.T) {
+	sent, outs := scenario()
+	// j3 went out unchecked while Redis was down: 3 sends, cap 2, no violation.
+	outs[2].Role, outs[2].Decision, outs[2].Cap = "allowed", "unchecked", ""
+	r := loadtest.Check(sent, outs, caps)
+	if !r.OK() || r.Unchecked != 1 || r.Allowed != 2 {
+		t.Fatalf("unchecked send: ok %v, unchecked %d, allowed %d (problems %v); want ok, 1, 2", r.OK(), r.Unchecked, r.Allowed, r.Problems)
+	}
+	// A checked send over the cap is still caught with unchecked ones around.
+	sent = append(sent, loadtest.Sent{ID: "m7", JobID: "j7", UserID: 1, Channel: "email", Category: "marketing", Kind: loadtest.KindJob})
+	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Decision: "allowed", Time: t0.Add(time.Second), ProducedAt: t0})
+	if r := loadtest.Check(sent, outs, caps); r.Violations != 1 {
+		t.Fatalf("a checked third send: %d violations, want 1 (problems %v)", r.Violations, r.Problems)
+	}
+}

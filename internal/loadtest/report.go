@@ -41,6 +41,7 @@ type Result struct {
 	DLQ         int     `json:"dlq"`
 	Duplicates  int     `json:"duplicates"`
 	Exempt      int     `json:"exempt"`
+	Unchecked   int     `json:"unchecked"` // forwarded without a check under a fail-open rule
 	Unaccounted int     `json:"unaccounted"`
 	Violations  int     `json:"violations"`
 	JobsPerSec  float64 `json:"jobs_per_sec"`
@@ -70,7 +71,8 @@ func (r *Result) problem(format string, args ...any) {
 //     otherwise it is unaccounted.
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
 //   - For every user, the unique job ids allowed (exempt ones excluded, since
-//     they are not counted) must not exceed any of the user's caps in any
+//     they are not counted, and unchecked ones, which a fail-open rule let out
+//     while Redis was down; they are counted apart) must not exceed any of the user's caps in any
 //     window. A send's time is the time of its first allowed output; a violation
 //     is counted once per user and cap.
 //
@@ -98,6 +100,8 @@ func Check(sent []Sent, outs []Output, caps func(user uint32) []capping.Cap) Res
 			r.Duplicates++
 		case consumer.DecisionExempt:
 			r.Exempt++
+		case consumer.DecisionUnchecked:
+			r.Unchecked++
 		case consumer.DecisionCapped:
 			r.Capped++
 			r.ByCap[o.Cap]++
@@ -135,7 +139,7 @@ func Check(sent []Sent, outs []Output, caps func(user uint32) []capping.Cap) Res
 			jobRoles[s.JobID] = map[string]bool{}
 		}
 		jobRoles[s.JobID][o.Role] = true
-		if o.Role == RoleAllowed && s.Category != "transactional" {
+		if o.Role == RoleAllowed && s.Category != "transactional" && o.Decision != consumer.DecisionUnchecked {
 			if allowed[s.UserID] == nil {
 				allowed[s.UserID] = map[string]send{}
 			}

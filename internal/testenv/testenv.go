@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -160,8 +161,9 @@ func RedisPID(t testing.TB, addr string) int {
 
 // KillRedis crashes the stack's Redis node at addr with SIGKILL (no shutdown,
 // no final replication) and returns the function that starts it again and
-// waits until the cluster has its three linked replicas back. The restart also
-// runs when the test ends, so later tests find a whole cluster.
+// waits until the cluster has its three linked replicas back. It may be called
+// from another goroutine; it also runs (or is waited for) when the test ends,
+// so later tests find a whole cluster.
 func KillRedis(t testing.TB, addr string) (restart func()) {
 	t.Helper()
 	pid := RedisPID(t, addr)
@@ -172,17 +174,15 @@ func KillRedis(t testing.TB, addr string) (restart func()) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	_, port, _ := net.SplitHostPort(addr)
-	done := false
+	script := require(t, "CAPPER_STACK_SCRIPT")
+	var once sync.Once // a second caller (the cleanup) waits for a restart in progress
 	restart = func() {
-		if done {
-			return
-		}
-		done = true
-		script := require(t, "CAPPER_STACK_SCRIPT")
-		out, err := exec.Command(script, "restart-node", port).CombinedOutput()
-		if err != nil {
-			t.Errorf("restart redis %s: %v\n%s", addr, err, out)
-		}
+		once.Do(func() {
+			out, err := exec.Command(script, "restart-node", port).CombinedOutput()
+			if err != nil {
+				t.Errorf("restart redis %s: %v\n%s", addr, err, out)
+			}
+		})
 	}
 	t.Cleanup(restart)
 	return restart

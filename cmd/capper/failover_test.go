@@ -1,0 +1,256 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// editConfig replaces old by new in the test's config file.
+func (s *stack) editConfig(old, new string) {
+	s.t.Helper()
+	b, err := os.ReadFile(s.config)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	edited := strings.Replace(string(b), old, new, 1)
+	if edited == string(b) {
+		s.t.Fatalf("config has no %q to replace", old)
+	}
+	if err := os.WriteFile(s.config, []byte(edited), 0o644); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// masterOf returns the address of the master that owns user's log.
+func (s *stack) masterOf(user uint32) string {
+	s.t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
+	defer rdb.Close()
+	m, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.prefix, user))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return m.Options().Addr
+}
+
+// logTime returns the time of the first worker log line with message msg
+// logged after since.
+func (w *worker) logTime(msg string, since time.Time) (time.Time, map[string]any, bool) {
+	sc := bufio.NewScanner(strings.NewReader(w.logText()))
+	for sc.Scan() {
+		var v map[string]any
+		if json.Unmarshal(sc.Bytes(), &v) != nil || v["msg"] != msg {
+			continue
+		}
+		ts, _ := v["time"].(string)
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err == nil && at.After(since) {
+			return at, v, true
+		}
+	}
+	return time.Time{}, nil, false
+}
+
+// TestRedisMasterCrashRecovers SIGKILLs the Redis master that owns users of a
+// running stream. The worker must find the promoted replica as soon as the
+// cluster promotes it (go-redis alone would keep dialing the dead address
+// until its next periodic topology reload, 60 s by default), and nothing may
+// be lost or counted twice. It reports crash -> promotion -> first successful
+// decision. With min_replicas_acked the cap records also survive the crash,
+// so Redis logs exactly the allowed jobs; without it the test checks that no
+// job is counted twice.
+func TestRedisMasterCrashRecovers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		durable bool
+	}{{"async replication", false}, {"min_replicas_acked=1", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStack(t, 6, nil)
+			s.editConfig("log_level: warn", "log_level: info") // the recovery line is at info
+			if tc.durable {
+				s.editConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
+			}
+			w := s.start(true)
+			w.waitReady(t)
+			jobs := blast("mc", 6000, 3000)
+			master := s.masterOf(1)
+			replica := testenv.ReplicaOf(t, master)
+			const chunks = 30
+			per := len(jobs) / chunks
+			var crashed, promoted time.Time
+			for c := 0; c < chunks; c++ {
+				s.produce(jobs[c*per : (c+1)*per])
+				if c == 5 {
+					crashed = time.Now()
+					restart := testenv.KillRedis(t, master)
+					promoted = testenv.WaitMaster(t, replica, 30*time.Second)
+					// An orchestrator restarts the crashed process; with
+					// min_replicas_acked the promoted master needs it as its replica.
+					go restart()
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			outs := s.collect(len(jobs), 120*time.Second)
+			s.checkAccounting(jobs, outs, tc.durable)
+			recovered, line, ok := w.logTime("redis decisions recovered", crashed)
+			if !ok {
+				t.Fatalf("no \"redis decisions recovered\" line after the crash at %v", crashed.Format(time.RFC3339Nano))
+			}
+			t.Logf("crash -> promotion %v, promotion -> first successful decision %v (worker: unavailable %.2fs, %v failed attempts)",
+				promoted.Sub(crashed).Round(10*time.Millisecond), recovered.Sub(promoted).Round(10*time.Millisecond), line["unavailable_seconds"], line["failed_attempts"])
+			// The goal is 2 s; the bound leaves room for a loaded machine
+			// (before the fix it was about 46 s). The figure is in the log above.
+			if gap := recovered.Sub(promoted); gap > 10*time.Second {
+				t.Errorf("decisions resumed %v after the promotion", gap)
+			}
+			if tc.durable {
+				testenv.WaitClusterOK(t, testenv.ClusterClient(t))
+			}
+		})
+	}
+}
+
+// TestFailOpenPerCategory pauses the master of a user (CLIENT PAUSE ALL, so
+// no failover happens): the user's "alerts" jobs, whose category may fail open
+// after 300ms, go out unchecked even beyond the cap; its marketing job waits
+// for Redis and is decided afterwards; a user on another master is decided at
+// once.
+func TestFailOpenPerCategory(t *testing.T) {
+	s := newStack(t, 1, nil)
+	s.editConfig("exempt_categories: [transactional]", "exempt_categories: [transactional]\n  fail_open: [{category: alerts, after: 300ms}]")
+	w := s.start(true)
+	w.waitReady(t)
+	master := s.masterOf(1)
+	other := uint32(0)
+	for u := uint32(100); u < 1000 && other == 0; u++ {
+		if s.masterOf(u) != master {
+			other = u
+		}
+	}
+	// A first job makes sure the topic and the worker are warm, so that the
+	// jobs below arrive while the master is paused.
+	s.produce([]jobSpec{{id: "warm", user: other, channel: "email"}})
+	s.collect(1, 30*time.Second)
+	pc := redis.NewClient(&redis.Options{Addr: master})
+	defer pc.Close()
+	if err := pc.Do(context.Background(), "CLIENT", "PAUSE", "5000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Do(context.Background(), "CLIENT", "UNPAUSE") })
+	s.produce([]jobSpec{
+		{id: "al1", user: 1, channel: "push", category: "alerts"},
+		{id: "al2", user: 1, channel: "push", category: "alerts"},
+		{id: "al3", user: 1, channel: "push", category: "alerts"}, // over user 1's daily cap of 2, unchecked
+		{id: "mk1", user: 1, channel: "email"},
+		{id: "ot1", user: other, channel: "email"},
+	})
+	outs := s.collect(6, 60*time.Second)
+	got := map[string]output{}
+	for _, o := range outs {
+		got[o.jobID] = o
+	}
+	for id, want := range map[string]string{"al1": "unchecked", "al2": "unchecked", "al3": "unchecked", "mk1": "allowed", "ot1": "allowed", "warm": "allowed"} {
+		if o := got[id]; o.decision != want || !strings.HasSuffix(o.topic, ".allowed") {
+			t.Errorf("%s: decision %q on %q, want %q on the allowed topic", id, o.decision, o.topic, want)
+		}
+	}
+	if n := scrapeMetric(t, w.metrics, `capper_jobs_total{decision="unchecked"}`); n != 3 {
+		t.Errorf("capper_jobs_total{decision=\"unchecked\"} = %v, want 3", n)
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
+	defer rdb.Close()
+	if n := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{1}", s.prefix)).Val(); n != 1 {
+		t.Errorf("user 1: %d sends logged, want 1 (unchecked sends are not recorded)", n)
+	}
+}
+
+// TestOversizeOutputGoesToDeadLetter sends a job whose output (the input plus
+// capper's headers) would exceed the broker's message size limit: it is
+// dead-lettered with a truncated value and a reason, before it is decided,
+// while the jobs around it go through.
+func TestOversizeOutputGoesToDeadLetter(t *testing.T) {
+	s := newStack(t, 1, nil)
+	big := fmt.Sprintf(`{"job_id":"huge","user_id":7,"campaign_id":"c","channel":"email","payload":{"body":"%s"}}`, strings.Repeat("x", 999_500))
+	s.produce([]jobSpec{{id: "before", user: 8, channel: "email"}},
+		kafka.Message{Key: []byte("7"), Value: []byte(big)},
+		kafka.Message{Key: []byte("9"), Value: []byte(`{"job_id":"after","user_id":9,"campaign_id":"c","channel":"email"}`)})
+	s.start(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.brokers, Topic: s.topics[3], MaxWait: 200 * time.Millisecond, MaxBytes: 4 << 20})
+	defer r.Close()
+	m, err := r.ReadMessage(ctx)
+	if err != nil {
+		t.Fatalf("nothing on the dead-letter topic: %v", err)
+	}
+	reason := ""
+	for _, h := range m.Headers {
+		if h.Key == "capper-error" {
+			reason = string(h.Value)
+		}
+	}
+	if !strings.Contains(reason, "output limit") || len(m.Value) >= len(big) || len(m.Value) == 0 || string(m.Key) != "7" {
+		t.Errorf("dead-letter message: key %q, %d of %d value bytes, reason %q; want key 7, a truncated value and the reason", m.Key, len(m.Value), len(big), reason)
+	}
+	outs := s.collect(3, 60*time.Second)
+	for _, o := range outs {
+		if o.jobID == "before" || o.jobID == "after" {
+			if o.decision != "allowed" {
+				t.Errorf("%s: %q, want allowed", o.jobID, o.decision)
+			}
+		}
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
+	defer rdb.Close()
+	if n := rdb.Exists(context.Background(), fmt.Sprintf("%s:{7}", s.prefix)).Val(); n != 0 {
+		t.Error("the oversize job was recorded in Redis although it was never forwarded")
+	}
+}
+
+// TestHelpExitsZero: every command's --help prints its usage to stdout and exits 0.
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{
+		{"--help"}, {"run", "--help"}, {"check", "--help"}, {"loadgen", "--help"}, {"report", "--help"},
+		{"segments", "--help"}, {"segments", "build", "--help"}, {"segments", "inspect", "--help"}, {"segments", "upload", "-h"},
+	} {
+		out, err := exec.Command(capperBin, args...).Output()
+		if err != nil || !strings.Contains(string(out), "usage") && !strings.Contains(string(out), "Usage") {
+			t.Errorf("capper %s: %v, output %q", strings.Join(args, " "), err, out)
+		}
+	}
+	if err := exec.Command(capperBin, "run", "--no-such-flag").Run(); err == nil {
+		t.Error("capper run --no-such-flag exited 0")
+	}
+}
+
+// scrapeMetric returns the value of the sample named exactly series (name and labels).
+func scrapeMetric(t *testing.T, addr, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+	}
+	return -1
+}
