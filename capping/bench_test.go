@@ -26,7 +26,9 @@ const benchUsers = 1_000_000
 
 // BenchmarkDecide decides batches of 1, 64 and 512 requests for random users
 // against the local Redis Cluster, one batch in flight per core (RunParallel),
-// and at batch 512 with 1, 2 and 4 concurrent pipelines per batch.
+// and at batch 512 with 1, 2 and 4 concurrent pipelines per batch, and with 4
+// pipelines and durable decisions (a WAIT for one replica after each node's
+// pipeline): compare the last two for the cost of min_replicas_acked.
 // scripts/bench-capping.sh runs it beside redis-benchmark's EVALSHA of the same script.
 func BenchmarkDecide(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
@@ -34,13 +36,17 @@ func BenchmarkDecide(b *testing.B) {
 	prefix := testenv.Unique("bench")
 	defer deletePrefix(b, rdb, prefix)
 	var seq atomic.Int64
-	for _, bc := range []struct{ size, pipelines int }{{1, 1}, {64, 1}, {512, 1}, {512, 2}, {512, 4}} {
-		lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Pipelines: bc.pipelines})
+	for _, bc := range []struct{ size, pipelines, acked int }{{1, 1, 0}, {64, 1, 0}, {512, 1, 0}, {512, 2, 0}, {512, 4, 0}, {512, 4, 1}} {
+		lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Pipelines: bc.pipelines, MinReplicasAcked: bc.acked})
 		if err != nil {
 			b.Fatal(err)
 		}
 		size := bc.size
-		b.Run(fmt.Sprintf("batch=%d/pipelines=%d", size, bc.pipelines), func(b *testing.B) {
+		name := fmt.Sprintf("batch=%d/pipelines=%d", size, bc.pipelines)
+		if bc.acked > 0 {
+			name += fmt.Sprintf("/min_replicas_acked=%d", bc.acked)
+		}
+		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 7))

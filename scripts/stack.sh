@@ -43,12 +43,17 @@ ensure_redis() {
 
 rcli() { redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
 
-start_redis_node() { # start_redis_node PORT: one cluster node; an existing nodes-PORT.conf makes it rejoin
+# start_redis_node PORT: one cluster node; an existing nodes-PORT.conf makes it rejoin. No persistence: a node
+# always starts empty (its own RDB file, which only a replica's full sync would write, is deleted first),
+# and replicas load a full sync from the socket.
+start_redis_node() {
   local p=$1
+  rm -f "$STATE/redis/dump-$p.rdb" "$STATE/redis/dump.rdb"
   redis-server --port "$p" --bind 127.0.0.1 --protected-mode yes \
     --daemonize yes --pidfile "$STATE/redis/$p.pid" --logfile "$STATE/redis/$p.log" --dir "$STATE/redis" \
     --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 2000 \
-    --save "" --appendonly no --repl-diskless-sync yes --repl-diskless-sync-delay 0 \
+    --save "" --appendonly no --dbfilename "dump-$p.rdb" \
+    --repl-diskless-sync yes --repl-diskless-sync-delay 0 --repl-diskless-load swapdb \
     --maxmemory-policy noeviction >/dev/null
 }
 
