@@ -4,7 +4,8 @@
 //
 // It listens on 127.0.0.1 only. Kafka state (logs and committed offsets) lives
 // in -data-dir and survives a restart; the S3 endpoint keeps its objects in
-// memory. It runs until SIGINT or SIGTERM.
+// memory. A janitor removes consumer-group members that died while joining,
+// which kfake never expires (see janitor.go). It runs until SIGINT or SIGTERM.
 package main
 
 import (
@@ -35,6 +36,7 @@ type config struct {
 	partitions int
 	s3Addr     string
 	buckets    []string
+	janitor    bool
 }
 
 func main() {
@@ -53,6 +55,7 @@ func run() error {
 	flag.IntVar(&cfg.partitions, "partitions", 6, "partitions of each created topic")
 	flag.StringVar(&cfg.s3Addr, "s3-addr", "127.0.0.1:9000", "listen address of the S3-compatible endpoint")
 	flag.StringVar(&buckets, "buckets", "capper-segments", "comma-separated buckets to create")
+	flag.BoolVar(&cfg.janitor, "janitor", true, "remove group members that died while joining (kfake never expires them)")
 	flag.Parse()
 	cfg.topics = splitList(topics)
 	cfg.buckets = splitList(buckets)
@@ -84,6 +87,11 @@ func run() error {
 		return err
 	}
 	log.Info("kafka broker ready", "addrs", cluster.ListenAddrs(), "topics", cfg.topics, "data_dir", cfg.dataDir)
+	if cfg.janitor {
+		if err := startJanitor(ctx, cluster, log); err != nil {
+			return fmt.Errorf("start group janitor: %w", err)
+		}
+	}
 
 	backend := s3mem.New()
 	for _, b := range cfg.buckets {

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,4 +254,38 @@ func scrapeMetric(t *testing.T, addr, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestWorkerKilledWhileJoining runs the sequence that leaves a dead member in a
+// kfake group (see the README's dev broker caveat): a worker is SIGKILLed, a
+// new one starts and is SIGKILLed while its JoinGroup is pending, and a third
+// starts. Real Kafka expires the dead members after their session timeout;
+// the dev broker's janitor does the same, so the third worker must get every
+// partition and decide every job.
+func TestWorkerKilledWhileJoining(t *testing.T) {
+	s := newStack(t, 3, nil)
+	kill := func(w *worker) {
+		t.Helper()
+		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		err := <-w.done
+		w.done <- err
+	}
+	w1 := s.start(false)
+	s.produce([]jobSpec{{id: "k0", user: 50, channel: "email"}})
+	if outs := s.collect(1, 60*time.Second); len(outs) != 1 {
+		t.Fatalf("the first worker decided %d of 1 job", len(outs))
+	}
+	kill(w1)
+	w2 := s.start(false)
+	time.Sleep(1500 * time.Millisecond) // w2 is joining: the group waits for w1 to rejoin
+	kill(w2)
+	s.start(false)
+	jobs := blast("kj", 300, 100)
+	s.produce(jobs)
+	outs := s.collect(len(jobs)+1, 90*time.Second)
+	if len(outs) < len(jobs)+1 {
+		t.Fatalf("%d of %d jobs decided after the worker killed while joining was replaced", len(outs)-1, len(jobs))
+	}
 }
