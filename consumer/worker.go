@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/backoff"
 )
 
 // Headers capper adds to the messages it writes.
@@ -263,7 +264,7 @@ func (w *Worker) consume(ctx, dctx context.Context, ready chan<- *decided) error
 		if err != nil {
 			w.m.errors.WithLabelValues("kafka_fetch").Inc()
 			w.cfg.Logger.Warn("fetch failed", "err", err)
-			if !sleep(ctx, w.cfg.RetryMin) {
+			if !backoff.Sleep(ctx, w.cfg.RetryMin) {
 				return nil
 			}
 		}
@@ -557,40 +558,26 @@ func (w *Worker) commit(ctx context.Context, batch []kafka.Message) {
 	}
 }
 
-// retry is the capped exponential backoff of one failing step of a batch.
+// retry is the backoff of one failing step of a batch, with the worker's
+// accounting of a failure: not ready, a metric, a log line.
 type retry struct {
-	w       *Worker
-	kind    string // the errors_total label
-	next    time.Duration
-	max     time.Duration
-	attempt int
+	w    *Worker
+	kind string // the errors_total label
+	b    *backoff.Backoff
 }
 
 func (w *Worker) newRetry(kind string, first, ceiling time.Duration) *retry {
-	return &retry{w: w, kind: kind, next: first, max: ceiling}
+	return &retry{w: w, kind: kind, b: backoff.New(first, ceiling)}
 }
 
-// wait records a failure of n jobs (not ready, metric, log) and sleeps the
-// next backoff; false when ctx ended first.
+// wait records a failure of n jobs and sleeps the next backoff; false when
+// ctx ended first.
 func (r *retry) wait(ctx context.Context, msg string, n int, err error) bool {
-	r.attempt++
+	d := r.b.Next()
 	r.w.ready.Store(false)
 	r.w.m.errors.WithLabelValues(r.kind).Inc()
-	r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.attempt, "in", r.next, "err", err)
-	d := r.next
-	r.next = min(2*r.next, r.max)
-	return sleep(ctx, d)
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.b.Attempt(), "in", d, "err", err)
+	return backoff.Sleep(ctx, d)
 }
 
 // messageBytes is an upper bound of the size of m in a record batch (key,

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/capper-dev/capper/internal/backoff"
 )
 
 // Config configures a Store.
@@ -268,19 +270,17 @@ func writeFileAtomic(path string, data []byte) error {
 func (s *Store) Start(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartupTimeout)
 	defer cancel()
-	backoff := 250 * time.Millisecond
-	for attempt := 1; ; attempt++ {
+	b := backoff.New(250*time.Millisecond, 10*time.Second)
+	for {
 		_, err := s.Refresh(ctx)
 		if err == nil {
 			return nil
 		}
-		s.cfg.Logger.Warn("segment snapshot not loaded yet; retrying", "attempt", attempt, "in", backoff, "err", err)
-		select {
-		case <-ctx.Done():
+		d := b.Next()
+		s.cfg.Logger.Warn("segment snapshot not loaded yet; retrying", "attempt", b.Attempt(), "in", d, "err", err)
+		if !backoff.Sleep(ctx, d) {
 			return fmt.Errorf("segments: no complete snapshot within %v: %w", s.cfg.StartupTimeout, err)
-		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, 10*time.Second)
 	}
 }
 
