@@ -3,6 +3,7 @@ package capping
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -18,6 +19,14 @@ type Cap struct {
 	Limit int
 	// Channel restricts the cap to one channel, e.g. "push". Empty counts all channels.
 	Channel string
+}
+
+// label is the cap's name in decisions: Name, or "cap<i>" for the i-th cap of a request.
+func (c Cap) label(i int) string {
+	if c.Name != "" {
+		return c.Name
+	}
+	return "cap" + strconv.Itoa(i)
 }
 
 // Validate reports whether the cap is usable.
@@ -83,9 +92,9 @@ type Decision struct {
 	// Duplicate reports that the job id was already in the log: the job was
 	// allowed before and is not counted again. Allowed is true.
 	Duplicate bool
-	// Cap is the index in Request.Caps of the cap that decides RetryAt when the
-	// send is capped, and -1 otherwise.
-	Cap int
+	// Cap names the cap that decides RetryAt when the send is capped (its
+	// Name, or "cap<i>" for the unnamed i-th cap of the request); empty otherwise.
+	Cap string
 	// RetryAt is when the send would pass every cap it exceeds, so a scheduler can
 	// defer it. Zero when allowed, or when a cap with limit 0 blocks it for good.
 	RetryAt time.Time

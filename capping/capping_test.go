@@ -72,7 +72,7 @@ type step struct {
 	channel string
 	caps    []capping.Cap
 	allowed bool
-	cap     int           // expected cap index when capped
+	cap     int           // expected cap index when capped (Decision.Cap names it)
 	retry   time.Duration // expected RetryAt - base when capped; -1 for "never" (zero time)
 }
 
@@ -141,13 +141,17 @@ func TestDecideWindows(t *testing.T) {
 					t.Fatalf("step %d (+%v %s): allowed = %v, want %v (counts %v)", i, s.at, ch, got.Allowed, s.allowed, got.Counts)
 				}
 				if s.allowed {
-					if got.Cap != -1 || !got.RetryAt.IsZero() {
-						t.Fatalf("step %d: allowed decision with cap %d retry %v", i, got.Cap, got.RetryAt)
+					if got.Cap != "" || !got.RetryAt.IsZero() {
+						t.Fatalf("step %d: allowed decision with cap %q retry %v", i, got.Cap, got.RetryAt)
 					}
 					continue
 				}
-				if got.Cap != s.cap {
-					t.Errorf("step %d (+%v): cap = %d, want %d", i, s.at, got.Cap, s.cap)
+				want := s.caps[s.cap].Name
+				if want == "" {
+					want = fmt.Sprint("cap", s.cap)
+				}
+				if got.Cap != want {
+					t.Errorf("step %d (+%v): cap = %q, want %q", i, s.at, got.Cap, want)
 				}
 				if s.retry < 0 {
 					if !got.RetryAt.IsZero() {

@@ -238,7 +238,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			}
 			v, err := b.cmds[i].Result()
 			if err == nil {
-				decs[i], err = parseReply(v, len(reqs[i].Caps), now)
+				decs[i], err = parseReply(v, reqs[i].Caps, now)
 				if err == nil && (decs[i].Allowed && record) && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
 				}
@@ -325,11 +325,7 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			p = nd.Pipeline()
 			pipes[k] = p
 		}
-		record := "0"
-		if b.record {
-			record = "1"
-		}
-		b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, scriptArgs(r, b.now, record)...)
+		b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, scriptArgs(r, b.now, b.record)...)
 	}
 	var wg sync.WaitGroup
 	for k, p := range pipes {
@@ -418,7 +414,8 @@ func nodeName(n node) string {
 	return "redis"
 }
 
-func scriptArgs(r *Request, now time.Time, record string) []any {
+// scriptArgs builds decide.lua's ARGV for r (see the script's header).
+func scriptArgs(r *Request, now time.Time, record bool) []any {
 	args := make([]any, 5, 5+3*len(r.Caps))
 	var retention time.Duration
 	for _, c := range r.Caps {
@@ -428,13 +425,18 @@ func scriptArgs(r *Request, now time.Time, record string) []any {
 	args[0] = now.UnixMilli()
 	args[1] = Member(r.JobID, r.Channel)
 	args[2] = r.Channel
-	args[3] = record
+	args[3] = 0
+	if record {
+		args[3] = 1
+	}
 	args[4] = retention.Milliseconds()
 	return args
 }
 
-// parseReply checks the script's reply shape; it never panics on a bad reply.
-func parseReply(v any, ncaps int, now time.Time) (Decision, error) {
+// parseReply checks the script's reply shape against the request's caps; it
+// never panics on a bad reply.
+func parseReply(v any, caps []Cap, now time.Time) (Decision, error) {
+	ncaps := len(caps)
 	arr, ok := v.([]any)
 	if !ok || len(arr) != 3+ncaps {
 		return Decision{}, fmt.Errorf("unexpected script reply %#v: want an array of %d integers", v, 3+ncaps)
@@ -447,7 +449,7 @@ func parseReply(v any, ncaps int, now time.Time) (Decision, error) {
 		}
 		ints[i] = n
 	}
-	d := Decision{Cap: -1, At: now, Counts: make([]int, ncaps)}
+	d := Decision{At: now, Counts: make([]int, ncaps)}
 	for i := range d.Counts {
 		d.Counts[i] = int(ints[3+i])
 	}
@@ -460,7 +462,8 @@ func parseReply(v any, ncaps int, now time.Time) (Decision, error) {
 		if ints[1] < 1 || int(ints[1]) > ncaps {
 			return Decision{}, fmt.Errorf("unexpected script reply %v: cap index %d out of range", ints, ints[1])
 		}
-		d.Cap = int(ints[1]) - 1
+		i := int(ints[1]) - 1
+		d.Cap = caps[i].label(i)
 		if ints[2] > 0 {
 			d.RetryAt = time.UnixMilli(ints[2])
 		}

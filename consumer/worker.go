@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -425,7 +424,7 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 				it.decision = DecisionAllowed
 			default:
 				it.decision = DecisionCapped
-				it.cap = capName(reqs[j].Caps, d.Cap)
+				it.cap = d.Cap
 				it.retryAt = d.RetryAt
 			}
 		}
@@ -465,16 +464,6 @@ func (w *Worker) redisHealth(failed bool, err error) {
 func (w *Worker) failOpen(rules *Rules, it *item) bool {
 	after := rules.FailOpenAfter(it.job.Category, it.segment)
 	return after > 0 && !w.redisDownSince.IsZero() && time.Since(w.redisDownSince) >= after
-}
-
-func capName(caps []capping.Cap, i int) string {
-	if i < 0 || i >= len(caps) {
-		return ""
-	}
-	if caps[i].Name != "" {
-		return caps[i].Name
-	}
-	return "cap" + strconv.Itoa(i)
 }
 
 // output builds the message that carries it to its topic: the original key and

@@ -55,6 +55,6 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !d.RetryAt.IsZero() {
 		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.UTC().Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
 	}
-	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s\n", *channel, caps[d.Cap].Name, retry)
+	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s\n", *channel, d.Cap, retry)
 	return nil
 }

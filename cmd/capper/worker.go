@@ -257,7 +257,7 @@ type allowAll struct{}
 func (allowAll) Decide(_ context.Context, reqs []capping.Request) ([]capping.Decision, error) {
 	ds := make([]capping.Decision, len(reqs))
 	for i := range ds {
-		ds[i] = capping.Decision{Allowed: true, Cap: -1}
+		ds[i] = capping.Decision{Allowed: true}
 	}
 	return ds, nil
 }
