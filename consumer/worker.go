@@ -17,7 +17,7 @@ import (
 
 // Headers capper adds to the messages it writes.
 const (
-	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, capped
+	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, unchecked, capped, dlq
 	HeaderSegment  = "capper-segment"  // the user's segment, or "default"
 	HeaderCap      = "capper-cap"      // capped: the cap that was hit
 	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
