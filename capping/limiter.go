@@ -48,7 +48,7 @@ type Config struct {
 	// Workers' clocks are assumed to be NTP-synchronised (see the package doc).
 	Clock func() time.Time
 	// Timeout bounds one Decide or Peek call (one attempt), script reloads and
-	// the replica WAIT included. Defaults to 2s; a negative value means no
+	// the replica WAIT included. Defaults to 3s; a negative value means no
 	// timeout beyond the context's.
 	Timeout time.Duration
 	// ScriptReloads is how many times one call reloads the script after NOSCRIPT
@@ -72,7 +72,7 @@ type Config struct {
 }
 
 // Validate reports whether the configuration is usable.
-func (c *Config) Validate() error {
+func (c Config) Validate() error {
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
 		return fmt.Errorf("capping: key prefix %q must not contain { or }: the hash tag is the user id", c.KeyPrefix)
 	}
@@ -96,7 +96,7 @@ func (c Config) withDefaults() Config {
 		c.Clock = time.Now
 	}
 	if c.Timeout == 0 {
-		c.Timeout = 2 * time.Second
+		c.Timeout = 3 * time.Second
 	}
 	if c.ScriptReloads == 0 {
 		c.ScriptReloads = 3

@@ -24,6 +24,13 @@ const (
 	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
 )
 
+// Defaults of Config fields that the process wiring also needs (the reader's
+// queue and the writer's batch limit follow them).
+const (
+	DefaultBatchSize      = 2000
+	DefaultMaxOutputBytes = 1_000_000 // below Kafka's default message.max.bytes, 1048588
+)
+
 // reservedHeaderBytes bounds what capper adds to a message (its headers and
 // their framing), for the check that an output fits MaxOutputBytes before
 // the job is decided.
@@ -86,7 +93,7 @@ type Config struct {
 	Rules *Rules
 	// Topics are the output topics. (Required)
 	Topics Topics
-	// BatchSize is the most jobs in one batch. Defaults to 2000.
+	// BatchSize is the most jobs in one batch. Defaults to DefaultBatchSize.
 	BatchSize int
 	// BatchWait is how long a batch waits for more jobs after its first. Defaults to 100ms.
 	BatchWait time.Duration
@@ -95,7 +102,7 @@ type Config struct {
 	// MaxOutputBytes is the largest message the worker may produce (the writer's
 	// batch limit, below the broker's message.max.bytes). A job whose output
 	// would be larger goes to the dead-letter topic, with its value truncated,
-	// before it is decided. Defaults to 1,000,000.
+	// before it is decided. Defaults to DefaultMaxOutputBytes.
 	MaxOutputBytes int
 	// CommitTimeout bounds an offset commit. Defaults to 10s.
 	CommitTimeout time.Duration
@@ -158,7 +165,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 2000
+		cfg.BatchSize = DefaultBatchSize
 	}
 	if cfg.BatchWait == 0 {
 		cfg.BatchWait = 100 * time.Millisecond
@@ -167,7 +174,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg.MaxMessageBytes = 1 << 20
 	}
 	if cfg.MaxOutputBytes == 0 {
-		cfg.MaxOutputBytes = 1_000_000
+		cfg.MaxOutputBytes = DefaultMaxOutputBytes
 	}
 	if cfg.RedisRetryMin == 0 {
 		cfg.RedisRetryMin = 50 * time.Millisecond

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -19,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 
+	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/segments"
 )
@@ -155,7 +157,7 @@ func newWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    max(100, batchSize),
-		BatchBytes:   int64(c.MaxBatchBytes),
+		BatchBytes:   int64(cmp.Or(c.MaxBatchBytes, consumer.DefaultMaxOutputBytes)),
 		BatchTimeout: 2 * time.Millisecond,
 		MaxAttempts:  3,
 		WriteTimeout: 10 * time.Second,

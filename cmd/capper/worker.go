@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -60,10 +61,7 @@ func start(ctx context.Context, path string, logOut io.Writer) (*app, error) {
 	lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for backoff := 250 * time.Millisecond; ; backoff = min(2*backoff, 5*time.Second) {
-		a.limiter, err = capping.New(lctx, rdb, capping.Config{
-			KeyPrefix: cfg.Redis.KeyPrefix, Timeout: time.Duration(cfg.Redis.DecideTimeout), Pipelines: cfg.Redis.Pipelines,
-			MinReplicasAcked: cfg.Redis.MinReplicasAcked, ReplicaTimeout: time.Duration(cfg.Redis.ReplicaTimeout),
-		})
+		a.limiter, err = capping.New(lctx, rdb, cfg.Redis.Limiter())
 		if err == nil {
 			break
 		}
@@ -121,7 +119,8 @@ func work(ctx context.Context, path string, passthrough bool, stderr io.Writer) 
 	}
 	defer a.close()
 	cfg := a.cfg
-	reader, writer, err := newKafka(cfg.Kafka, cfg.Batch.Size, a.log)
+	batchSize := cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize)
+	reader, writer, err := newKafka(cfg.Kafka, batchSize, a.log)
 	if err != nil {
 		return err
 	}
@@ -156,7 +155,7 @@ func work(ctx context.Context, path string, passthrough bool, stderr io.Writer) 
 		defer srv.Close()
 	}
 	a.log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
-		"segments", a.rules.SegmentNames(), "batch_size", cfg.Batch.Size, "metrics_addr", cfg.MetricsAddr)
+		"segments", a.rules.SegmentNames(), "batch_size", batchSize, "metrics_addr", cfg.MetricsAddr)
 	runErr := w.Run(ctx, time.Duration(cfg.ShutdownTimeout))
 	// Leave the group; a commit is never left to Close (it can hang).
 	closeDone := make(chan error, 1)

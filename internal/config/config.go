@@ -42,8 +42,9 @@ type Kafka struct {
 	Topics  Topics   `yaml:"topics"`
 	// SessionTimeout: a member silent this long leaves the group and its partitions move. Defaults to 30s.
 	SessionTimeout Duration `yaml:"session_timeout"`
-	// MaxBatchBytes bounds a record batch the worker produces; it must stay below the
-	// broker's message.max.bytes (Kafka's default is 1048588). Defaults to 1000000.
+	// MaxBatchBytes bounds a record batch the worker produces, and so its largest
+	// output; it must stay below the broker's message.max.bytes (Kafka's default
+	// is 1048588). 0 = consumer.DefaultMaxOutputBytes.
 	MaxBatchBytes int `yaml:"max_batch_bytes"`
 	// SASL: mechanism plain, scram-sha-256 or scram-sha-512; empty disables.
 	SASLMechanism string `yaml:"sasl_mechanism"`
@@ -69,14 +70,14 @@ type Redis struct {
 	Password     Secret   `yaml:"-"`
 	PasswordFile string   `yaml:"password_file"`
 	TLS          TLS      `yaml:"tls"`
-	KeyPrefix    string   `yaml:"key_prefix"`    // Defaults to "fc".
+	KeyPrefix    string   `yaml:"key_prefix"`    // capping.Config.KeyPrefix (0 = its default).
 	DialTimeout  Duration `yaml:"dial_timeout"`  // Defaults to 1s.
 	ReadTimeout  Duration `yaml:"read_timeout"`  // Defaults to 1s.
 	WriteTimeout Duration `yaml:"write_timeout"` // Defaults to 1s.
-	// DecideTimeout bounds one attempt at a batch's decisions, script reloads
-	// included; failed decisions are retried. Defaults to 3s.
+	// DecideTimeout: capping.Config.Timeout, one attempt at a batch's decisions
+	// (failed decisions are retried). 0 = its default.
 	DecideTimeout Duration `yaml:"decide_timeout"`
-	// Pipelines: a batch is split by user into up to this many pipelines sent concurrently. Defaults to 4.
+	// Pipelines: capping.Config.Pipelines. 0 = its default.
 	Pipelines int `yaml:"pipelines"`
 	// MinReplicasAcked: see capping.Config.MinReplicasAcked. Defaults to 0 (off).
 	MinReplicasAcked int `yaml:"min_replicas_acked"`
@@ -95,18 +96,18 @@ type TLS struct {
 type Segments struct {
 	// Source: s3://bucket/prefix or a local directory. (Required)
 	Source          string   `yaml:"source"`
-	S3Endpoint      string   `yaml:"s3_endpoint"`   // S3-compatible endpoint; defaults to AWS.
-	S3Region        string   `yaml:"s3_region"`     // Defaults to AWS_REGION, then us-east-1.
-	S3PathStyle     bool     `yaml:"s3_path_style"` // Defaults to false.
-	RefreshInterval Duration `yaml:"refresh_interval"`
-	StartupTimeout  Duration `yaml:"startup_timeout"`
+	S3Endpoint      string   `yaml:"s3_endpoint"`      // S3-compatible endpoint; defaults to AWS.
+	S3Region        string   `yaml:"s3_region"`        // Defaults to AWS_REGION, then us-east-1.
+	S3PathStyle     bool     `yaml:"s3_path_style"`    // Defaults to false.
+	RefreshInterval Duration `yaml:"refresh_interval"` // segments.Config.RefreshInterval (0 = its default).
+	StartupTimeout  Duration `yaml:"startup_timeout"`  // segments.Config.StartupTimeout (0 = its default).
 	// CacheDir keeps the downloaded objects; defaults to a temporary directory removed at exit.
 	CacheDir string `yaml:"cache_dir"`
 }
 
 type Batch struct {
-	Size    int      `yaml:"size"`     // Defaults to 2000.
-	MaxWait Duration `yaml:"max_wait"` // Defaults to 100ms.
+	Size    int      `yaml:"size"`     // consumer.Config.BatchSize, at most 100000 (0 = its default).
+	MaxWait Duration `yaml:"max_wait"` // consumer.Config.BatchWait, at most 1s (0 = its default).
 }
 
 // Rules is the reloadable part: segments in priority order and their caps.
@@ -241,26 +242,12 @@ func (c *Config) defaults() {
 	set(&c.Kafka.Topics.Allowed, "sends.allowed")
 	set(&c.Kafka.Topics.Capped, "sends.capped")
 	set(&c.Kafka.Topics.DLQ, "sends.dlq")
-	set(&c.Redis.KeyPrefix, "fc")
 	setD(&c.Kafka.SessionTimeout, 30*time.Second)
-	if c.Kafka.MaxBatchBytes == 0 {
-		c.Kafka.MaxBatchBytes = 1_000_000
-	}
 	setD(&c.Redis.DialTimeout, time.Second)
 	setD(&c.Redis.ReadTimeout, time.Second)
 	setD(&c.Redis.WriteTimeout, time.Second)
-	setD(&c.Redis.DecideTimeout, 3*time.Second)
-	setD(&c.Segments.RefreshInterval, 5*time.Minute)
-	setD(&c.Segments.StartupTimeout, 2*time.Minute)
-	setD(&c.Batch.MaxWait, 100*time.Millisecond)
 	setD(&c.ShutdownTimeout, 30*time.Second)
 	setD(&c.Rules.ReloadInterval, 10*time.Second)
-	if c.Redis.Pipelines == 0 {
-		c.Redis.Pipelines = 4
-	}
-	if c.Batch.Size == 0 {
-		c.Batch.Size = 2000
-	}
 	set(&c.MetricsAddr, ":9090")
 	set(&c.LogLevel, "info")
 	if !c.Rules.exemptWasExplicit && c.Rules.ExemptCategories == nil {
@@ -285,9 +272,6 @@ func (c *Config) Validate() error {
 	if c.Kafka.SASLMechanism != "" && (c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "") {
 		bad("kafka.sasl_username", "SASL needs a username and a password (CAPPER_KAFKA_SASL_PASSWORD or sasl_password_file)")
 	}
-	if c.Kafka.MaxBatchBytes < 10_000 {
-		bad("kafka.max_batch_bytes", "%d is below 10000", c.Kafka.MaxBatchBytes)
-	}
 	ts := c.Kafka.Topics
 	if ts.Input == ts.Allowed || ts.Input == ts.Capped || ts.Input == ts.DLQ {
 		bad("kafka.topics.input", "the input topic %q must differ from the output topics", ts.Input)
@@ -295,19 +279,13 @@ func (c *Config) Validate() error {
 	if len(c.Redis.Addrs) == 0 {
 		bad("redis.addrs", "at least one address is required")
 	}
-	if c.Redis.MinReplicasAcked < 0 || c.Redis.ReplicaTimeout < 0 {
-		bad("redis.min_replicas_acked", "min_replicas_acked and replica_timeout must not be negative")
-	}
-	if c.Redis.Pipelines < 1 || c.Redis.Pipelines > 64 {
-		bad("redis.pipelines", "%d is not in 1..64", c.Redis.Pipelines)
-	}
-	if strings.ContainsAny(c.Redis.KeyPrefix, "{}") {
-		bad("redis.key_prefix", "must not contain { or }")
+	if err := c.Redis.Limiter().Validate(); err != nil {
+		bad("redis", "%v", err)
 	}
 	if c.Segments.Source == "" {
 		bad("segments.source", "an s3://bucket/prefix URI or a directory is required")
 	}
-	if c.Batch.Size < 1 || c.Batch.Size > 100000 {
+	if c.Batch.Size < 0 || c.Batch.Size > 100000 {
 		bad("batch.size", "%d is not in 1..100000", c.Batch.Size)
 	}
 	if time.Duration(c.Batch.MaxWait) > time.Second {
@@ -322,6 +300,15 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// Limiter returns the capping configuration these settings describe; zero
+// fields take capping's defaults.
+func (r Redis) Limiter() capping.Config {
+	return capping.Config{
+		KeyPrefix: r.KeyPrefix, Timeout: time.Duration(r.DecideTimeout), Pipelines: r.Pipelines,
+		MinReplicasAcked: r.MinReplicasAcked, ReplicaTimeout: time.Duration(r.ReplicaTimeout),
+	}
 }
 
 // Build converts the rules for the worker.
