@@ -2,7 +2,7 @@
 # bench-e2e.sh — end-to-end throughput on this machine, in one run:
 #   1. capper: BENCH_JOBS jobs (default 1,000,000) through demo.sh (loadgen -> capper run -> report);
 #   2. pass-through baseline: the same consume -> produce -> commit path with capping skipped
-#      (capper run --passthrough);
+#      (cmd/capper-passthrough: the same daemon with capping skipped);
 #   3. the redis-benchmark EVALSHA ceiling of the capping script on the same cluster;
 # then the ratios, the worker's CPU time per job and its Redis round trips per batch.
 # Goal: capper end to end >= 50% of the Redis ceiling.
@@ -16,12 +16,12 @@ started=0
 if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
 trap '((started)) && scripts/stack.sh down >/dev/null' EXIT
 
-run() { # run LABEL WORKER_ARGS -> prints "jobs_per_sec p99_ms cpu_us rt"
+run() { # run LABEL PASSTHROUGH(0|1) -> prints "jobs_per_sec p99_ms cpu_us rt"
   local out
   local rc=0
-  out=$(DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_WORKER_ARGS="$2" scripts/demo.sh 2>&1) || rc=$?
+  out=$(DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" scripts/demo.sh 2>&1) || rc=$?
   # The baseline forwards everything, so its report finds cap violations; it must still lose nothing.
-  if { [[ $2 != --passthrough ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
+  if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1
   fi
   echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:)' | sed "s/^/  [$1] /" >&2
@@ -37,8 +37,8 @@ PY
 }
 
 echo "bench-e2e: $JOBS jobs for $USERS users on $(nproc) cores" >&2
-read -r capper_jps capper_p99 capper_cpu capper_rt < <(run capper "")
-read -r pass_jps pass_p99 pass_cpu _ < <(run passthrough "--passthrough")
+read -r capper_jps capper_p99 capper_cpu capper_rt < <(run capper 0)
+read -r pass_jps pass_p99 pass_cpu _ < <(run passthrough 1)
 ceiling=$(CEILING_ONLY=1 ROUNDS=3 scripts/bench-capping.sh)
 python3 - "$capper_jps" "$pass_jps" "$ceiling" "$capper_cpu" "$pass_cpu" "$capper_rt" "$capper_p99" <<'PY'
 import sys

@@ -16,7 +16,7 @@ JOBS=${DEMO_JOBS:-200000}
 USERS=${DEMO_USERS:-50000}
 PARTITIONS=${DEMO_PARTITIONS:-6}
 METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
-WORKER_ARGS=${DEMO_WORKER_ARGS:-}   # e.g. --passthrough for bench-e2e.sh's baseline
+PASSTHROUGH=${DEMO_PASSTHROUGH:-0}  # 1: run capper-passthrough (capping skipped), bench-e2e.sh's baseline
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -42,6 +42,11 @@ trap cleanup EXIT
 say "building capper"
 go build -o "$CAPPER_STACK_DIR/bin/capper" ./cmd/capper
 capper="$CAPPER_STACK_DIR/bin/capper"
+worker=("$capper" run)
+if ((PASSTHROUGH)); then
+  go build -o "$CAPPER_STACK_DIR/bin/capper-passthrough" ./cmd/capper-passthrough
+  worker=("$CAPPER_STACK_DIR/bin/capper-passthrough")
+fi
 
 run="demo-$(date +%s)-$$"
 export AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=us-east-1
@@ -65,8 +70,7 @@ say "topics $run.sends{,.allowed,.capped,.dlq} with $PARTITIONS partitions"
 "$capper" loadgen --config config.example.yaml --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
 
 say "starting capper run (metrics on http://$METRICS/metrics)"
-# shellcheck disable=SC2086
-"$capper" run --config config.example.yaml $WORKER_ARGS 2>"$work/worker.log" &
+"${worker[@]}" --config config.example.yaml 2>"$work/worker.log" &
 worker_pid=$!
 for _ in $(seq 300); do
   curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/daemon"
 )
 
 // runCheck prints a read-only view of one user's caps.
@@ -24,22 +25,26 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")
 		return errUsage
 	}
-	a, err := start(ctx, *path, os.Stderr)
+	cfg, err := loadConfig(*path)
 	if err != nil {
 		return err
 	}
-	defer a.close()
+	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
 	uid := uint32(*user)
-	segment, ok := a.store.Snapshot().Lookup(uid)
-	caps := a.rules.CapsFor(segment, ok)
+	segment, ok := b.Store.Snapshot().Lookup(uid)
+	caps := b.Rules.CapsFor(segment, ok)
 	if !ok {
 		segment = "default (in no segment)"
 	}
-	d, err := a.limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Caps: caps})
+	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Caps: caps})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "user %d  segment %s  key %s\n", uid, segment, a.limiter.Key(uid))
+	fmt.Fprintf(stdout, "user %d  segment %s  key %s\n", uid, segment, b.Limiter.Key(uid))
 	for i, c := range caps {
 		scope := "all channels"
 		if c.Channel != "" {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -19,34 +18,6 @@ import (
 
 	"github.com/capper-dev/capper/internal/testenv"
 )
-
-// editConfig replaces old by new in the test's config file.
-func (s *stack) editConfig(old, new string) {
-	s.t.Helper()
-	b, err := os.ReadFile(s.config)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	edited := strings.Replace(string(b), old, new, 1)
-	if edited == string(b) {
-		s.t.Fatalf("config has no %q to replace", old)
-	}
-	if err := os.WriteFile(s.config, []byte(edited), 0o644); err != nil {
-		s.t.Fatal(err)
-	}
-}
-
-// masterOf returns the address of the master that owns user's log.
-func (s *stack) masterOf(user uint32) string {
-	s.t.Helper()
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
-	defer rdb.Close()
-	m, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.prefix, user))
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return m.Options().Addr
-}
 
 // logTime returns the time of the first worker log line with message msg
 // logged after since.
@@ -66,6 +37,17 @@ func (w *worker) logTime(msg string, since time.Time) (time.Time, map[string]any
 	return time.Time{}, nil, false
 }
 
+// waitLog waits up to 30 s for a log line with message msg logged after since.
+func (w *worker) waitLog(t *testing.T, msg string, since time.Time) {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if _, _, ok := w.logTime(msg, since); ok {
+			return
+		}
+	}
+	t.Fatalf("no %q log line within 30 s", msg)
+}
+
 // TestRedisMasterCrashRecovers SIGKILLs the Redis master that owns users of a
 // running stream. The worker must find the promoted replica as soon as the
 // cluster promotes it (go-redis alone would keep dialing the dead address
@@ -80,21 +62,21 @@ func TestRedisMasterCrashRecovers(t *testing.T) {
 		durable bool
 	}{{"async replication", false}, {"min_replicas_acked=1", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newStack(t, 6, nil)
-			s.editConfig("log_level: warn", "log_level: info") // the recovery line is at info
+			s := testenv.NewStack(t, 6, nil)
+			s.EditConfig("log_level: warn", "log_level: info") // the recovery line is at info
 			if tc.durable {
-				s.editConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
+				s.EditConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
 			}
-			w := s.start(true)
+			w := start(s, true)
 			w.waitReady(t)
-			jobs := blast("mc", 6000, 3000)
-			master := s.masterOf(1)
+			jobs := testenv.Blast("mc", 6000, 3000)
+			master := s.MasterOf(1)
 			replica := testenv.ReplicaOf(t, master)
 			const chunks = 30
 			per := len(jobs) / chunks
 			var crashed, promoted time.Time
 			for c := 0; c < chunks; c++ {
-				s.produce(jobs[c*per : (c+1)*per])
+				s.Produce(jobs[c*per : (c+1)*per])
 				if c == 5 {
 					crashed = time.Now()
 					restart := testenv.KillRedis(t, master)
@@ -105,8 +87,8 @@ func TestRedisMasterCrashRecovers(t *testing.T) {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			outs := s.collect(len(jobs), 120*time.Second)
-			s.checkAccounting(jobs, outs, tc.durable)
+			outs := s.Collect(len(jobs), 120*time.Second)
+			s.CheckAccounting(jobs, outs, tc.durable)
 			recovered, line, ok := w.logTime("redis decisions recovered", crashed)
 			if !ok {
 				t.Fatalf("no \"redis decisions recovered\" line after the crash at %v", crashed.Format(time.RFC3339Nano))
@@ -131,50 +113,50 @@ func TestRedisMasterCrashRecovers(t *testing.T) {
 // for Redis and is decided afterwards; a user on another master is decided at
 // once.
 func TestFailOpenPerCategory(t *testing.T) {
-	s := newStack(t, 1, nil)
-	s.editConfig("exempt_categories: [transactional]", "exempt_categories: [transactional]\n  fail_open: [{category: alerts, after: 300ms}]")
-	w := s.start(true)
+	s := testenv.NewStack(t, 1, nil)
+	s.EditConfig("exempt_categories: [transactional]", "exempt_categories: [transactional]\n  fail_open: [{category: alerts, after: 300ms}]")
+	w := start(s, true)
 	w.waitReady(t)
-	master := s.masterOf(1)
+	master := s.MasterOf(1)
 	other := uint32(0)
 	for u := uint32(100); u < 1000 && other == 0; u++ {
-		if s.masterOf(u) != master {
+		if s.MasterOf(u) != master {
 			other = u
 		}
 	}
 	// A first job makes sure the topic and the worker are warm, so that the
 	// jobs below arrive while the master is paused.
-	s.produce([]jobSpec{{id: "warm", user: other, channel: "email"}})
-	s.collect(1, 30*time.Second)
+	s.Produce([]testenv.JobSpec{{ID: "warm", User: other, Channel: "email"}})
+	s.Collect(1, 30*time.Second)
 	pc := redis.NewClient(&redis.Options{Addr: master})
 	defer pc.Close()
 	if err := pc.Do(context.Background(), "CLIENT", "PAUSE", "5000", "ALL").Err(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Do(context.Background(), "CLIENT", "UNPAUSE") })
-	s.produce([]jobSpec{
-		{id: "al1", user: 1, channel: "push", category: "alerts"},
-		{id: "al2", user: 1, channel: "push", category: "alerts"},
-		{id: "al3", user: 1, channel: "push", category: "alerts"}, // over user 1's daily cap of 2, unchecked
-		{id: "mk1", user: 1, channel: "email"},
-		{id: "ot1", user: other, channel: "email"},
+	s.Produce([]testenv.JobSpec{
+		{ID: "al1", User: 1, Channel: "push", Category: "alerts"},
+		{ID: "al2", User: 1, Channel: "push", Category: "alerts"},
+		{ID: "al3", User: 1, Channel: "push", Category: "alerts"}, // over user 1's daily cap of 2, unchecked
+		{ID: "mk1", User: 1, Channel: "email"},
+		{ID: "ot1", User: other, Channel: "email"},
 	})
-	outs := s.collect(6, 60*time.Second)
-	got := map[string]output{}
+	outs := s.Collect(6, 60*time.Second)
+	got := map[string]testenv.Output{}
 	for _, o := range outs {
-		got[o.jobID] = o
+		got[o.JobID] = o
 	}
 	for id, want := range map[string]string{"al1": "unchecked", "al2": "unchecked", "al3": "unchecked", "mk1": "allowed", "ot1": "allowed", "warm": "allowed"} {
-		if o := got[id]; o.decision != want || !strings.HasSuffix(o.topic, ".allowed") {
-			t.Errorf("%s: decision %q on %q, want %q on the allowed topic", id, o.decision, o.topic, want)
+		if o := got[id]; o.Decision != want || !strings.HasSuffix(o.Topic, ".allowed") {
+			t.Errorf("%s: decision %q on %q, want %q on the allowed topic", id, o.Decision, o.Topic, want)
 		}
 	}
 	if n := scrapeMetric(t, w.metrics, `capper_jobs_total{decision="unchecked"}`); n != 3 {
 		t.Errorf("capper_jobs_total{decision=\"unchecked\"} = %v, want 3", n)
 	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
 	defer rdb.Close()
-	if n := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{1}", s.prefix)).Val(); n != 1 {
+	if n := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{1}", s.Prefix)).Val(); n != 1 {
 		t.Errorf("user 1: %d sends logged, want 1 (unchecked sends are not recorded)", n)
 	}
 }
@@ -184,15 +166,15 @@ func TestFailOpenPerCategory(t *testing.T) {
 // dead-lettered with a truncated value and a reason, before it is decided,
 // while the jobs around it go through.
 func TestOversizeOutputGoesToDeadLetter(t *testing.T) {
-	s := newStack(t, 1, nil)
+	s := testenv.NewStack(t, 1, nil)
 	big := fmt.Sprintf(`{"job_id":"huge","user_id":7,"campaign_id":"c","channel":"email","payload":{"body":"%s"}}`, strings.Repeat("x", 999_500))
-	s.produce([]jobSpec{{id: "before", user: 8, channel: "email"}},
+	s.Produce([]testenv.JobSpec{{ID: "before", User: 8, Channel: "email"}},
 		kafka.Message{Key: []byte("7"), Value: []byte(big)},
 		kafka.Message{Key: []byte("9"), Value: []byte(`{"job_id":"after","user_id":9,"campaign_id":"c","channel":"email"}`)})
-	s.start(false)
+	start(s, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.brokers, Topic: s.topics[3], MaxWait: 200 * time.Millisecond, MaxBytes: 4 << 20})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, Topic: s.Topics[3], MaxWait: 200 * time.Millisecond, MaxBytes: 4 << 20})
 	defer r.Close()
 	m, err := r.ReadMessage(ctx)
 	if err != nil {
@@ -207,17 +189,17 @@ func TestOversizeOutputGoesToDeadLetter(t *testing.T) {
 	if !strings.Contains(reason, "output limit") || len(m.Value) >= len(big) || len(m.Value) == 0 || string(m.Key) != "7" {
 		t.Errorf("dead-letter message: key %q, %d of %d value bytes, reason %q; want key 7, a truncated value and the reason", m.Key, len(m.Value), len(big), reason)
 	}
-	outs := s.collect(3, 60*time.Second)
+	outs := s.Collect(3, 60*time.Second)
 	for _, o := range outs {
-		if o.jobID == "before" || o.jobID == "after" {
-			if o.decision != "allowed" {
-				t.Errorf("%s: %q, want allowed", o.jobID, o.decision)
+		if o.JobID == "before" || o.JobID == "after" {
+			if o.Decision != "allowed" {
+				t.Errorf("%s: %q, want allowed", o.JobID, o.Decision)
 			}
 		}
 	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.redis})
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
 	defer rdb.Close()
-	if n := rdb.Exists(context.Background(), fmt.Sprintf("%s:{7}", s.prefix)).Val(); n != 0 {
+	if n := rdb.Exists(context.Background(), fmt.Sprintf("%s:{7}", s.Prefix)).Val(); n != 0 {
 		t.Error("the oversize job was recorded in Redis although it was never forwarded")
 	}
 }
@@ -263,7 +245,7 @@ func scrapeMetric(t *testing.T, addr, series string) float64 {
 // the dev broker's janitor does the same, so the third worker must get every
 // partition and decide every job.
 func TestWorkerKilledWhileJoining(t *testing.T) {
-	s := newStack(t, 3, nil)
+	s := testenv.NewStack(t, 3, nil)
 	kill := func(w *worker) {
 		t.Helper()
 		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
@@ -272,19 +254,19 @@ func TestWorkerKilledWhileJoining(t *testing.T) {
 		err := <-w.done
 		w.done <- err
 	}
-	w1 := s.start(false)
-	s.produce([]jobSpec{{id: "k0", user: 50, channel: "email"}})
-	if outs := s.collect(1, 60*time.Second); len(outs) != 1 {
+	w1 := start(s, false)
+	s.Produce([]testenv.JobSpec{{ID: "k0", User: 50, Channel: "email"}})
+	if outs := s.Collect(1, 60*time.Second); len(outs) != 1 {
 		t.Fatalf("the first worker decided %d of 1 job", len(outs))
 	}
 	kill(w1)
-	w2 := s.start(false)
+	w2 := start(s, false)
 	time.Sleep(1500 * time.Millisecond) // w2 is joining: the group waits for w1 to rejoin
 	kill(w2)
-	s.start(false)
-	jobs := blast("kj", 300, 100)
-	s.produce(jobs)
-	outs := s.collect(len(jobs)+1, 90*time.Second)
+	start(s, false)
+	jobs := testenv.Blast("kj", 300, 100)
+	s.Produce(jobs)
+	outs := s.Collect(len(jobs)+1, 90*time.Second)
 	if len(outs) < len(jobs)+1 {
 		t.Fatalf("%d of %d jobs decided after the worker killed while joining was replaced", len(outs)-1, len(jobs))
 	}

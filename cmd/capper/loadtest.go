@@ -14,6 +14,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/daemon"
 	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/segments"
 )
@@ -44,7 +45,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	dialer, transport, err := kafkaClients(cfg.Kafka)
+	dialer, transport, err := daemon.KafkaClients(cfg.Kafka)
 	if err != nil {
 		return err
 	}
@@ -73,7 +74,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := f.Close(); err != nil {
 		return err
 	}
-	w := newWriter(cfg.Kafka, transport, ts.Input, 5000, newLogger("warn", os.Stderr))
+	w := daemon.NewWriter(cfg.Kafka, transport, ts.Input, 5000, daemon.NewLogger("warn", os.Stderr))
 	defer w.Close()
 	start, last := time.Now(), time.Now()
 	err = loadtest.Produce(ctx, w, msgs, 5000, func(done int) {
@@ -122,11 +123,11 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	src, err := newSegmentSource(ctx, cfg.Segments)
+	src, err := daemon.NewSegmentSource(ctx, cfg.Segments)
 	if err != nil {
 		return err
 	}
-	store, err := segments.New(segments.Config{Segments: rules.SegmentNames(), Source: src, Logger: newLogger("warn", os.Stderr),
+	store, err := segments.New(segments.Config{Segments: rules.SegmentNames(), Source: src, Logger: daemon.NewLogger("warn", os.Stderr),
 		StartupTimeout: time.Duration(cfg.Segments.StartupTimeout)})
 	if err != nil {
 		return err
@@ -140,7 +141,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, s := range sent {
 		want[s.ID] = true
 	}
-	dialer, _, err := kafkaClients(cfg.Kafka)
+	dialer, _, err := daemon.KafkaClients(cfg.Kafka)
 	if err != nil {
 		return err
 	}

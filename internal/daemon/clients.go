@@ -1,4 +1,7 @@
-package main
+package daemon
+
+// The clients of capper's backends, built from the configuration: shared by
+// the daemon and by the tools (loadgen, report, check).
 
 import (
 	"cmp"
@@ -25,10 +28,10 @@ import (
 	"github.com/capper-dev/capper/segments"
 )
 
-// newLogger returns the JSON logger every line of the process goes through,
+// NewLogger returns the JSON logger every line of the process goes through,
 // go-redis's own lines included (component "redis", level warn: they report
 // connection trouble the worker also retries and counts).
-func newLogger(level string, w io.Writer) *slog.Logger {
+func NewLogger(level string, w io.Writer) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
@@ -131,9 +134,9 @@ func kafkaSASL(c config.Kafka) (sasl.Mechanism, error) {
 	}
 }
 
-// kafkaClients returns the dialer (readers, admin) and transport (writers)
+// KafkaClients returns the dialer (readers, admin) and transport (writers)
 // that carry the configured TLS and SASL.
-func kafkaClients(c config.Kafka) (*kafka.Dialer, *kafka.Transport, error) {
+func KafkaClients(c config.Kafka) (*kafka.Dialer, *kafka.Transport, error) {
 	tc, err := tlsConfig(c.TLS, "kafka.tls")
 	if err != nil {
 		return nil, nil, err
@@ -147,10 +150,10 @@ func kafkaClients(c config.Kafka) (*kafka.Dialer, *kafka.Transport, error) {
 	return dialer, transport, nil
 }
 
-// newWriter returns a synchronous writer that waits for all in-sync replicas
+// NewWriter returns a synchronous writer that waits for all in-sync replicas
 // and partitions by key like the Java client. With topic empty, each message
 // names its topic.
-func newWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSize int, logger *slog.Logger) *kafka.Writer {
+func NewWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSize int, logger *slog.Logger) *kafka.Writer {
 	return &kafka.Writer{
 		Addr:         kafka.TCP(c.Brokers...),
 		Topic:        topic,
@@ -168,7 +171,7 @@ func newWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 }
 
 func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
-	dialer, transport, err := kafkaClients(c)
+	dialer, transport, err := KafkaClients(c)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -189,9 +192,10 @@ func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader
 		Logger:            kafkaLogger(logger, slog.LevelDebug),
 		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
 	})
-	return r, newWriter(c, transport, "", batchSize, logger), nil
+	return r, NewWriter(c, transport, "", batchSize, logger), nil
 }
 
-func newSegmentSource(ctx context.Context, c config.Segments) (segments.Source, error) {
+// NewSegmentSource opens the configured segment source.
+func NewSegmentSource(ctx context.Context, c config.Segments) (segments.Source, error) {
 	return segments.OpenSource(ctx, c.Source, segments.S3Config{Endpoint: c.S3Endpoint, Region: c.S3Region, PathStyle: c.S3PathStyle})
 }

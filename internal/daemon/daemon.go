@@ -1,0 +1,332 @@
+// Package daemon is capper's worker process as a library: it connects the
+// backends (Redis, the segment store), builds the Kafka reader and writer and
+// the consumer.Worker, serves /metrics, /healthz and /readyz, reloads the
+// rules, and shuts everything down in order. cmd/capper only parses flags,
+// turns signals into calls (SIGTERM ends Run's context, SIGHUP calls
+// ReloadRules) and reports errors; tests run the same daemon in process.
+package daemon
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/internal/backoff"
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/segments"
+)
+
+// Options are what the process gives the daemon besides its configuration.
+type Options struct {
+	// ConfigPath is the file the rules are reloaded from: by ReloadRules, and by
+	// Run when the file changes. (Required for reloads)
+	ConfigPath string
+	// Stderr receives the JSON log. Defaults to os.Stderr.
+	Stderr io.Writer
+	// Registry receives every metric. Defaults to a new registry with the Go
+	// and process collectors.
+	Registry *prometheus.Registry
+	// Decider replaces the Redis limiter's decisions. For the pass-through
+	// benchmark baseline (cmd/capper-passthrough) only; never in production.
+	Decider consumer.Decider
+}
+
+// redisStartup bounds how long Connect waits for Redis at start-up.
+const redisStartup = 30 * time.Second
+
+// Backends are the worker's connections: the Redis limiter, the segment
+// store and the rules in force at start. capper check uses them alone.
+type Backends struct {
+	Config   *config.Config
+	Log      *slog.Logger
+	Registry *prometheus.Registry
+	Limiter  *capping.Limiter
+	Store    *segments.Store
+	Rules    *consumer.Rules
+
+	trips  *roundTrips
+	closes []func() // in reverse order of opening
+}
+
+// Connect opens the backends: it waits (with backoff, up to 30 s) for Redis
+// to load the script on every node, and for the first complete segment
+// snapshot (segments.startup_timeout).
+func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, error) {
+	b := &Backends{Config: cfg, Registry: opts.Registry, trips: &roundTrips{}}
+	b.Log = NewLogger(cfg.LogLevel, cmp.Or[io.Writer](opts.Stderr, os.Stderr))
+	if b.Registry == nil {
+		b.Registry = prometheus.NewRegistry()
+		b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	var err error
+	if b.Rules, err = cfg.Rules.Build(1); err != nil {
+		return nil, err
+	}
+	rdb, err := newRedis(cfg.Redis, b.trips)
+	if err != nil {
+		return nil, err
+	}
+	b.closes = append(b.closes, func() { _ = rdb.Close() })
+	if b.Limiter, err = connectRedis(ctx, rdb, cfg.Redis, b.Log); err != nil {
+		b.Close()
+		return nil, err
+	}
+	src, err := NewSegmentSource(ctx, cfg.Segments)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.Store, err = segments.New(segments.Config{
+		Segments: b.Rules.SegmentNames(), Source: src, Logger: b.Log, Registerer: b.Registry,
+		RefreshInterval: time.Duration(cfg.Segments.RefreshInterval), StartupTimeout: time.Duration(cfg.Segments.StartupTimeout),
+		CacheDir: cfg.Segments.CacheDir,
+	})
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.closes = append(b.closes, func() { _ = b.Store.Close() })
+	if err := b.Store.Start(ctx); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func connectRedis(ctx context.Context, rdb capping.Client, c config.Redis, log *slog.Logger) (*capping.Limiter, error) {
+	ctx, cancel := context.WithTimeout(ctx, redisStartup)
+	defer cancel()
+	retry := backoff.New(250*time.Millisecond, 5*time.Second)
+	for {
+		lim, err := capping.New(ctx, rdb, c.Limiter())
+		if err == nil {
+			return lim, nil
+		}
+		d := retry.Next()
+		log.Warn("redis not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
+		if !backoff.Sleep(ctx, d) {
+			return nil, fmt.Errorf("redis %v: %w", c.Addrs, err)
+		}
+	}
+}
+
+// Close closes what Connect opened, last opened first.
+func (b *Backends) Close() {
+	for i := len(b.closes) - 1; i >= 0; i-- {
+		b.closes[i]()
+	}
+	b.closes = nil
+}
+
+// Daemon is one capper worker process. Make it with New, run it once with
+// Run, and Close it.
+type Daemon struct {
+	*Backends
+	opts   Options
+	reader *kafka.Reader
+	writer *kafka.Writer
+	worker *consumer.Worker
+	srv    *http.Server
+	addr   string
+
+	reload     sync.Mutex // serialises rules reloads; guards the fields below
+	lastConfig []byte
+	version    int64
+}
+
+// New connects the backends and builds the worker; nothing is consumed
+// before Run. The HTTP endpoints are served from New on, so /readyz can be
+// watched during start-up.
+func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error) {
+	b, err := Connect(ctx, cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{Backends: b, opts: opts, version: b.Rules.Version}
+	if opts.ConfigPath != "" {
+		d.lastConfig, _ = os.ReadFile(opts.ConfigPath)
+	}
+	batchSize := cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize)
+	if d.reader, d.writer, err = newKafka(cfg.Kafka, batchSize, d.Log); err != nil {
+		d.Close()
+		return nil, err
+	}
+	var decider consumer.Decider = d.Limiter
+	if opts.Decider != nil {
+		d.Log.Warn("the decider is replaced: capping is skipped (a benchmark baseline, never production)")
+		decider = opts.Decider
+	}
+	d.worker, err = consumer.New(consumer.Config{
+		Reader: d.reader, Writer: d.writer, Decider: decider,
+		Segments:  func() consumer.Segmenter { return d.Store.Snapshot() },
+		Rules:     d.Rules,
+		Topics:    consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ},
+		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
+		RoundTrips: d.trips.n.Load, Logger: d.Log, Registerer: d.Registry,
+	})
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	if cfg.MetricsAddr != "off" {
+		if err := d.serveHTTP(cfg.MetricsAddr); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Ready reports whether the worker has a segment snapshot and its last batch
+// went through without a backend failure (what /readyz answers).
+func (d *Daemon) Ready() bool { return d.Store.Snapshot() != nil && d.worker.Ready() }
+
+// MetricsAddr returns the address /metrics is served on ("" when off): the
+// bound address, so ":0" in the config gives a free port.
+func (d *Daemon) MetricsAddr() string { return d.addr }
+
+// Run consumes until ctx ends, refreshing the segments and reloading the
+// rules when the config file changes (every rules.reload_interval). Then it
+// finishes the batches in flight within shutdown_timeout and leaves the
+// consumer group. It returns nil after a clean stop.
+func (d *Daemon) Run(ctx context.Context) error {
+	cfg := d.Config
+	bg, stopBG := context.WithCancel(context.Background())
+	defer stopBG()
+	go d.Store.Run(bg)
+	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
+	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
+		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize), "metrics_addr", d.addr)
+	runErr := d.worker.Run(ctx, time.Duration(cfg.ShutdownTimeout))
+	// Leave the group; a commit is never left to Close (it can hang).
+	closed := make(chan error, 1)
+	go func() { closed <- d.reader.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			d.Log.Warn("closing the kafka reader", "err", err)
+		}
+	case <-time.After(10 * time.Second):
+		d.Log.Warn("closing the kafka reader timed out")
+	}
+	if runErr != nil {
+		return runErr
+	}
+	d.Log.Info("capper stopped")
+	return nil
+}
+
+// Close stops the HTTP endpoints and closes the writer and the backends.
+// Call it after Run returned (or instead of Run).
+func (d *Daemon) Close() {
+	if d.srv != nil {
+		_ = d.srv.Close()
+	}
+	if d.writer != nil {
+		_ = d.writer.Close()
+	}
+	d.Backends.Close()
+}
+
+// ReloadRules reads the config file again and applies its rules from the next
+// batch on. A file that does not parse or validate, or whose list of segments
+// changed (that needs a restart: the snapshot is built for the listed
+// segments), is rejected with an error and logged; the rules in force stay.
+func (d *Daemon) ReloadRules(ctx context.Context) error {
+	return d.reloadRules(true)
+}
+
+func (d *Daemon) reloadRules(force bool) error {
+	d.reload.Lock()
+	defer d.reload.Unlock()
+	data, err := os.ReadFile(d.opts.ConfigPath)
+	if err != nil {
+		err = fmt.Errorf("rules reload: %w", err)
+		d.Log.Error("rules reload: cannot read the config file; keeping the rules in force", "err", err)
+		return err
+	}
+	if !force && bytes.Equal(data, d.lastConfig) {
+		return nil
+	}
+	d.lastConfig = data
+	cfg, err := config.Parse(data, os.LookupEnv)
+	var rules *consumer.Rules
+	if err == nil {
+		rules, err = cfg.Rules.Build(d.version + 1)
+	}
+	if err == nil && !slices.Equal(rules.SegmentNames(), d.Rules.SegmentNames()) {
+		err = errors.New("the list of segments changed: that needs a restart")
+	}
+	if err == nil {
+		err = d.worker.SetRules(rules)
+	}
+	if err != nil {
+		d.Log.Error("rules reload rejected; keeping the rules in force", "err", err, "rules_version", d.version)
+		return fmt.Errorf("rules reload rejected: %w", err)
+	}
+	d.version++
+	d.Log.Info("rules reloaded", "rules_version", d.version)
+	return nil
+}
+
+// watchRules reloads the rules when the config file changes.
+func (d *Daemon) watchRules(ctx context.Context, every time.Duration) {
+	if d.opts.ConfigPath == "" {
+		return
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = d.reloadRules(false) // logged
+		}
+	}
+}
+
+func (d *Daemon) serveHTTP(addr string) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
+	if d.Config.DebugPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
+	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !d.Ready() {
+			http.Error(rw, "not ready: waiting for segments or a backend", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(rw, "ready")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics_addr %s: %w", addr, err)
+	}
+	d.addr = ln.Addr().String()
+	d.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = d.srv.Serve(ln) }()
+	return nil
+}

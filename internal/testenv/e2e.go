@@ -1,0 +1,327 @@
+package testenv
+
+// End-to-end helpers: one test's slice of the local stack (its own topics,
+// consumer group, key prefix and segment objects), producing jobs, reading
+// what reached the output topics, and the accounting every end-to-end test
+// asserts. Used by the tests of the capper binary and of the daemon.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/RoaringBitmap/roaring/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/segments"
+)
+
+// stack is one test's slice of the local stack: its own topics, group, key
+// prefix and segment prefix.
+type Stack struct {
+	T       *testing.T
+	Brokers []string
+	Redis   []string
+	Topics  [4]string // input, allowed, capped, dlq
+	Prefix  string    // of Redis keys, S3 segment objects, topics and the group
+	Config  string    // path of the worker's config file
+}
+
+const TestRules = `
+rules:
+  segments:
+    - name: new
+      caps: [{name: daily, window: 24h, limit: 2}]
+    - name: active
+      caps:
+        - {name: daily, window: 24h, limit: 3}
+        - {name: push-daily, window: 24h, limit: 1, channel: push}
+    - name: dormant
+      caps: [{name: daily, window: 24h, limit: 1}]
+  default_caps: [{name: daily, window: 24h, limit: 2}]
+  exempt_categories: [transactional]
+`
+
+// NewStack uploads segments new={1,2}, active={3,4}, dormant={5} plus the
+// extra ids given, creates topics and writes a config file.
+func NewStack(t *testing.T, partitions int, extra map[string][]uint32) *Stack {
+	t.Helper()
+	s := &Stack{T: t, Brokers: KafkaBrokers(t), Redis: RedisAddrs(t)}
+	endpoint, bucket := S3(t)
+	name := Unique("e2e")
+	for i, suffix := range []string{"", ".allowed", ".capped", ".dlq"} {
+		s.Topics[i] = name + suffix
+	}
+	CreateTopics(t, s.Brokers, partitions, s.Topics[:]...)
+	s.Prefix = name
+	up := &segments.S3Source{Client: S3Client(endpoint), Bucket: bucket, Prefix: name}
+	segs := map[string][]uint32{"new": {1, 2}, "active": {3, 4}, "dormant": {5}}
+	for k, v := range extra {
+		segs[k] = append(segs[k], v...)
+	}
+	for seg, ids := range segs {
+		data, err := segments.Encode(roaring.BitmapOf(ids...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := up.Put(context.Background(), seg, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := fmt.Sprintf(`
+kafka:
+  brokers: [%s]
+  group_id: %s
+  topics: {input: %s, allowed: %s, capped: %s, dlq: %s}
+  session_timeout: 6s
+redis:
+  addrs: [%s]
+  key_prefix: %s
+  read_timeout: 500ms
+  write_timeout: 500ms
+  decide_timeout: 1s
+segments:
+  source: s3://%s/%s
+  s3_endpoint: %s
+  s3_path_style: true
+batch: {size: 200, max_wait: 50ms}
+metrics_addr: "off"
+shutdown_timeout: 10s
+log_level: warn
+%s`, strings.Join(s.Brokers, ", "), name, s.Topics[0], s.Topics[1], s.Topics[2], s.Topics[3],
+		strings.Join(s.Redis, ", "), name, bucket, name, endpoint, TestRules)
+	s.Config = filepath.Join(t.TempDir(), "capper.yaml")
+	if err := os.WriteFile(s.Config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+type JobSpec struct {
+	ID, Channel, Category string
+	User                  uint32
+}
+
+func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
+	s.T.Helper()
+	msgs := make([]kafka.Message, 0, len(jobs)+len(raw))
+	for _, j := range jobs {
+		v := map[string]any{"job_id": j.ID, "user_id": j.User, "campaign_id": "c1", "channel": j.Channel, "payload": map[string]any{"subject": "hi"}}
+		if j.Category != "" {
+			v["category"] = j.Category
+		}
+		b, _ := json.Marshal(v)
+		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
+	}
+	msgs = append(msgs, raw...)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var err error
+	// kafka-go caches topic metadata in the writer's transport, so a retry after
+	// "Unknown Topic Or Partition" (a topic just created) needs a new writer.
+	for attempt := 0; attempt < 20; attempt++ {
+		w := &kafka.Writer{Addr: kafka.TCP(s.Brokers...), Topic: s.Topics[0], Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000}
+		err = w.WriteMessages(ctx, msgs...)
+		w.Close()
+		if err == nil {
+			return
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	s.T.Errorf("produce: %v", err)
+}
+
+// output is one message on an output topic.
+type Output struct {
+	Topic, JobID, Decision, Segment, Cap, RetryAt, Reason string
+	User                                                  uint32
+}
+
+// collect reads the three output topics until want messages arrived or the
+// timeout passes.
+func (s *Stack) Collect(want int, timeout time.Duration) []Output {
+	s.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var mu sync.Mutex
+	var outs []Output
+	var wg sync.WaitGroup
+	for _, topic := range s.Topics[1:] {
+		wg.Add(1)
+		go func(topic string) {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, GroupTopics: []string{topic}, GroupID: Unique("reader"), MaxWait: 200 * time.Millisecond, StartOffset: kafka.FirstOffset})
+			defer r.Close()
+			for {
+				m, err := r.FetchMessage(ctx)
+				if err != nil {
+					return
+				}
+				o := Output{Topic: topic}
+				for _, h := range m.Headers {
+					switch h.Key {
+					case "capper-decision":
+						o.Decision = string(h.Value)
+					case "capper-segment":
+						o.Segment = string(h.Value)
+					case "capper-cap":
+						o.Cap = string(h.Value)
+					case "capper-retry-at":
+						o.RetryAt = string(h.Value)
+					case "capper-error":
+						o.Reason = string(h.Value)
+					}
+				}
+				var j struct {
+					JobID  string `json:"job_id"`
+					UserID uint32 `json:"user_id"`
+				}
+				_ = json.Unmarshal(m.Value, &j)
+				o.JobID, o.User = j.JobID, j.UserID
+				mu.Lock()
+				outs = append(outs, o)
+				n := len(outs)
+				mu.Unlock()
+				if n >= want {
+					cancel()
+				}
+			}
+		}(topic)
+	}
+	wg.Wait()
+	return outs
+}
+
+// blast makes n jobs for users 1..users (ids 1-5 are in segments, the rest
+// default), channels mixed.
+func Blast(prefix string, n, users int) []JobSpec {
+	jobs := make([]JobSpec, n)
+	chans := []string{"email", "push", "sms"}
+	for i := range jobs {
+		jobs[i] = JobSpec{ID: fmt.Sprintf("%s-%d", prefix, i), User: uint32(1 + i%users), Channel: chans[i%3]}
+	}
+	return jobs
+}
+
+// checkAccounting asserts that every job reached an output topic, that no
+// user's allowed sends (unique job ids) exceed its daily cap, and that Redis
+// logged each allowed job exactly once. With exactLog false (a master crashed
+// without min_replicas_acked, so recorded sends may be lost with it) Redis
+// must log no more than the allowed jobs: none counted twice.
+func (s *Stack) CheckAccounting(jobs []JobSpec, outs []Output, exactLog bool) {
+	s.T.Helper()
+	seen := map[string]bool{}
+	allowed := map[uint32]map[string]bool{}
+	for _, o := range outs {
+		seen[o.JobID] = true
+		if o.Decision == "allowed" || o.Decision == "duplicate" {
+			if allowed[o.User] == nil {
+				allowed[o.User] = map[string]bool{}
+			}
+			allowed[o.User][o.JobID] = true
+		}
+	}
+	missing := 0
+	for _, j := range jobs {
+		if !seen[j.ID] {
+			missing++
+		}
+	}
+	if missing > 0 {
+		s.T.Errorf("%d of %d jobs reached no output topic", missing, len(jobs))
+	}
+	limit := map[uint32]int{1: 2, 2: 2, 3: 3, 4: 3, 5: 1}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
+	defer rdb.Close()
+	users := map[uint32]bool{}
+	for _, j := range jobs {
+		users[j.User] = true
+	}
+	for u := range users {
+		l, ok := limit[u]
+		if !ok {
+			l = 2
+		}
+		if n := len(allowed[u]); n > l {
+			s.T.Errorf("user %d: %d unique jobs allowed, cap %d", u, n, l)
+		}
+		logged := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, u)).Val()
+		if int(logged) > len(allowed[u]) || exactLog && int(logged) != len(allowed[u]) {
+			s.T.Errorf("user %d: %d sends logged in Redis, %d unique jobs allowed (a job counted twice or lost)", u, logged, len(allowed[u]))
+		}
+	}
+}
+
+// freezeMaster stops (SIGSTOP) the Redis master that owns user's key and
+// returns the function that resumes it and waits for the cluster to be ok.
+func (s *Stack) FreezeMaster(t *testing.T, user uint32) (resume func()) {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
+	master, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := RedisPID(t, master.Options().Addr)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	resume = func() {
+		if done {
+			return
+		}
+		done = true
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		WaitClusterOK(t, rdb)
+		rdb.Close()
+	}
+	t.Cleanup(resume)
+	return resume
+}
+
+func CountDecision(outs []Output, decision string) int {
+	n := 0
+	for _, o := range outs {
+		if o.Decision == decision {
+			n++
+		}
+	}
+	return n
+}
+
+// editConfig replaces old by new in the test's config file.
+func (s *Stack) EditConfig(old, new string) {
+	s.T.Helper()
+	b, err := os.ReadFile(s.Config)
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	edited := strings.Replace(string(b), old, new, 1)
+	if edited == string(b) {
+		s.T.Fatalf("config has no %q to replace", old)
+	}
+	if err := os.WriteFile(s.Config, []byte(edited), 0o644); err != nil {
+		s.T.Fatal(err)
+	}
+}
+
+// masterOf returns the address of the master that owns user's log.
+func (s *Stack) MasterOf(user uint32) string {
+	s.T.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
+	defer rdb.Close()
+	m, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, user))
+	if err != nil {
+		s.T.Fatal(err)
+	}
+	return m.Options().Addr
+}
