@@ -1,0 +1,455 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
+)
+
+// These tests run the Worker against fakes of its four interfaces: no
+// broker, no Redis. The end-to-end tests run it against the real stack.
+
+// fakeReader hands out the messages sent on its channel and records commits.
+type fakeReader struct {
+	msgs    chan kafka.Message
+	mu      sync.Mutex
+	commits [][]int64 // offsets of each CommitMessages call
+}
+
+func newReader() *fakeReader { return &fakeReader{msgs: make(chan kafka.Message, 1000)} }
+
+func (r *fakeReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	select {
+	case m := <-r.msgs:
+		return m, nil
+	case <-ctx.Done():
+		return kafka.Message{}, ctx.Err()
+	}
+}
+
+func (r *fakeReader) CommitMessages(_ context.Context, msgs ...kafka.Message) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var offs []int64
+	for _, m := range msgs {
+		offs = append(offs, m.Offset)
+	}
+	r.commits = append(r.commits, offs)
+	return nil
+}
+
+func (r *fakeReader) Stats() kafka.ReaderStats { return kafka.ReaderStats{} }
+
+func (r *fakeReader) committed() [][]int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([][]int64(nil), r.commits...)
+}
+
+// fakeWriter records what was written; fail, when set, decides per call
+// whether the write fails.
+type fakeWriter struct {
+	mu      sync.Mutex
+	written []kafka.Message
+	calls   int
+	fail    func(call int, msgs []kafka.Message) error
+}
+
+func (w *fakeWriter) WriteMessages(_ context.Context, msgs ...kafka.Message) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.calls++
+	if w.fail != nil {
+		if err := w.fail(w.calls, msgs); err != nil {
+			return err
+		}
+	}
+	w.written = append(w.written, msgs...)
+	return nil
+}
+
+func (w *fakeWriter) outputs() []kafka.Message {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]kafka.Message(nil), w.written...)
+}
+
+// fakeDecider allows every request unless decide says otherwise, and
+// records each call's requests.
+type fakeDecider struct {
+	mu     sync.Mutex
+	calls  [][]capping.Request
+	decide func(call int, r capping.Request) (capping.Decision, error)
+}
+
+func (d *fakeDecider) Decide(_ context.Context, reqs []capping.Request) ([]capping.Decision, error) {
+	d.mu.Lock()
+	d.calls = append(d.calls, append([]capping.Request(nil), reqs...))
+	call := len(d.calls)
+	d.mu.Unlock()
+	ds := make([]capping.Decision, len(reqs))
+	errs := make(capping.RequestErrors, len(reqs))
+	failed := false
+	for i, r := range reqs {
+		ds[i] = capping.Decision{Allowed: true}
+		if d.decide != nil {
+			ds[i], errs[i] = d.decide(call, r)
+			failed = failed || errs[i] != nil
+		}
+	}
+	if failed {
+		return ds, errs
+	}
+	return ds, nil
+}
+
+func (d *fakeDecider) requests() [][]capping.Request {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([][]capping.Request(nil), d.calls...)
+}
+
+type noSegments struct{}
+
+func (noSegments) Lookup(uint32) (string, bool) { return "", false }
+
+func rules(t *testing.T, limit int, failOpen ...consumer.FailOpenRule) *consumer.Rules {
+	t.Helper()
+	r := &consumer.Rules{Default: []capping.Cap{{Name: "daily", Window: 24 * time.Hour, Limit: limit}}, Exempt: []string{"transactional"}, FailOpen: failOpen}
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+type harness struct {
+	r   *fakeReader
+	w   *fakeWriter
+	d   *fakeDecider
+	wk  *consumer.Worker
+	run chan error
+	end context.CancelFunc
+}
+
+// start runs a Worker over the fakes until the test ends.
+func start(t *testing.T, cfg consumer.Config) *harness {
+	t.Helper()
+	h := &harness{r: newReader(), w: &fakeWriter{}, d: &fakeDecider{}, run: make(chan error, 1)}
+	if cfg.Writer != nil {
+		h.w = cfg.Writer.(*fakeWriter)
+	}
+	if cfg.Decider != nil {
+		h.d = cfg.Decider.(*fakeDecider)
+	}
+	cfg.Reader, cfg.Writer, cfg.Decider = h.r, h.w, h.d
+	cfg.Segments = func() consumer.Segmenter { return noSegments{} }
+	cfg.Topics = consumer.Topics{Allowed: "allowed", Capped: "capped", DLQ: "dlq"}
+	if cfg.Rules == nil {
+		cfg.Rules = rules(t, 10)
+	}
+	cfg.BatchWait = 20 * time.Millisecond
+	cfg.RetryMin, cfg.RetryMax = time.Millisecond, 5*time.Millisecond
+	cfg.RedisRetryMin, cfg.RedisRetryMax = time.Millisecond, 5*time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	wk, err := consumer.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.wk = wk
+	ctx, cancel := context.WithCancel(context.Background())
+	h.end = cancel
+	go func() { h.run <- wk.Run(ctx, time.Second) }()
+	t.Cleanup(func() { cancel(); <-h.run })
+	return h
+}
+
+var (
+	offset  int64
+	offsets = map[string]int64{} // job id -> input offset
+)
+
+// job is one input message: a valid job unless raw is given.
+func job(id string, user uint32, category string) kafka.Message {
+	offset++
+	offsets[id] = offset
+	v, _ := json.Marshal(map[string]any{"job_id": id, "user_id": user, "campaign_id": "c", "channel": "email", "category": category})
+	return kafka.Message{Topic: "sends", Partition: 0, Offset: offset, Key: []byte(fmt.Sprint(user)), Value: v}
+}
+
+func raw(value string) kafka.Message {
+	offset++
+	return kafka.Message{Topic: "sends", Offset: offset, Value: []byte(value)}
+}
+
+func (h *harness) send(msgs ...kafka.Message) {
+	for _, m := range msgs {
+		h.r.msgs <- m
+	}
+}
+
+// waitOutputs waits until n outputs were written.
+func (h *harness) waitOutputs(t *testing.T, n int) []kafka.Message {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(2 * time.Millisecond) {
+		if outs := h.w.outputs(); len(outs) >= n {
+			return outs
+		}
+	}
+	t.Fatalf("%d outputs written, want %d", len(h.w.outputs()), n)
+	return nil
+}
+
+func header(m kafka.Message, key string) string {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+func byJob(outs []kafka.Message) map[string]kafka.Message {
+	m := map[string]kafka.Message{}
+	for _, o := range outs {
+		var j struct {
+			JobID string `json:"job_id"`
+		}
+		_ = json.Unmarshal(o.Value, &j)
+		m[j.JobID] = o
+	}
+	return m
+}
+
+func TestRoutesEveryJobToOneTopic(t *testing.T) {
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+		switch r.JobID {
+		case "capped":
+			return capping.Decision{Cap: "daily", RetryAt: time.UnixMilli(1_800_000_000_000)}, nil
+		case "dup":
+			return capping.Decision{Allowed: true, Duplicate: true}, nil
+		case "invalid":
+			return capping.Decision{}, fmt.Errorf("job: %w: no caps", capping.ErrInvalidRequest)
+		}
+		return capping.Decision{Allowed: true}, nil
+	}}
+	h := start(t, consumer.Config{Decider: d})
+	h.send(job("ok", 1, ""), job("capped", 2, ""), job("dup", 3, ""), job("receipt", 4, "transactional"), job("invalid", 5, ""), raw("not json"))
+	outs := byJob(h.waitOutputs(t, 6))
+	for id, want := range map[string][2]string{
+		"ok": {"allowed", "allowed"}, "capped": {"capped", "capped"}, "dup": {"allowed", "duplicate"},
+		"receipt": {"allowed", "exempt"}, "invalid": {"dlq", "dlq"}, "": {"dlq", "dlq"},
+	} {
+		o, ok := outs[id]
+		if !ok || o.Topic != want[0] || header(o, consumer.HeaderDecision) != want[1] {
+			t.Errorf("job %q: topic %q decision %q, want %q %q", id, o.Topic, header(o, consumer.HeaderDecision), want[0], want[1])
+		}
+	}
+	if c := outs["capped"]; header(c, consumer.HeaderCap) != "daily" || !strings.HasPrefix(header(c, consumer.HeaderRetryAt), "2027-01-15T") {
+		t.Errorf("capped output: cap %q retry-at %q", header(c, consumer.HeaderCap), header(c, consumer.HeaderRetryAt))
+	}
+	if e := header(outs[""], consumer.HeaderError); !strings.Contains(e, "not a JSON object") {
+		t.Errorf("malformed message's reason %q", e)
+	}
+	if e := header(outs["invalid"], consumer.HeaderError); !strings.Contains(e, "invalid request") {
+		t.Errorf("invalid request's reason %q", e)
+	}
+	for _, r := range d.requests()[0] {
+		if r.JobID == "receipt" {
+			t.Error("an exempt job was sent to the decider")
+		}
+	}
+}
+
+// TestRetriesOnlyTheFailedDecisions: the decisions that failed (one user's
+// node down) are retried alone; the others are not asked again.
+func TestRetriesOnlyTheFailedDecisions(t *testing.T) {
+	d := &fakeDecider{decide: func(call int, r capping.Request) (capping.Decision, error) {
+		if r.UserID == 2 && call < 3 {
+			return capping.Decision{}, errors.New("dial tcp: connection refused")
+		}
+		return capping.Decision{Allowed: true}, nil
+	}}
+	h := start(t, consumer.Config{Decider: d})
+	h.send(job("a", 1, ""), job("b", 2, ""), job("c", 3, ""))
+	outs := h.waitOutputs(t, 3)
+	calls := d.requests()
+	if len(calls) != 3 || len(calls[0]) != 3 || len(calls[1]) != 1 || len(calls[2]) != 1 || calls[1][0].JobID != "b" || calls[2][0].JobID != "b" {
+		t.Fatalf("decider calls %v, want [a b c], [b], [b]", jobIDs(calls))
+	}
+	if len(outs) != 3 || len(h.r.committed()) != 1 {
+		t.Fatalf("%d outputs, %d commits; want 3 outputs and the batch committed once", len(outs), len(h.r.committed()))
+	}
+}
+
+func jobIDs(calls [][]capping.Request) [][]string {
+	var out [][]string
+	for _, c := range calls {
+		var ids []string
+		for _, r := range c {
+			ids = append(ids, r.JobID)
+		}
+		out = append(out, ids)
+	}
+	return out
+}
+
+// TestNothingCommittedAfterAFailedDelivery: while one batch cannot be
+// written, neither it nor any later batch is committed; once the write goes
+// through, the commits come in batch order.
+func TestNothingCommittedAfterAFailedDelivery(t *testing.T) {
+	var mu sync.Mutex
+	broken := true
+	w := &fakeWriter{fail: func(_ int, msgs []kafka.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if broken && byJob(msgs)["b1"].Value != nil {
+			return errors.New("broker unavailable")
+		}
+		return nil
+	}}
+	h := start(t, consumer.Config{Writer: w, BatchSize: 1})
+	h.send(job("a1", 1, ""))
+	h.waitOutputs(t, 1)
+	h.send(job("b1", 2, ""), job("c1", 3, ""))
+	time.Sleep(100 * time.Millisecond) // the write of b1 keeps failing meanwhile
+	if got := h.r.committed(); len(got) != 1 || got[0][0] != offsets["a1"] {
+		t.Fatalf("commits %v while b1 fails: want only a1's", got)
+	}
+	if outs := byJob(h.w.outputs()); outs["c1"].Value != nil {
+		t.Fatal("c1 was written while b1, before it, was not")
+	}
+	mu.Lock()
+	broken = false
+	mu.Unlock()
+	h.waitOutputs(t, 3)
+	for end := time.Now().Add(5 * time.Second); len(h.r.committed()) < 3 && time.Now().Before(end); {
+		time.Sleep(2 * time.Millisecond)
+	}
+	got := h.r.committed()
+	if len(got) != 3 || !(got[0][0] < got[1][0] && got[1][0] < got[2][0]) {
+		t.Fatalf("commits %v, want three in offset order", got)
+	}
+}
+
+// TestDrainDeadline: when the context ends while a batch cannot be written,
+// Run gives up after the drain deadline, returns an error and commits
+// nothing of that batch (it is redelivered).
+func TestDrainDeadline(t *testing.T) {
+	w := &fakeWriter{fail: func(int, []kafka.Message) error { return errors.New("broker unavailable") }}
+	h := start(t, consumer.Config{Writer: w})
+	h.send(job("x", 1, ""))
+	for end := time.Now().Add(5 * time.Second); w.callCount() < 2 && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	began := time.Now()
+	h.end()
+	select {
+	case err := <-h.run:
+		if err == nil || !strings.Contains(err.Error(), "unwritten outputs") {
+			t.Fatalf("Run = %v, want the unwritten outputs reported", err)
+		}
+		if waited := time.Since(began); waited < 900*time.Millisecond {
+			t.Fatalf("Run gave up after %v, before the 1s drain deadline", waited)
+		}
+		h.run <- err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after the drain deadline")
+	}
+	if got := h.r.committed(); len(got) != 0 {
+		t.Fatalf("commits %v, want none", got)
+	}
+}
+
+func (w *fakeWriter) callCount() int { w.mu.Lock(); defer w.mu.Unlock(); return w.calls }
+
+// TestRulesSwapBetweenBatches: rules set with SetRules apply from the next
+// batch on; rules that do not validate are refused and the old ones stay.
+func TestRulesSwapBetweenBatches(t *testing.T) {
+	h := start(t, consumer.Config{Rules: rules(t, 2)})
+	h.send(job("a", 1, ""))
+	h.waitOutputs(t, 1)
+	if err := h.wk.SetRules(&consumer.Rules{}); err == nil {
+		t.Fatal("rules without default caps were accepted")
+	}
+	if err := h.wk.SetRules(rules(t, 5)); err != nil {
+		t.Fatal(err)
+	}
+	h.send(job("b", 1, ""))
+	h.waitOutputs(t, 2)
+	calls := h.d.requests()
+	if len(calls) != 2 || calls[0][0].Caps[0].Limit != 2 || calls[1][0].Caps[0].Limit != 5 {
+		t.Fatalf("limits asked: %v, want 2 then 5", jobIDs(calls))
+	}
+}
+
+// TestFailOpenAfterItsLimit: while Redis fails, a job of a fail-open category
+// goes out unchecked once the outage is longer than the rule's limit; other
+// jobs wait for Redis.
+func TestFailOpenAfterItsLimit(t *testing.T) {
+	var mu sync.Mutex
+	down := true
+	d := &fakeDecider{decide: func(int, capping.Request) (capping.Decision, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if down {
+			return capping.Decision{}, errors.New("i/o timeout")
+		}
+		return capping.Decision{Allowed: true}, nil
+	}}
+	h := start(t, consumer.Config{Decider: d, Rules: rules(t, 10, consumer.FailOpenRule{Category: "alerts", After: 50 * time.Millisecond}), BatchSize: 1})
+	h.send(job("alert", 1, "alerts"))
+	outs := h.waitOutputs(t, 1)
+	if header(outs[0], consumer.HeaderDecision) != consumer.DecisionUnchecked || outs[0].Topic != "allowed" {
+		t.Fatalf("alert while Redis is down: %q on %q, want unchecked on allowed", header(outs[0], consumer.HeaderDecision), outs[0].Topic)
+	}
+	h.send(job("promo", 1, "marketing"))
+	time.Sleep(100 * time.Millisecond)
+	if n := len(h.w.outputs()); n != 1 {
+		t.Fatalf("%d outputs: the marketing job went out while Redis was down", n)
+	}
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	outs = h.waitOutputs(t, 2)
+	if header(outs[1], consumer.HeaderDecision) != consumer.DecisionAllowed {
+		t.Fatalf("marketing job after Redis came back: %q, want allowed", header(outs[1], consumer.HeaderDecision))
+	}
+}
+
+// TestOversizeOutputDeadLettered: a message too large to forward with
+// capper's headers is dead-lettered, truncated, and never decided.
+func TestOversizeOutputDeadLettered(t *testing.T) {
+	h := start(t, consumer.Config{MaxOutputBytes: 20_000})
+	big := job("big", 1, "")
+	big.Value = []byte(strings.Replace(string(big.Value), `"job_id"`, `"pad":"`+strings.Repeat("x", 30_000)+`","job_id"`, 1))
+	h.send(big, job("small", 2, ""))
+	outs := h.waitOutputs(t, 2)
+	var dlq kafka.Message
+	for _, o := range outs {
+		if o.Topic == "dlq" {
+			dlq = o
+		}
+	}
+	if dlq.Value == nil || len(dlq.Value) != 4096 || !strings.Contains(header(dlq, consumer.HeaderError), "output limit") {
+		t.Fatalf("dead-letter output: %d value bytes, reason %q; want the first 4096 bytes and the reason", len(dlq.Value), header(dlq, consumer.HeaderError))
+	}
+	for _, c := range h.d.requests() {
+		for _, r := range c {
+			if r.JobID == "big" {
+				t.Fatal("the oversize job was decided (recorded) although it cannot be forwarded")
+			}
+		}
+	}
+}
