@@ -14,6 +14,7 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 
 	"github.com/capper-dev/capper/segments"
+	"github.com/capper-dev/capper/segments/segtool"
 )
 
 // The population benchmark: CAPPER_BENCH_USERS (default 270 million) user ids
@@ -55,7 +56,7 @@ func populationDir(b *testing.B) (string, []string) {
 		}
 		for i, bm := range bms {
 			bm.AddMany(bufs[i])
-			data, err := segments.Encode(bm)
+			data, err := segtool.Encode(bm)
 			if err != nil {
 				population.err = err
 				return
@@ -88,6 +89,7 @@ func BenchmarkPopulation(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		defer st.Close() // removes its cache directory
 		if err := st.Start(context.Background()); err != nil {
 			b.Fatal(err)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/capper-dev/capper/internal/testenv"
 	"github.com/capper-dev/capper/segments"
+	"github.com/capper-dev/capper/segments/segtool"
 )
 
 // countingSource counts the objects a real source reads.
@@ -47,7 +48,7 @@ func TestStoreAgainstS3(t *testing.T) {
 	proxy := httptest.NewServer(httputil.NewSingleHostReverseProxy(target))
 	defer proxy.Close()
 
-	up := &segments.S3Source{Client: testenv.S3Client(endpoint), Bucket: bucket, Prefix: testenv.Unique("segtest/")}
+	up := &segtool.Uploader{Client: testenv.S3Client(endpoint), Bucket: bucket, Prefix: testenv.Unique("segtest/")}
 	put := func(name string, data []byte) {
 		t.Helper()
 		if err := up.Put(ctx, name, data); err != nil {
@@ -55,7 +56,7 @@ func TestStoreAgainstS3(t *testing.T) {
 		}
 	}
 	enc := func(ids ...uint32) []byte {
-		data, err := segments.Encode(roaring.BitmapOf(ids...))
+		data, err := segtool.Encode(roaring.BitmapOf(ids...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,6 +72,7 @@ func TestStoreAgainstS3(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close() // removes its cache directory
 	if err := st.Start(ctx); err != nil {
 		t.Fatal(err)
 	}

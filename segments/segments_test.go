@@ -11,6 +11,7 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 
 	"github.com/capper-dev/capper/segments"
+	"github.com/capper-dev/capper/segments/segtool"
 )
 
 // javaValues are the values of the RoaringFormatSpec test bitmaps.
@@ -41,7 +42,7 @@ func TestDecodeJavaWrittenFixtures(t *testing.T) {
 			if bm.GetCardinality() != 200100 || !bm.Equals(want) {
 				t.Fatalf("decoded %d values, want the 200100 of the spec's test bitmap", bm.GetCardinality())
 			}
-			if runs := segments.Inspect(bm).Containers["run"] > 0; runs != strings.Contains(name, "withruns") {
+			if runs := segtool.Inspect(bm).Containers["run"] > 0; runs != strings.Contains(name, "withruns") {
 				t.Errorf("run containers present = %v", runs)
 			}
 		})
@@ -97,7 +98,7 @@ func FuzzDecode(f *testing.F) {
 			f.Add(data)
 		}
 	}
-	small, _ := segments.Encode(roaring.BitmapOf(1, 2, 3, 70000, 1<<31))
+	small, _ := segtool.Encode(roaring.BitmapOf(1, 2, 3, 70000, 1<<31))
 	f.Add(small)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		bm, err := segments.Decode(data)
@@ -105,7 +106,7 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		// A bitmap that decodes must be usable and round-trip.
-		again, err := segments.Encode(bm.Clone())
+		again, err := segtool.Encode(bm.Clone())
 		if err != nil {
 			t.Fatalf("encode a decoded bitmap: %v", err)
 		}
@@ -115,21 +116,6 @@ func FuzzDecode(f *testing.F) {
 		}
 		bm.Contains(12345)
 	})
-}
-
-func TestBuild(t *testing.T) {
-	bm, err := segments.Build(strings.NewReader("# users\n1\n\n  42 \n4294967295\n1\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bm.Equals(roaring.BitmapOf(1, 42, 4294967295)) {
-		t.Fatalf("built %v", bm.ToArray())
-	}
-	for in, line := range map[string]string{"1\nx\n": "line 2", "1\n2\n-3\n": "line 3", "4294967296\n": "line 1"} {
-		if _, err := segments.Build(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), line) {
-			t.Errorf("Build(%q) error %v, want one naming %s", in, err, line)
-		}
-	}
 }
 
 func TestSnapshotPriorityOverlapAndNone(t *testing.T) {
@@ -161,7 +147,7 @@ func TestSnapshotPriorityOverlapAndNone(t *testing.T) {
 
 func writeSegment(t *testing.T, dir, name string, ids ...uint32) {
 	t.Helper()
-	data, err := segments.Encode(roaring.BitmapOf(ids...))
+	data, err := segtool.Encode(roaring.BitmapOf(ids...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,6 +166,7 @@ func TestStoreFromDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer st.Close() // removes its cache directory
 	if err := st.Start(ctx); err == nil || !strings.Contains(err.Error(), `"dormant"`) {
 		t.Fatalf("start with a missing segment: %v, want an error naming it", err)
 	}

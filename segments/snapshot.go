@@ -6,17 +6,23 @@ import (
 	"github.com/RoaringBitmap/roaring/v2"
 )
 
-// Segment is one segment of a Snapshot.
+// Segment is one segment's users: what NewSnapshot builds a snapshot from.
 type Segment struct {
-	Name string
-	// Bitmap holds the segment's users while a snapshot is built; NewSnapshot
-	// keeps only its owner index, so Bitmap is nil in Snapshot.Segments.
+	Name   string
 	Bitmap *roaring.Bitmap
-	// Users is the segment's cardinality.
-	Users uint64
 	// ETag of the object it was loaded from.
 	ETag string
 	// SerializedBytes is the size of the object.
+	SerializedBytes int64
+}
+
+// SegmentInfo describes one segment of a Snapshot (which keeps an owner index,
+// not the bitmaps).
+type SegmentInfo struct {
+	Name string
+	// Users is the segment's cardinality.
+	Users           uint64
+	ETag            string
 	SerializedBytes int64
 }
 
@@ -30,7 +36,7 @@ type Overlap struct {
 // Snapshot is an immutable set of segments in priority order. It is safe for
 // concurrent use.
 type Snapshot struct {
-	segments []Segment
+	segments []SegmentInfo
 	overlaps []Overlap
 	index    *index
 	loadedAt time.Time
@@ -48,11 +54,9 @@ func NewSnapshot(segs []Segment, loadedAt time.Time) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Snapshot{segments: make([]Segment, len(segs)), index: ix, loadedAt: loadedAt}
+	s := &Snapshot{segments: make([]SegmentInfo, len(segs)), index: ix, loadedAt: loadedAt}
 	for i, seg := range segs {
-		seg.Users = seg.Bitmap.GetCardinality()
-		seg.Bitmap = nil
-		s.segments[i] = seg
+		s.segments[i] = SegmentInfo{Name: seg.Name, Users: seg.Bitmap.GetCardinality(), ETag: seg.ETag, SerializedBytes: seg.SerializedBytes}
 		for j := i + 1; j < len(segs); j++ {
 			if n := segs[i].Bitmap.AndCardinality(segs[j].Bitmap); n > 0 {
 				s.overlaps = append(s.overlaps, Overlap{A: segs[i].Name, B: segs[j].Name, Users: n})
@@ -73,7 +77,7 @@ func (s *Snapshot) Lookup(user uint32) (segment string, ok bool) {
 }
 
 // Segments returns the snapshot's segments in priority order; do not modify them.
-func (s *Snapshot) Segments() []Segment { return s.segments }
+func (s *Snapshot) Segments() []SegmentInfo { return s.segments }
 
 // Overlaps returns the pairs of segments that share users.
 func (s *Snapshot) Overlaps() []Overlap { return s.overlaps }

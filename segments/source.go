@@ -1,7 +1,6 @@
 package segments
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -82,7 +81,6 @@ func (d DirSource) Read(ctx context.Context, key string) ([]byte, error) {
 type S3API interface {
 	ListObjectsV2(ctx context.Context, in *s3.ListObjectsV2Input, opts ...func(*s3.Options)) (*s3.ListObjectsV2Output, error)
 	GetObject(ctx context.Context, in *s3.GetObjectInput, opts ...func(*s3.Options)) (*s3.GetObjectOutput, error)
-	PutObject(ctx context.Context, in *s3.PutObjectInput, opts ...func(*s3.Options)) (*s3.PutObjectOutput, error)
 }
 
 // S3Source reads segment objects from s3://Bucket/Prefix.
@@ -139,15 +137,6 @@ func (s *S3Source) Read(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("s3://%s/%s is larger than %d bytes", s.Bucket, key, MaxObjectBytes)
 	}
 	return data, nil
-}
-
-// Put uploads one segment object named segment.
-func (s *S3Source) Put(ctx context.Context, segment string, data []byte) error {
-	key := s.keyPrefix() + segment + Ext
-	if _, err := s.Client.PutObject(ctx, &s3.PutObjectInput{Bucket: &s.Bucket, Key: &key, Body: bytes.NewReader(data)}); err != nil {
-		return fmt.Errorf("put s3://%s/%s: %w", s.Bucket, key, err)
-	}
-	return nil
 }
 
 // S3Config says how to reach S3 or an S3-compatible store. Credentials come

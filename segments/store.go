@@ -167,72 +167,105 @@ func (s *Store) refresh(ctx context.Context) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	start := s.cfg.Clock()
-	objs, err := s.cfg.Source.List(ctx)
+	p, err := s.plan(ctx)
 	if err != nil {
-		return false, fmt.Errorf("segments: %w", err)
+		return false, err
 	}
-	byName := make(map[string]Object, len(objs))
-	for _, o := range objs {
-		byName[o.Segment] = o
-	}
-	segs := make([]Segment, len(s.cfg.Segments))
-	next := make(map[string]cached, len(s.cfg.Segments))
-	var downloaded []string
-	var bytes int64
-	for _, name := range s.cfg.Segments {
-		o, ok := byName[name]
-		if !ok {
-			return false, fmt.Errorf("segments: segment %q: no object %s%s in %s", name, name, Ext, s.cfg.Source)
-		}
-		c, ok := s.cache[name]
-		if fresh := !ok || c.etag != o.ETag || o.ETag == ""; fresh {
-			downloaded = append(downloaded, name)
-			s.seq++ // a new file per download: the cached copy in use is never overwritten
-			c = cached{etag: o.ETag, path: filepath.Join(s.cfg.CacheDir, fmt.Sprintf("%s.%d%s", name, s.seq, Ext))}
-		}
-		next[name] = c
-	}
-	if len(downloaded) == 0 && s.current.Load() != nil {
+	if len(p.downloads) == 0 && s.current.Load() != nil {
 		return false, nil
 	}
-	for i, name := range s.cfg.Segments {
-		o, c := byName[name], next[name]
-		var data []byte
-		if c == s.cache[name] { // unchanged: from the cache directory
-			if data, err = os.ReadFile(c.path); err != nil {
-				return false, fmt.Errorf("segments: segment %q: cached copy: %w", name, err)
-			}
-		} else {
-			if data, err = s.cfg.Source.Read(ctx, o.Key); err != nil {
-				return false, fmt.Errorf("segments: segment %q: %w", name, err)
-			}
-			bytes += int64(len(data))
-		}
-		bm, err := Decode(data)
-		if err != nil {
-			return false, fmt.Errorf("segments: segment %q (%s in %s): %w", name, o.Key, s.cfg.Source, err)
-		}
-		if c != s.cache[name] {
-			if err := writeFileAtomic(c.path, data); err != nil {
-				return false, fmt.Errorf("segments: segment %q: cache: %w", name, err)
-			}
-		}
-		segs[i] = Segment{Name: name, Bitmap: bm, ETag: o.ETag, SerializedBytes: int64(len(data))}
+	segs, bytes, err := s.load(ctx, p)
+	if err != nil {
+		return false, err
 	}
 	s.downloaded.Add(float64(bytes))
 	snap, err := NewSnapshot(segs, s.cfg.Clock())
 	if err != nil {
 		return false, fmt.Errorf("segments: %w", err)
 	}
-	for name, c := range s.cache { // drop the cached copies that were replaced
+	s.publish(snap, p.next)
+	s.report(snap, p.downloads, bytes, s.cfg.Clock().Sub(start))
+	return true, nil
+}
+
+// refreshPlan is what a refresh will read: each configured segment's object,
+// where its copy will be cached, and which ones changed.
+type refreshPlan struct {
+	objects   map[string]Object // by segment
+	next      map[string]cached // the cache after this refresh
+	downloads []string          // segments whose object is new or changed
+}
+
+// plan lists the source and compares it with the cache: an object whose
+// ETag changed (or that has none) is downloaded to a new cached file, so
+// the copy in use is never overwritten.
+func (s *Store) plan(ctx context.Context) (refreshPlan, error) {
+	objs, err := s.cfg.Source.List(ctx)
+	if err != nil {
+		return refreshPlan{}, fmt.Errorf("segments: %w", err)
+	}
+	p := refreshPlan{objects: make(map[string]Object, len(objs)), next: make(map[string]cached, len(s.cfg.Segments))}
+	for _, o := range objs {
+		p.objects[o.Segment] = o
+	}
+	for _, name := range s.cfg.Segments {
+		o, ok := p.objects[name]
+		if !ok {
+			return refreshPlan{}, fmt.Errorf("segments: segment %q: no object %s%s in %s", name, name, Ext, s.cfg.Source)
+		}
+		c, ok := s.cache[name]
+		if !ok || c.etag != o.ETag || o.ETag == "" {
+			p.downloads = append(p.downloads, name)
+			s.seq++
+			c = cached{etag: o.ETag, path: filepath.Join(s.cfg.CacheDir, fmt.Sprintf("%s.%d%s", name, s.seq, Ext))}
+		}
+		p.next[name] = c
+	}
+	return p, nil
+}
+
+// load reads every segment of the plan (unchanged ones from the cache
+// directory, changed ones from the source), decodes it, and caches the new
+// copies. It returns the segments in priority order and the bytes downloaded.
+func (s *Store) load(ctx context.Context, p refreshPlan) ([]Segment, int64, error) {
+	segs := make([]Segment, len(s.cfg.Segments))
+	var bytes int64
+	for i, name := range s.cfg.Segments {
+		o, c := p.objects[name], p.next[name]
+		fresh := c != s.cache[name]
+		var data []byte
+		var err error
+		if fresh {
+			if data, err = s.cfg.Source.Read(ctx, o.Key); err != nil {
+				return nil, 0, fmt.Errorf("segments: segment %q: %w", name, err)
+			}
+			bytes += int64(len(data))
+		} else if data, err = os.ReadFile(c.path); err != nil {
+			return nil, 0, fmt.Errorf("segments: segment %q: cached copy: %w", name, err)
+		}
+		bm, err := Decode(data)
+		if err != nil {
+			return nil, 0, fmt.Errorf("segments: segment %q (%s in %s): %w", name, o.Key, s.cfg.Source, err)
+		}
+		if fresh {
+			if err := writeFileAtomic(c.path, data); err != nil {
+				return nil, 0, fmt.Errorf("segments: segment %q: cache: %w", name, err)
+			}
+		}
+		segs[i] = Segment{Name: name, Bitmap: bm, ETag: o.ETag, SerializedBytes: int64(len(data))}
+	}
+	return segs, bytes, nil
+}
+
+// publish swaps snap in and drops the cached copies it replaced.
+func (s *Store) publish(snap *Snapshot, next map[string]cached) {
+	for name, c := range s.cache {
 		if next[name] != c {
 			_ = os.Remove(c.path)
 		}
 	}
 	s.cache = next
 	s.current.Store(snap)
-	s.report(snap, downloaded, bytes, s.cfg.Clock().Sub(start))
-	return true, nil
 }
 
 func (s *Store) report(snap *Snapshot, downloaded []string, bytes int64, took time.Duration) {

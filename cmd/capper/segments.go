@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"sort"
 	"strings"
 
 	"github.com/capper-dev/capper/segments"
+	"github.com/capper-dev/capper/segments/segtool"
 )
 
 func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -47,11 +46,11 @@ func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) e
 			defer f.Close()
 			in = f
 		}
-		bm, err := segments.Build(in)
+		bm, err := segtool.Build(in)
 		if err != nil {
 			return fmt.Errorf("segment %q from %s: %w", *name, *from, err)
 		}
-		data, err := segments.Encode(bm)
+		data, err := segtool.Encode(bm)
 		if err != nil {
 			return err
 		}
@@ -77,7 +76,7 @@ func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil {
 			return fmt.Errorf("%s: %w", args[1], err)
 		}
-		in := segments.Inspect(bm)
+		in := segtool.Inspect(bm)
 		fmt.Fprintf(stdout, "%s\n  cardinality  %d\n  serialized   %d bytes\n  in memory    %d bytes\n  containers   array %d, bitmap %d, run %d\n",
 			args[1], in.Cardinality, in.SerializedBytes, in.HeapBytes, in.Containers["array"], in.Containers["bitmap"], in.Containers["run"])
 		if in.Cardinality > 0 {
@@ -130,31 +129,14 @@ func upload(ctx context.Context, dir, dest string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	files, _ := filepath.Glob(filepath.Join(dir, "*"+segments.Ext))
-	if len(files) == 0 {
-		return fmt.Errorf("no *%s files in %s", segments.Ext, dir)
-	}
-	sort.Strings(files)
-	datas := make([][]byte, len(files))
-	for i, f := range files {
-		if datas[i], err = os.ReadFile(f); err != nil {
-			return err
-		}
-		if _, err := segments.Decode(datas[i]); err != nil {
-			return fmt.Errorf("%s: %w (nothing uploaded)", f, err)
-		}
-	}
 	cl, err := segments.NewS3Client(ctx, s3FromEnv())
 	if err != nil {
 		return err
 	}
-	dst := &segments.S3Source{Client: cl, Bucket: bucket, Prefix: prefix}
-	for i, f := range files {
-		name := strings.TrimSuffix(filepath.Base(f), segments.Ext)
-		if err := dst.Put(ctx, name, datas[i]); err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "uploaded %s (%d bytes) to s3://%s/%s%s\n", f, len(datas[i]), bucket, strings.TrimSuffix(prefix, "/")+"/", name+segments.Ext)
+	up := &segtool.Uploader{Client: cl, Bucket: bucket, Prefix: prefix}
+	done, err := up.UploadDir(ctx, dir)
+	for _, u := range done {
+		fmt.Fprintf(stdout, "uploaded %s (%d bytes) to %s\n", u.File, u.Bytes, u.URI)
 	}
-	return nil
+	return err
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/capper-dev/capper/segments"
+	"github.com/capper-dev/capper/segments/segtool"
 )
 
 // stack is one test's slice of the local stack: its own topics, group, key
@@ -63,13 +63,13 @@ func NewStack(t *testing.T, partitions int, extra map[string][]uint32) *Stack {
 	}
 	CreateTopics(t, s.Brokers, partitions, s.Topics[:]...)
 	s.Prefix = name
-	up := &segments.S3Source{Client: S3Client(endpoint), Bucket: bucket, Prefix: name}
+	up := &segtool.Uploader{Client: S3Client(endpoint), Bucket: bucket, Prefix: name}
 	segs := map[string][]uint32{"new": {1, 2}, "active": {3, 4}, "dormant": {5}}
 	for k, v := range extra {
 		segs[k] = append(segs[k], v...)
 	}
 	for seg, ids := range segs {
-		data, err := segments.Encode(roaring.BitmapOf(ids...))
+		data, err := segtool.Encode(roaring.BitmapOf(ids...))
 		if err != nil {
 			t.Fatal(err)
 		}
