@@ -148,13 +148,18 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	ts := cfg.Kafka.Topics
 	rctx, cancel := context.WithTimeout(ctx, *wait)
 	defer cancel()
-	outs, err := loadtest.ReadOutputs(rctx, dialer, cfg.Kafka.Brokers, map[string]string{
-		loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ,
-	}, want, *idle, func(n int) { fmt.Fprintf(stderr, "report: %d outputs read\n", n) })
+	outs, err := loadtest.ReadOutputs(rctx, loadtest.ReadConfig{
+		Dialer: dialer, Brokers: cfg.Kafka.Brokers, Want: want, Idle: *idle,
+		Topics:   map[string]string{loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ},
+		Progress: func(n int) { fmt.Fprintf(stderr, "report: %d outputs read\n", n) },
+	})
 	if err != nil {
 		return err
 	}
-	r := loadtest.Check(sent, outs, func(u uint32) []capping.Cap { return rules.CapsFor(snap.Lookup(u)) })
+	r := loadtest.Check(sent, outs, loadtest.Policy{
+		Caps:   func(u uint32) []capping.Cap { return rules.CapsFor(snap.Lookup(u)) },
+		Exempt: rules.IsExempt,
+	})
 	printReport(stdout, &r, len(outs))
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))

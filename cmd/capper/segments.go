@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/capper-dev/capper/segments"
@@ -100,10 +101,11 @@ func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) e
 }
 
 func s3FromEnv() segments.S3Config {
+	pathStyle, _ := strconv.ParseBool(os.Getenv("CAPPER_SEGMENTS_S3_PATH_STYLE")) // like the config's booleans: 1, t, true, TRUE...
 	return segments.S3Config{
 		Endpoint:  os.Getenv("CAPPER_SEGMENTS_S3_ENDPOINT"),
 		Region:    os.Getenv("CAPPER_SEGMENTS_S3_REGION"),
-		PathStyle: os.Getenv("CAPPER_SEGMENTS_S3_PATH_STYLE") == "true",
+		PathStyle: pathStyle,
 	}
 }
 

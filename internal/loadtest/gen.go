@@ -1,8 +1,8 @@
 package loadtest
 
 import (
-	"bufio"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -175,29 +174,40 @@ func Produce(ctx context.Context, w interface {
 	return nil
 }
 
+// manifestHeader names the manifest's columns.
+var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind"}
+
 // WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind.
 func WriteManifest(w io.Writer, sent []Sent) error {
-	bw := bufio.NewWriter(w)
-	fmt.Fprintln(bw, "id,job_id,user_id,channel,category,kind")
-	for _, s := range sent {
-		fmt.Fprintf(bw, "%s,%s,%d,%s,%s,%s\n", s.ID, s.JobID, s.UserID, s.Channel, s.Category, s.Kind)
+	cw := csv.NewWriter(w)
+	if err := cw.Write(manifestHeader); err != nil {
+		return err
 	}
-	return bw.Flush()
+	for _, s := range sent {
+		if err := cw.Write([]string{s.ID, s.JobID, strconv.FormatUint(uint64(s.UserID), 10), s.Channel, s.Category, s.Kind}); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
 }
 
 // ReadManifest reads what WriteManifest wrote.
 func ReadManifest(r io.Reader) ([]Sent, error) {
-	sc := bufio.NewScanner(r)
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = len(manifestHeader)
+	cr.ReuseRecord = true
 	var out []Sent
-	line := 0
-	for sc.Scan() {
-		line++
-		if line == 1 {
-			continue
+	for line := 1; ; line++ {
+		f, err := cr.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
 		}
-		f := strings.Split(sc.Text(), ",")
-		if len(f) != 6 {
-			return nil, fmt.Errorf("manifest line %d: %d fields, want 6", line, len(f))
+		if err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		if line == 1 {
+			continue // the header
 		}
 		uid, err := strconv.ParseUint(f[2], 10, 32)
 		if err != nil {
@@ -205,7 +215,6 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		}
 		out = append(out, Sent{ID: f[0], JobID: f[1], UserID: uint32(uid), Channel: f[3], Category: f[4], Kind: f[5]})
 	}
-	return out, sc.Err()
 }
 
 // CreateTopics creates the topics that do not exist yet, with the given

@@ -16,6 +16,9 @@ func caps(uint32) []capping.Cap {
 	return []capping.Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 2}, {Name: "push", Window: 24 * time.Hour, Limit: 1, Channel: "push"}}
 }
 
+// policy: the caps above; the "transactional" category is exempt.
+var policy = loadtest.Policy{Caps: caps, Exempt: func(c string) bool { return c == "transactional" }}
+
 // scenario: user 1 gets j1 allowed, j2 allowed, j3 capped, j1 redelivered;
 // user 2 an exempt job; one malformed message dead-lettered.
 func scenario() ([]loadtest.Sent, []loadtest.Output) {
@@ -41,7 +44,7 @@ func scenario() ([]loadtest.Sent, []loadtest.Output) {
 
 func TestCheckCleanRun(t *testing.T) {
 	sent, outs := scenario()
-	r := loadtest.Check(sent, outs, caps)
+	r := loadtest.Check(sent, outs, policy)
 	if !r.OK() || r.Problems != nil {
 		t.Fatalf("clean run failed: %+v", r)
 	}
@@ -86,7 +89,7 @@ func TestCheckCatchesProblems(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sent, outs := tt.mutate(scenario())
-			r := loadtest.Check(sent, outs, caps)
+			r := loadtest.Check(sent, outs, policy)
 			if r.OK() || r.Unaccounted != tt.unaccounted || r.Violations != tt.violations {
 				t.Fatalf("unaccounted %d violations %d, want %d and %d (problems %v)", r.Unaccounted, r.Violations, tt.unaccounted, tt.violations, r.Problems)
 			}
@@ -109,7 +112,7 @@ func TestCheckWindowEdge(t *testing.T) {
 			{Role: "allowed", ID: "a", Decision: "allowed", Time: t0},
 			{Role: "allowed", ID: "b", Decision: "allowed", Time: t0.Add(gap)},
 		}
-		if r := loadtest.Check(sent, outs, one); r.Violations != violations {
+		if r := loadtest.Check(sent, outs, loadtest.Policy{Caps: one}); r.Violations != violations {
 			t.Errorf("gap %v: %d violations, want %d", gap, r.Violations, violations)
 		}
 	}
@@ -160,14 +163,29 @@ func TestCheckUncheckedSends(t *testing.T) {
 	sent, outs := scenario()
 	// j3 went out unchecked while Redis was down: 3 sends, cap 2, no violation.
 	outs[2].Role, outs[2].Decision, outs[2].Cap = "allowed", "unchecked", ""
-	r := loadtest.Check(sent, outs, caps)
+	r := loadtest.Check(sent, outs, policy)
 	if !r.OK() || r.Unchecked != 1 || r.Allowed != 2 {
 		t.Fatalf("unchecked send: ok %v, unchecked %d, allowed %d (problems %v); want ok, 1, 2", r.OK(), r.Unchecked, r.Allowed, r.Problems)
 	}
 	// A checked send over the cap is still caught with unchecked ones around.
 	sent = append(sent, loadtest.Sent{ID: "m7", JobID: "j7", UserID: 1, Channel: "email", Category: "marketing", Kind: loadtest.KindJob})
 	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Decision: "allowed", Time: t0.Add(time.Second), ProducedAt: t0})
-	if r := loadtest.Check(sent, outs, caps); r.Violations != 1 {
+	if r := loadtest.Check(sent, outs, policy); r.Violations != 1 {
 		t.Fatalf("a checked third send: %d violations, want 1 (problems %v)", r.Violations, r.Problems)
+	}
+}
+
+// TestCheckExemptionComesFromTheRules: which categories are not counted is
+// the worker's configuration, not a fixed name.
+func TestCheckExemptionComesFromTheRules(t *testing.T) {
+	sent, outs := scenario()
+	sent = append(sent, loadtest.Sent{ID: "m8", JobID: "j8", UserID: 1, Channel: "email", Category: "receipts", Kind: loadtest.KindExempt})
+	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Decision: "exempt", Time: t0.Add(time.Second), ProducedAt: t0})
+	receipts := loadtest.Policy{Caps: caps, Exempt: func(c string) bool { return c == "receipts" }}
+	if r := loadtest.Check(sent, outs, receipts); !r.OK() {
+		t.Fatalf("receipts exempt: %v, want no violation", r.Problems)
+	}
+	if r := loadtest.Check(sent, outs, policy); r.Violations != 1 {
+		t.Fatalf("receipts counted (only transactional exempt): %d violations, want 1 (user 1 has 3 sends, cap 2)", r.Violations)
 	}
 }

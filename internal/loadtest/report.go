@@ -64,6 +64,14 @@ func (r *Result) problem(format string, args ...any) {
 	}
 }
 
+// Policy is what Check needs of the worker's rules.
+type Policy struct {
+	// Caps returns the caps that apply to a user (its segment's, or the defaults).
+	Caps func(user uint32) []capping.Cap
+	// Exempt reports whether a category bypasses the caps (its sends are not counted).
+	Exempt func(category string) bool
+}
+
 // Check compares the outputs with what was sent and with the caps.
 //
 //   - Every produced message (by HeaderID) must reach an output topic, and every
@@ -72,119 +80,165 @@ func (r *Result) problem(format string, args ...any) {
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
 //   - For every user, the unique job ids allowed (exempt ones excluded, since
 //     they are not counted, and unchecked ones, which a fail-open rule let out
-//     while Redis was down; they are counted apart) must not exceed any of the user's caps in any
-//     window. A send's time is the time of its first allowed output; a violation
-//     is counted once per user and cap.
-//
-// caps returns the caps that apply to a user (its segment's, or the defaults).
-func Check(sent []Sent, outs []Output, caps func(user uint32) []capping.Cap) Result {
-	r := Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}}
-	byID := make(map[string]*Sent, len(sent))
+//     while Redis was down; they are counted apart) must not exceed any of the
+//     user's caps in any window. A send's time is the time of its first
+//     allowed output; a violation is counted once per user and cap.
+func Check(sent []Sent, outs []Output, p Policy) Result {
+	c := newChecker(sent, p)
+	for i := range outs {
+		c.r.tally(&outs[i])
+		c.timing(&outs[i])
+		c.account(&outs[i])
+	}
+	c.unaccounted()
+	c.caps()
+	c.finish()
+	return c.r
+}
+
+// checker is one Check in progress.
+type checker struct {
+	r           Result
+	p           Policy
+	sent        []Sent
+	byID        map[string]*Sent
+	seen        map[string]bool                // message ids that reached a topic
+	jobRoles    map[string]map[string]bool     // job id -> roles it reached
+	allowed     map[uint32]map[string]sentSend // user -> job id -> its first allowed output
+	lat         []float64
+	first, last time.Time
+}
+
+type sentSend struct {
+	t       time.Time
+	channel string
+}
+
+func newChecker(sent []Sent, p Policy) *checker {
+	c := &checker{
+		r: Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
+		p: p, sent: sent, byID: make(map[string]*Sent, len(sent)), seen: make(map[string]bool, len(sent)),
+		jobRoles: map[string]map[string]bool{}, allowed: map[uint32]map[string]sentSend{},
+	}
 	for i := range sent {
-		byID[sent[i].ID] = &sent[i]
+		c.byID[sent[i].ID] = &sent[i]
 	}
-	seen := make(map[string]bool, len(sent))
-	jobRoles := map[string]map[string]bool{}
-	type send struct {
-		t       time.Time
-		channel string
+	return c
+}
+
+// tally counts o by decision, cap and segment.
+func (r *Result) tally(o *Output) {
+	switch o.Decision {
+	case consumer.DecisionAllowed:
+		r.Allowed++
+	case consumer.DecisionDuplicate:
+		r.Duplicates++
+	case consumer.DecisionExempt:
+		r.Exempt++
+	case consumer.DecisionUnchecked:
+		r.Unchecked++
+	case consumer.DecisionCapped:
+		r.Capped++
+		r.ByCap[o.Cap]++
+	case consumer.DecisionDLQ:
+		r.DLQ++
 	}
-	allowed := map[uint32]map[string]send{}
-	var lat []float64
-	var first, last time.Time
-	for _, o := range outs {
-		switch o.Decision {
-		case consumer.DecisionAllowed:
-			r.Allowed++
-		case consumer.DecisionDuplicate:
-			r.Duplicates++
-		case consumer.DecisionExempt:
-			r.Exempt++
-		case consumer.DecisionUnchecked:
-			r.Unchecked++
-		case consumer.DecisionCapped:
-			r.Capped++
-			r.ByCap[o.Cap]++
-		case consumer.DecisionDLQ:
-			r.DLQ++
+	if o.Segment != "" {
+		if r.BySegment[o.Segment] == nil {
+			r.BySegment[o.Segment] = map[string]int{}
 		}
-		if o.Segment != "" {
-			if r.BySegment[o.Segment] == nil {
-				r.BySegment[o.Segment] = map[string]int{}
-			}
-			r.BySegment[o.Segment][o.Decision]++
-		}
-		if !o.ProducedAt.IsZero() {
-			lat = append(lat, float64(o.Time.Sub(o.ProducedAt).Microseconds())/1000)
-			if first.IsZero() || o.ProducedAt.Before(first) {
-				first = o.ProducedAt
-			}
-		}
-		if o.Time.After(last) {
-			last = o.Time
-		}
-		s, ok := byID[o.ID]
-		if !ok {
-			continue // not part of this blast
-		}
-		seen[o.ID] = true
-		if s.Kind == KindMalformed {
-			if o.Role != RoleDLQ {
-				r.Violations++
-				r.problem("malformed message %s reached %s", o.ID, o.Role)
-			}
-			continue
-		}
-		if jobRoles[s.JobID] == nil {
-			jobRoles[s.JobID] = map[string]bool{}
-		}
-		jobRoles[s.JobID][o.Role] = true
-		if o.Role == RoleAllowed && s.Category != "transactional" && o.Decision != consumer.DecisionUnchecked {
-			if allowed[s.UserID] == nil {
-				allowed[s.UserID] = map[string]send{}
-			}
-			if prev, ok := allowed[s.UserID][s.JobID]; !ok || o.Time.Before(prev.t) {
-				allowed[s.UserID][s.JobID] = send{o.Time, s.Channel}
-			}
+		r.BySegment[o.Segment][o.Decision]++
+	}
+}
+
+// timing records o's latency and the span of the run.
+func (c *checker) timing(o *Output) {
+	if !o.ProducedAt.IsZero() {
+		c.lat = append(c.lat, float64(o.Time.Sub(o.ProducedAt).Microseconds())/1000)
+		if c.first.IsZero() || o.ProducedAt.Before(c.first) {
+			c.first = o.ProducedAt
 		}
 	}
-	for _, s := range sent {
-		if !seen[s.ID] {
-			r.Unaccounted++
-			r.problem("message %s (job %q, user %d, %s) reached no output topic", s.ID, s.JobID, s.UserID, s.Kind)
+	if o.Time.After(c.last) {
+		c.last = o.Time
+	}
+}
+
+// account records where o's message and job went, and the counted sends.
+func (c *checker) account(o *Output) {
+	s, ok := c.byID[o.ID]
+	if !ok {
+		return // not part of this blast
+	}
+	c.seen[o.ID] = true
+	if s.Kind == KindMalformed {
+		if o.Role != RoleDLQ {
+			c.r.Violations++
+			c.r.problem("malformed message %s reached %s", o.ID, o.Role)
+		}
+		return
+	}
+	if c.jobRoles[s.JobID] == nil {
+		c.jobRoles[s.JobID] = map[string]bool{}
+	}
+	c.jobRoles[s.JobID][o.Role] = true
+	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.p.Exempt != nil && c.p.Exempt(s.Category) {
+		return
+	}
+	if c.allowed[s.UserID] == nil {
+		c.allowed[s.UserID] = map[string]sentSend{}
+	}
+	if prev, ok := c.allowed[s.UserID][s.JobID]; !ok || o.Time.Before(prev.t) {
+		c.allowed[s.UserID][s.JobID] = sentSend{o.Time, s.Channel}
+	}
+}
+
+// unaccounted counts the messages that reached no topic and the jobs that reached several.
+func (c *checker) unaccounted() {
+	for _, s := range c.sent {
+		if !c.seen[s.ID] {
+			c.r.Unaccounted++
+			c.r.problem("message %s (job %q, user %d, %s) reached no output topic", s.ID, s.JobID, s.UserID, s.Kind)
 		}
 	}
-	for job, roles := range jobRoles {
+	for job, roles := range c.jobRoles {
 		if len(roles) > 1 {
-			r.Unaccounted++
-			r.problem("job %q reached %d output topics: %v", job, len(roles), roles)
+			c.r.Unaccounted++
+			c.r.problem("job %q reached %d output topics: %v", job, len(roles), roles)
 		}
 	}
-	users := make([]uint32, 0, len(allowed))
-	for u := range allowed {
+}
+
+// caps checks every user's counted sends against each of its caps.
+func (c *checker) caps() {
+	users := make([]uint32, 0, len(c.allowed))
+	for u := range c.allowed {
 		users = append(users, u)
 	}
 	sort.Slice(users, func(i, j int) bool { return users[i] < users[j] })
 	for _, u := range users {
-		for _, c := range caps(u) {
+		for _, cp := range c.p.Caps(u) {
 			var ts []time.Time
-			for _, s := range allowed[u] {
-				if c.Channel == "" || c.Channel == s.channel {
+			for _, s := range c.allowed[u] {
+				if cp.Channel == "" || cp.Channel == s.channel {
 					ts = append(ts, s.t)
 				}
 			}
-			if n, at := maxInWindow(ts, c.Window); n > c.Limit {
-				r.Violations++
-				r.problem("user %d: %d sends allowed within %v of %s, cap %q allows %d", u, n, c.Window, at.Format(time.RFC3339), c.Name, c.Limit)
+			if n, at := maxInWindow(ts, cp.Window); n > cp.Limit {
+				c.r.Violations++
+				c.r.problem("user %d: %d sends allowed within %v of %s, cap %q allows %d", u, n, cp.Window, at.Format(time.RFC3339), cp.Name, cp.Limit)
 			}
 		}
 	}
-	if d := last.Sub(first); d > 0 {
-		r.JobsPerSec = float64(len(sent)) / d.Seconds()
+}
+
+// finish computes throughput and latency percentiles.
+func (c *checker) finish() {
+	if d := c.last.Sub(c.first); d > 0 {
+		c.r.JobsPerSec = float64(len(c.sent)) / d.Seconds()
 	}
-	sort.Float64s(lat)
-	r.P50ms, r.P99ms = percentile(lat, 0.50), percentile(lat, 0.99)
-	return r
+	sort.Float64s(c.lat)
+	c.r.P50ms, c.r.P99ms = percentile(c.lat, 0.50), percentile(c.lat, 0.99)
 }
 
 // maxInWindow returns the most times inside any window of length w (an
@@ -212,11 +266,22 @@ func percentile(sorted []float64, p float64) float64 {
 	return sorted[min(len(sorted), max(rank, 1))-1]
 }
 
-// ReadOutputs reads the output topics (role -> topic) from their beginning
-// with a fresh consumer group, until every id in want has been seen, nothing
-// new arrived for idle, or ctx ends. progress, when set, is called now and then
-// with the count read so far.
-func ReadOutputs(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics map[string]string, want map[string]bool, idle time.Duration, progress func(read int)) ([]Output, error) {
+// ReadConfig says what ReadOutputs reads and when it stops.
+type ReadConfig struct {
+	Dialer  *kafka.Dialer     // TLS and SASL; nil for plain connections
+	Brokers []string          // (Required)
+	Topics  map[string]string // role (RoleAllowed, RoleCapped, RoleDLQ) -> topic (Required)
+	Want    map[string]bool   // message ids to wait for
+	Idle    time.Duration     // stop when nothing new arrived for this long
+	// Progress, when set, is called now and then with the count read so far.
+	Progress func(read int)
+}
+
+// ReadOutputs reads the output topics from their beginning with a fresh
+// consumer group, until every id in c.Want has been seen, nothing new arrived
+// for c.Idle, or ctx ends.
+func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
+	dialer, brokers, topics, want, idle, progress := c.Dialer, c.Brokers, c.Topics, c.Want, c.Idle, c.Progress
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var mu sync.Mutex
