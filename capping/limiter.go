@@ -52,7 +52,8 @@ type Config struct {
 	// timeout beyond the context's.
 	Timeout time.Duration
 	// ScriptReloads is how many times one call reloads the script after NOSCRIPT
-	// (a failover, restart or SCRIPT FLUSH) and retries the failed requests. Defaults to 3.
+	// (a failover, restart or SCRIPT FLUSH) and retries the failed requests;
+	// from the second retry on the script's body is sent (EVAL). Defaults to 3.
 	ScriptReloads int
 	// Pipelines splits a batch into up to this many pipelines by user, sent
 	// concurrently (each still grouped per node), so Redis is not idle while one
@@ -227,6 +228,10 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	}
 	b := &batch{l: l, reqs: reqs, now: now, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs))}
 	for reloads := 0; len(pending) > 0; reloads++ {
+		// After a reload, a node flushed again (or restarted) could answer
+		// NOSCRIPT once more; from the second retry on, the script's body is
+		// sent (EVAL), which cannot fail that way and caches it again.
+		b.eval = reloads >= 2
 		b.send(ctx, pending)
 		noscript := map[node][]int{}
 		reload := false
@@ -291,7 +296,7 @@ type batch struct {
 	cmds     []*redis.Cmd // by request
 	nodes    []node       // by request: where it was sent; nil when it could not be routed
 	routeErr error
-	mu       sync.Mutex
+	eval     bool // send EVAL with the script's body instead of EVALSHA
 	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
 }
 
@@ -325,7 +330,11 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			p = nd.Pipeline()
 			pipes[k] = p
 		}
-		b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, scriptArgs(r, b.now, b.record)...)
+		if b.eval {
+			b.cmds[i] = decideScript.Eval(ctx, p, []string{key}, scriptArgs(r, b.now, b.record)...)
+		} else {
+			b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, scriptArgs(r, b.now, b.record)...)
+		}
 	}
 	var wg sync.WaitGroup
 	for k, p := range pipes {
