@@ -7,18 +7,25 @@ import (
 	"time"
 )
 
-// A Cap limits how many sends a user may receive in any window of the given
-// length: at most Limit sends in any Window, counting only Channel's sends when
-// Channel is set and every channel's when it is empty.
+// A Cap limits how many sends of its scope a user may receive in a window:
+// a rolling one (any Window of time) or a calendar period [Since, Until)
+// that the caller computed (a local day, week or month). It applies to a send
+// that matches its Scope, and counts the logged sends that match it.
 type Cap struct {
 	// Name identifies the cap in decisions and logs, e.g. "daily" or "push-daily".
 	Name string
-	// Window is the length of the sliding window. (Required, > 0, whole milliseconds.)
-	Window time.Duration
-	// Limit is the most sends allowed in any Window. 0 blocks every send. (>= 0)
+	// Limit is the most sends allowed in the window. 0 blocks every send. (>= 0)
 	Limit int
-	// Channel restricts the cap to one channel, e.g. "push". Empty counts all channels.
-	Channel string
+	// Window is the length of a rolling window (whole milliseconds): a send
+	// counts for Window after it was made. Zero for a calendar cap.
+	Window time.Duration
+	// Since and Until bound a calendar cap's period: sends at or after Since
+	// count, and a capped send may go at Until. Zero for a rolling cap.
+	Since, Until time.Time
+	// Scope says which sends the cap applies to and counts. The zero Scope is every send.
+	Scope Scope
+	// Shadow caps are counted and reported (Decision.Shadow) but never block.
+	Shadow bool
 }
 
 // label is the cap's name in decisions: Name, or "cap<i>" for the i-th cap of a request.
@@ -31,15 +38,82 @@ func (c Cap) label(i int) string {
 
 // Validate reports whether the cap is usable.
 func (c Cap) Validate() error {
+	calendar := !c.Since.IsZero() || !c.Until.IsZero()
 	switch {
-	case c.Window < time.Millisecond:
+	case c.Limit < 0:
+		return fmt.Errorf("cap %q: limit %d must not be negative", c.Name, c.Limit)
+	case calendar && c.Window != 0:
+		return fmt.Errorf("cap %q: a window and a calendar period: choose one", c.Name)
+	case calendar && !c.Until.After(c.Since):
+		return fmt.Errorf("cap %q: calendar period %v to %v is empty", c.Name, c.Since, c.Until)
+	case !calendar && c.Window < time.Millisecond:
 		return fmt.Errorf("cap %q: window %v must be at least 1ms", c.Name, c.Window)
 	case c.Window%time.Millisecond != 0:
 		return fmt.Errorf("cap %q: window %v must be whole milliseconds", c.Name, c.Window)
-	case c.Limit < 0:
-		return fmt.Errorf("cap %q: limit %d must not be negative", c.Name, c.Limit)
 	}
 	return nil
+}
+
+// Scope selects sends by channel, tag and campaign. A send matches when its
+// channel is one of Channels (or Channels is empty), one of its tags is one of
+// Tags (or Tags is empty), and, for a per-campaign scope, its campaign is the
+// scope's. Values are kept as 16-bit digests (campaigns as 32-bit), as in the
+// log: two names with the same digest are one, which can only make a scope
+// count more sends (cap earlier), never fewer. Make it with NewScope, once per
+// rules version; Campaign narrows it per job.
+type Scope struct {
+	channels string // 2-byte digests
+	tags     string // 2-byte digests
+	campaign string // 4-byte digest; "" = any campaign
+}
+
+// NewScope returns the scope of the given channels and tags (empty: any).
+func NewScope(channels, tags []string) Scope {
+	var s Scope
+	for _, c := range channels {
+		s.channels += digest2(c)
+	}
+	for _, t := range tags {
+		s.tags += digest2(t)
+	}
+	return s
+}
+
+// Campaign returns the scope narrowed to one campaign's sends.
+func (s Scope) Campaign(id string) Scope {
+	s.campaign = digest4(id)
+	return s
+}
+
+// Matches reports whether a logged send's member (see Member) is in the scope.
+func (s Scope) Matches(member string) bool {
+	if len(member) < memberTags {
+		return false
+	}
+	if s.channels != "" && !hasDigest(s.channels, member[memberChannel:memberChannel+2]) {
+		return false
+	}
+	if s.campaign != "" && member[memberCampaign:memberTags] != s.campaign {
+		return false
+	}
+	if s.tags != "" {
+		for i := memberTags; i+2 <= len(member); i += 2 {
+			if hasDigest(s.tags, member[i:i+2]) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+func hasDigest(set, d string) bool {
+	for i := 0; i+len(d) <= len(set); i += len(d) {
+		if set[i:i+len(d)] == d {
+			return true
+		}
+	}
+	return false
 }
 
 // Daily and Weekly are the rolling windows users mostly write.
@@ -62,8 +136,16 @@ type Request struct {
 	JobID string
 	// Channel is the send's channel, e.g. "email". (Required)
 	Channel string
-	// Caps are the caps that apply, usually the user's segment's. (At least one)
+	// Campaign and Tags are the send's campaign and tags (its category among
+	// them), recorded with it for the scopes of caps.
+	Campaign string
+	Tags     []string
+	// Caps are the caps of the user (usually its segment's). None: the send is
+	// recorded without a check (a count-only category).
 	Caps []Cap
+	// Retention is how long the log keeps the send: at least the longest
+	// window of any cap the rules may apply to the user. Zero: the longest of Caps.
+	Retention time.Duration
 }
 
 func (r *Request) validate() error {
@@ -73,8 +155,11 @@ func (r *Request) validate() error {
 	if r.Channel == "" {
 		return errors.New("empty channel")
 	}
-	if len(r.Caps) == 0 {
-		return errors.New("no caps")
+	if len(r.Tags) > MaxTags {
+		return fmt.Errorf("%d tags, at most %d", len(r.Tags), MaxTags)
+	}
+	if len(r.Caps) == 0 && r.Retention <= 0 {
+		return errors.New("no caps and no retention")
 	}
 	for _, c := range r.Caps {
 		if err := c.Validate(); err != nil {
@@ -83,6 +168,9 @@ func (r *Request) validate() error {
 	}
 	return nil
 }
+
+// MaxTags bounds the tags recorded with one send (2 bytes each in the log).
+const MaxTags = 16
 
 // Decision is the answer to one Request. Being over a cap is a decision, not an error.
 type Decision struct {
@@ -98,8 +186,11 @@ type Decision struct {
 	// RetryAt is when the send would pass every cap it exceeds, so a scheduler can
 	// defer it. Zero when allowed, or when a cap with limit 0 blocks it for good.
 	RetryAt time.Time
-	// Counts holds, for each cap of the request, the sends in its window before
-	// this decision.
+	// Shadow names the shadow caps that apply to the send and would have
+	// capped it (their count had reached their limit).
+	Shadow []string
+	// Counts holds, for each cap of the request, the sends of its scope in its
+	// window before this decision.
 	Counts []int
 	// At is the clock reading the decision was taken at.
 	At time.Time

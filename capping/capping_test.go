@@ -63,7 +63,7 @@ func job(user uint32, channel string, caps ...capping.Cap) capping.Request {
 var (
 	daily3   = capping.Cap{Name: "daily", Window: capping.Daily, Limit: 3}
 	weekly5  = capping.Cap{Name: "weekly", Window: capping.Weekly, Limit: 5}
-	pushDay1 = capping.Cap{Name: "push-daily", Window: capping.Daily, Limit: 1, Channel: "push"}
+	pushDay1 = capping.Cap{Name: "push-daily", Window: capping.Daily, Limit: 1, Scope: capping.NewScope([]string{"push"}, nil)}
 )
 
 // step is one send at an offset from base.

@@ -135,7 +135,7 @@ func TestDurableDecisionsSurviveMasterCrash(t *testing.T) {
 func TestReplicaWaitCostsNoDecision(t *testing.T) {
 	rdb := testenv.ClusterClient(t)
 	ctx := context.Background()
-	caps := []capping.Cap{{Window: capping.Daily, Limit: 3}, {Window: capping.Daily, Limit: 1, Channel: "push"}}
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 3}, {Window: capping.Daily, Limit: 1, Scope: capping.NewScope([]string{"push"}, nil)}}
 	var got [2][]bool
 	for k, acked := range []int{0, 1} {
 		lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: testenv.Unique("w"), MinReplicasAcked: acked})

@@ -164,14 +164,40 @@ func (l *Limiter) Key(userID uint32) string {
 	return l.cfg.KeyPrefix + ":{" + strconv.FormatUint(uint64(userID), 10) + "}"
 }
 
-// Member returns the log member of a job: the 8-byte xxhash64 digest of the job
-// id followed by the channel. A collision between two jobs of one user inside the
-// longest window has a probability of about n²/2⁶⁵ for n logged sends.
-func Member(jobID, channel string) string {
-	b := make([]byte, 8+len(channel))
+// Offsets of a member's parts (see Member).
+const (
+	memberChannel  = 8
+	memberCampaign = 10
+	memberTags     = 14
+)
+
+// Member returns the log member of a send: the 8-byte xxhash64 digest of the
+// job id, then 16-bit digests of the channel, a 32-bit digest of the campaign,
+// and a 16-bit digest per tag, so that any scope a later rule names can be
+// counted over the history. A redelivered job has the same member. Two jobs of
+// one user inside the longest window collide with a probability of about
+// n²/2⁶⁵ for n logged sends.
+func Member(jobID, channel, campaign string, tags []string) string {
+	b := make([]byte, memberTags+2*len(tags))
 	binary.BigEndian.PutUint64(b, xxhash.Sum64String(jobID))
-	copy(b[8:], channel)
+	copy(b[memberChannel:], digest2(channel))
+	copy(b[memberCampaign:], digest4(campaign))
+	for i, t := range tags {
+		copy(b[memberTags+2*i:], digest2(t))
+	}
 	return string(b)
+}
+
+func digest2(s string) string {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], uint16(xxhash.Sum64String(s)))
+	return string(b[:])
+}
+
+func digest4(s string) string {
+	var b [4]byte
+	binary.BigEndian.PutUint32(b[:], uint32(xxhash.Sum64String(s)))
+	return string(b[:])
 }
 
 // Decide decides every request and records the allowed ones. The batch is
@@ -226,7 +252,10 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		}
 		pending = append(pending, i)
 	}
-	b := &batch{l: l, reqs: reqs, now: now, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs))}
+	b := &batch{l: l, reqs: reqs, now: now, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs)), members: make([]string, len(reqs))}
+	for _, i := range pending {
+		b.members[i] = Member(reqs[i].JobID, reqs[i].Channel, reqs[i].Campaign, reqs[i].Tags)
+	}
 	for reloads := 0; len(pending) > 0; reloads++ {
 		// After a reload, a node flushed again (or restarted) could answer
 		// NOSCRIPT once more; from the second retry on, the script's body is
@@ -243,7 +272,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			}
 			v, err := b.cmds[i].Result()
 			if err == nil {
-				decs[i], err = parseReply(v, reqs[i].Caps, now)
+				decs[i], err = parseReply(v, reqs[i].Caps, b.members[i], now)
 				if err == nil && (decs[i].Allowed && record) && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
 				}
@@ -294,9 +323,10 @@ type batch struct {
 	now      time.Time
 	record   bool
 	cmds     []*redis.Cmd // by request
+	members  []string     // by request
 	nodes    []node       // by request: where it was sent; nil when it could not be routed
 	routeErr error
-	eval     bool // send EVAL with the script's body instead of EVALSHA
+	eval     bool                     // send EVAL with the script's body instead of EVALSHA
 	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
 }
 
@@ -330,10 +360,11 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			p = nd.Pipeline()
 			pipes[k] = p
 		}
+		args := scriptArgs(r, b.members[i], b.now, b.record)
 		if b.eval {
-			b.cmds[i] = decideScript.Eval(ctx, p, []string{key}, scriptArgs(r, b.now, b.record)...)
+			b.cmds[i] = decideScript.Eval(ctx, p, []string{key}, args...)
 		} else {
-			b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, scriptArgs(r, b.now, b.record)...)
+			b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, args...)
 		}
 	}
 	var wg sync.WaitGroup
@@ -424,27 +455,38 @@ func nodeName(n node) string {
 }
 
 // scriptArgs builds decide.lua's ARGV for r (see the script's header).
-func scriptArgs(r *Request, now time.Time, record bool) []any {
-	args := make([]any, 5, 5+3*len(r.Caps))
-	var retention time.Duration
+func scriptArgs(r *Request, member string, now time.Time, record bool) []any {
+	nowMs := now.UnixMilli()
+	args := make([]any, 4, 4+8*len(r.Caps))
+	retention := r.Retention
 	for _, c := range r.Caps {
-		retention = max(retention, c.Window)
-		args = append(args, c.Window.Milliseconds(), c.Limit, c.Channel)
+		since, until := c.Since.UnixMilli(), int64(0)
+		if c.Window > 0 {
+			since = nowMs - c.Window.Milliseconds() + 1
+			retention = max(retention, c.Window)
+		} else {
+			until = c.Until.UnixMilli()
+			retention = max(retention, c.Until.Sub(c.Since))
+		}
+		shadow := 0
+		if c.Shadow {
+			shadow = 1
+		}
+		args = append(args, since, c.Limit, c.Window.Milliseconds(), until, c.Scope.channels, c.Scope.tags, c.Scope.campaign, shadow)
 	}
-	args[0] = now.UnixMilli()
-	args[1] = Member(r.JobID, r.Channel)
-	args[2] = r.Channel
-	args[3] = 0
+	args[0] = nowMs
+	args[1] = member
+	args[2] = 0
 	if record {
-		args[3] = 1
+		args[2] = 1
 	}
-	args[4] = retention.Milliseconds()
+	args[3] = retention.Milliseconds()
 	return args
 }
 
 // parseReply checks the script's reply shape against the request's caps; it
-// never panics on a bad reply.
-func parseReply(v any, caps []Cap, now time.Time) (Decision, error) {
+// never panics on a bad reply. member is the send's, to tell which shadow caps apply.
+func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, error) {
 	ncaps := len(caps)
 	arr, ok := v.([]any)
 	if !ok || len(arr) != 3+ncaps {
@@ -461,6 +503,11 @@ func parseReply(v any, caps []Cap, now time.Time) (Decision, error) {
 	d := Decision{At: now, Counts: make([]int, ncaps)}
 	for i := range d.Counts {
 		d.Counts[i] = int(ints[3+i])
+	}
+	for i, c := range caps {
+		if c.Shadow && ints[0] != 2 && d.Counts[i] >= c.Limit && c.Scope.Matches(member) {
+			d.Shadow = append(d.Shadow, c.label(i))
+		}
 	}
 	switch ints[0] {
 	case 1:

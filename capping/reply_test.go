@@ -12,13 +12,18 @@ import (
 var now = time.UnixMilli(1_763_800_000_000)
 
 func TestScriptArgs(t *testing.T) {
-	r := Request{UserID: 7, JobID: "j1", Channel: "push", Caps: []Cap{
+	day := time.Date(2026, 11, 22, 0, 0, 0, 0, time.UTC)
+	r := Request{UserID: 7, JobID: "j1", Channel: "push", Campaign: "c9", Tags: []string{"promotional"}, Caps: []Cap{
 		{Name: "daily", Window: 24 * time.Hour, Limit: 3},
-		{Name: "push-weekly", Window: 7 * 24 * time.Hour, Limit: 5, Channel: "push"},
-	}}
-	args := scriptArgs(&r, now, true)
-	want := []any{now.UnixMilli(), Member("j1", "push"), "push", 1, int64(7 * 24 * 3600 * 1000),
-		int64(24 * 3600 * 1000), 3, "", int64(7 * 24 * 3600 * 1000), 5, "push"}
+		{Name: "promo-push-today", Since: day, Until: day.AddDate(0, 0, 1), Limit: 1,
+			Scope: NewScope([]string{"push", "sms"}, []string{"promotional"}).Campaign("c9"), Shadow: true},
+	}, Retention: 48 * time.Hour}
+	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
+	args := scriptArgs(&r, member, now, true)
+	ms := int64(time.Hour / time.Millisecond)
+	want := []any{now.UnixMilli(), member, 1, 48 * ms,
+		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, int64(0), "", "", "", 0,
+		day.UnixMilli(), 1, int64(0), day.AddDate(0, 0, 1).UnixMilli(), digest2("push") + digest2("sms"), digest2("promotional"), digest4("c9"), 1}
 	if len(args) != len(want) {
 		t.Fatalf("%d args, want %d: %v", len(args), len(want), args)
 	}
@@ -27,16 +32,52 @@ func TestScriptArgs(t *testing.T) {
 			t.Errorf("ARGV[%d] = %#v, want %#v", i+1, args[i], want[i])
 		}
 	}
-	if got := scriptArgs(&r, now, false)[3]; got != 0 {
-		t.Errorf("look-only ARGV[4] = %v, want 0", got)
+	if got := scriptArgs(&r, member, now, false)[2]; got != 0 {
+		t.Errorf("look-only ARGV[3] = %v, want 0", got)
 	}
-	if m := Member("j1", "push"); len(m) != 8+len("push") || !strings.HasSuffix(m, "push") {
-		t.Errorf("member %q: want an 8-byte digest followed by the channel", m)
+	r.Retention = 0
+	if got := scriptArgs(&r, member, now, true)[3]; got != 24*ms {
+		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", got)
+	}
+}
+
+func TestMemberAndScopes(t *testing.T) {
+	m := Member("j1", "push", "c9", []string{"promotional", "newsletter"})
+	if len(m) != 14+2*2 {
+		t.Fatalf("member of %d bytes, want 18: 8 job + 2 channel + 4 campaign + 2 per tag", len(m))
+	}
+	if Member("j1", "push", "c9", []string{"promotional", "newsletter"}) != m {
+		t.Fatal("the same send gives another member: a redelivery would not be recognised")
+	}
+	for _, tt := range []struct {
+		name  string
+		scope Scope
+		want  bool
+	}{
+		{"any send", Scope{}, true},
+		{"its channel among others", NewScope([]string{"email", "push"}, nil), true},
+		{"another channel", NewScope([]string{"email"}, nil), false},
+		{"one of its tags", NewScope(nil, []string{"newsletter"}), true},
+		{"another tag", NewScope(nil, []string{"transactional"}), false},
+		{"channel and tag", NewScope([]string{"push"}, []string{"promotional"}), true},
+		{"channel but not tag", NewScope([]string{"push"}, []string{"alerts"}), false},
+		{"its campaign", Scope{}.Campaign("c9"), true},
+		{"another campaign", Scope{}.Campaign("c10"), false},
+		{"an old-format entry", NewScope([]string{"push"}, nil), false},
+	} {
+		member := m
+		if tt.name == "an old-format entry" {
+			member = m[:8] + "push" // before scopes: digest + raw channel
+		}
+		if got := tt.scope.Matches(member); got != tt.want {
+			t.Errorf("%s: matches = %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
 
 func TestParseReply(t *testing.T) {
 	caps := []Cap{{Name: "daily", Window: time.Hour, Limit: 1}, {Window: time.Hour, Limit: 2}}
+	member := Member("j", "email", "c", nil)
 	tests := []struct {
 		name  string
 		reply any
@@ -58,7 +99,7 @@ func TestParseReply(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseReply(tt.reply, caps, now)
+			got, err := parseReply(tt.reply, caps, member, now)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.err)
@@ -92,6 +133,23 @@ func TestTopologyChanged(t *testing.T) {
 		if got := topologyChanged(tt.err); got != tt.want {
 			t.Errorf("topologyChanged(%v) = %v, want %v", tt.err, got, tt.want)
 		}
+	}
+}
+
+func TestShadowCapsAreReported(t *testing.T) {
+	caps := []Cap{
+		{Name: "daily", Window: time.Hour, Limit: 5},
+		{Name: "new-daily", Window: time.Hour, Limit: 2, Shadow: true},
+		{Name: "push-shadow", Window: time.Hour, Limit: 1, Shadow: true, Scope: NewScope([]string{"push"}, nil)},
+	}
+	// Allowed with 2 sends counted by both shadow caps: new-daily would have
+	// capped; push-shadow does not apply to an email send.
+	d, err := parseReply([]any{int64(1), int64(0), int64(0), int64(2), int64(2), int64(3)}, caps, Member("j", "email", "c", nil), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Allowed || len(d.Shadow) != 1 || d.Shadow[0] != "new-daily" {
+		t.Fatalf("decision %+v, want allowed with shadow [new-daily]", d)
 	}
 }
 

@@ -61,7 +61,7 @@ func decideAll(t *testing.T, lim *capping.Limiter, reqs []capping.Request, deadl
 func TestConcurrentDecisionsNeverOverSend(t *testing.T) {
 	e := newEnv(t)
 	const users, workers, batches, perBatch, limit = 40, 8, 10, 64, 5
-	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: limit}, {Name: "push", Window: capping.Daily, Limit: 2, Channel: "push"}}
+	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: limit}, {Name: "push", Window: capping.Daily, Limit: 2, Scope: capping.NewScope([]string{"push"}, nil)}}
 	var allowed [users]atomic.Int64
 	var pushAllowed [users]atomic.Int64
 	var wg sync.WaitGroup

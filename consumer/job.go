@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
+	"time"
+
+	"github.com/capper-dev/capper/rules"
 )
 
 // Job is one send job of the input topic.
 //
 //	{"job_id": "...", "user_id": 123, "campaign_id": "...", "channel": "email",
-//	 "category": "marketing", "payload": {...}}
+//	 "category": "marketing", "tags": ["promotional"], "timezone": "Asia/Singapore", "payload": {...}}
 type Job struct {
 	// JobID is unique per send, at most MaxJobIDBytes bytes. (Required)
 	JobID string `json:"job_id"`
@@ -24,10 +28,35 @@ type Job struct {
 	Channel string `json:"channel"`
 	// Category defaults to "marketing"; exempt categories bypass the caps.
 	Category string `json:"category"`
+	// Tags label the send for the caps' scopes (with its category): at most
+	// MaxTags, each 1..MaxTagBytes bytes.
+	Tags []string `json:"tags"`
+	// Timezone is the user's IANA time zone for calendar windows, e.g.
+	// "Asia/Singapore"; empty: the rules' default.
+	Timezone string `json:"timezone"`
+	// Zone is Timezone resolved; nil for the rules' default.
+	Zone *time.Location `json:"-"`
 }
 
-// MaxJobIDBytes bounds a job id.
-const MaxJobIDBytes = 128
+// AllTags returns the job's category followed by its tags, without repeats:
+// what the log records and tag scopes match.
+func (j *Job) AllTags() []string {
+	out := make([]string, 1, 1+len(j.Tags))
+	out[0] = j.Category
+	for _, t := range j.Tags {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Bounds of a job's fields.
+const (
+	MaxJobIDBytes = 128
+	MaxTags       = 8
+	MaxTagBytes   = 64
+)
 
 // DefaultCategory is the category of a job that names none.
 const DefaultCategory = "marketing"
@@ -38,11 +67,13 @@ var ErrMalformed = errors.New("malformed job")
 // rawJob is what DecodeJob reads. The payload is not a field: json still
 // checks that it is valid JSON, but nothing copies it.
 type rawJob struct {
-	JobID      string `json:"job_id"`
-	UserID     userID `json:"user_id"`
-	CampaignID string `json:"campaign_id"`
-	Channel    string `json:"channel"`
-	Category   string `json:"category"`
+	JobID      string   `json:"job_id"`
+	UserID     userID   `json:"user_id"`
+	CampaignID string   `json:"campaign_id"`
+	Channel    string   `json:"channel"`
+	Category   string   `json:"category"`
+	Tags       []string `json:"tags"`
+	Timezone   string   `json:"timezone"`
 }
 
 // userID parses a JSON number into 0..4294967295 without allocating.
@@ -101,7 +132,22 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 	case r.UserID.err != "":
 		return bad("%s", r.UserID.err)
 	}
-	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category}
+	if len(r.Tags) > MaxTags {
+		return bad("%d tags, at most %d", len(r.Tags), MaxTags)
+	}
+	for _, t := range r.Tags {
+		if t == "" || len(t) > MaxTagBytes {
+			return bad("tag %q is not 1..%d bytes", truncate(t, 40), MaxTagBytes)
+		}
+	}
+	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category, Tags: r.Tags, Timezone: r.Timezone}
+	if r.Timezone != "" {
+		zone, err := rules.Location(r.Timezone)
+		if err != nil {
+			return bad("timezone: %v", err)
+		}
+		j.Zone = zone
+	}
 	if j.Category == "" {
 		j.Category = DefaultCategory
 	}
@@ -109,8 +155,11 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 }
 
 func jsonKind(k reflect.Kind) string {
-	if k == reflect.String {
+	switch k {
+	case reflect.String:
 		return "string"
+	case reflect.Slice:
+		return "list of strings"
 	}
 	return "number"
 }

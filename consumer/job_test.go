@@ -2,11 +2,15 @@ package consumer_test
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capper-dev/capper/consumer"
 )
+
+var kolkata, _ = time.LoadLocation("Asia/Kolkata")
 
 func TestDecodeJob(t *testing.T) {
 	tests := []struct {
@@ -34,6 +38,13 @@ func TestDecodeJob(t *testing.T) {
 		{"user id as exponent", `{"job_id":"j","user_id":1e3,"campaign_id":"c","channel":"e"}`, consumer.Job{JobID: "j", UserID: 1000, CampaignID: "c", Channel: "e", Category: "marketing"}, ""},
 		{"invalid payload", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","payload":{"a":}}`, consumer.Job{}, "not a JSON object"},
 		{"null user", `{"job_id":"j","user_id":null,"campaign_id":"c","channel":"e"}`, consumer.Job{}, "user_id"},
+		{"tags and a time zone", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":["promotional","newsletter"],"timezone":"Asia/Kolkata"}`,
+			consumer.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", Tags: []string{"promotional", "newsletter"}, Timezone: "Asia/Kolkata", Zone: kolkata}, ""},
+		{"unknown time zone", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","timezone":"Mars/Olympus"}`, consumer.Job{}, `unknown time zone "Mars/Olympus"`},
+		{"too many tags", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":["a","b","c","d","e","f","g","h","i"]}`, consumer.Job{}, "9 tags, at most 8"},
+		{"empty tag", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":[""]}`, consumer.Job{}, "is not 1..64 bytes"},
+		{"long tag", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":["` + strings.Repeat("t", 65) + `"]}`, consumer.Job{}, "is not 1..64 bytes"},
+		{"tags not a list", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":"promotional"}`, consumer.Job{}, "tags must be a list of strings"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -44,7 +55,7 @@ func TestDecodeJob(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tt.want {
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
 			}
 		})

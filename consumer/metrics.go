@@ -15,6 +15,7 @@ type metrics struct {
 	lag          prometheus.Gauge
 	rulesVersion prometheus.Gauge
 	redisOutage  prometheus.Histogram
+	shadowCapped *prometheus.CounterVec
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
@@ -38,6 +39,9 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		Name: "capper_redis_outage_seconds", Help: "How long decisions kept failing before the next successful attempt (a node crash: about the failover time).",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300},
 	})
+	m.shadowCapped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_shadow_capped_total", Help: "Sends forwarded that a shadow cap would have capped, by cap name.",
+	}, []string{"cap"})
 	m.rulesVersion = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_rules_version", Help: "Version of the rules in force."})
 	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq"} {
 		m.jobs.WithLabelValues(s)
@@ -45,7 +49,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage} {
+	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("consumer: register metrics: %w", err)
 		}

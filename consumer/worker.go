@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/backoff"
+	"github.com/capper-dev/capper/rules"
 )
 
 // Headers capper adds to the messages it writes.
@@ -22,6 +24,9 @@ const (
 	HeaderCap      = "capper-cap"      // capped: the cap that was hit
 	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
 	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
+	// HeaderShadow names, comma-separated, the shadow caps that would have
+	// capped a forwarded send (absent when none would have).
+	HeaderShadow = "capper-shadow-capped"
 )
 
 // Defaults of Config fields that the process wiring also needs (the reader's
@@ -90,7 +95,7 @@ type Config struct {
 	// Segments returns the current segment snapshot. (Required)
 	Segments func() Segmenter
 	// Rules are the initial rules. (Required)
-	Rules *Rules
+	Rules *rules.Rules
 	// Topics are the output topics. (Required)
 	Topics Topics
 	// BatchSize is the most jobs in one batch. Defaults to DefaultBatchSize.
@@ -144,13 +149,13 @@ func (c *Config) Validate() error {
 	case c.MaxOutputBytes > 0 && c.MaxOutputBytes < 2*reservedHeaderBytes:
 		return fmt.Errorf("consumer: max output bytes %d is below %d", c.MaxOutputBytes, 2*reservedHeaderBytes)
 	}
-	return c.Rules.Validate()
+	return nil
 }
 
 // Worker runs the consume, decide, produce, commit loop. Run it once.
 type Worker struct {
 	cfg   Config
-	rules atomic.Pointer[Rules]
+	rules atomic.Pointer[rules.Rules]
 	ready atomic.Bool
 	m     metrics
 	// redisDownSince is when decisions started failing, zero while they
@@ -204,15 +209,10 @@ func New(cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// SetRules validates r and makes it apply from the next batch on; on error the
-// current rules stay.
-func (w *Worker) SetRules(r *Rules) error {
-	if err := r.Validate(); err != nil {
-		return err
-	}
+// SetRules makes r apply from the next batch on.
+func (w *Worker) SetRules(r *rules.Rules) {
 	w.rules.Store(r)
 	w.m.rulesVersion.Set(float64(r.Version))
-	return nil
 }
 
 // Ready reports whether the last batch went through without a backend failure.
@@ -306,7 +306,8 @@ type item struct {
 	cap      string
 	retryAt  time.Time
 	reason   string
-	truncate bool // dead-letter an oversize message with the start of its value only
+	truncate bool     // dead-letter an oversize message with the start of its value only
+	shadow   []string // shadow caps that would have capped it
 }
 
 // decided is a batch whose outputs are ready to be written.
@@ -314,6 +315,7 @@ type decided struct {
 	batch     []kafka.Message
 	outs      []kafka.Message
 	decisions map[string]int // jobs by decision, counted once the outputs are acknowledged
+	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap
 	start     time.Time
 }
 
@@ -325,11 +327,12 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	if w.cfg.RoundTrips != nil {
 		trips0 = w.cfg.RoundTrips()
 	}
-	rules := w.rules.Load()
+	rs := w.rules.Load()
 	seg := w.cfg.Segments()
 	items := make([]item, len(batch))
 	var reqs []capping.Request
 	var reqItems []int
+	var caps []capping.Cap // one backing array for the batch's caps
 	for i := range batch {
 		it := &items[i]
 		it.msg = &batch[i]
@@ -349,11 +352,18 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		if !ok {
 			it.segment = "default"
 		}
-		if rules.IsExempt(job.Category) {
+		if rs.IsExempt(job.Category) {
 			it.decision = DecisionExempt
 			continue
 		}
-		reqs = append(reqs, capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Caps: rules.CapsFor(name, ok)})
+		req := capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Campaign: job.CampaignID,
+			Tags: job.AllTags(), Retention: rs.Retention()}
+		if !rs.IsCountOnly(job.Category) { // a count-only send is recorded without a check
+			n := len(caps)
+			caps = rs.Caps(caps, name, ok, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, start)
+			req.Caps = caps[n:len(caps):len(caps)]
+		}
+		reqs = append(reqs, req)
 		reqItems = append(reqItems, i)
 	}
 	if err := w.decide(ctx, reqs, reqItems, items); err != nil {
@@ -364,11 +374,17 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	}
 	outs := make([]kafka.Message, len(items))
 	decisions := make(map[string]int, 5)
+	shadow := map[string]int{}
 	for i := range items {
 		outs[i] = w.output(&items[i])
 		decisions[items[i].decision]++
+		if items[i].decision == DecisionAllowed {
+			for _, c := range items[i].shadow {
+				shadow[c]++
+			}
+		}
 	}
-	return &decided{batch: batch, outs: outs, decisions: decisions, start: start}, nil
+	return &decided{batch: batch, outs: outs, decisions: decisions, shadow: shadow, start: start}, nil
 }
 
 // deliver writes a decided batch's outputs and then commits its offsets. It
@@ -379,6 +395,9 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	}
 	for decision, n := range d.decisions {
 		w.m.jobs.WithLabelValues(decision).Add(float64(n))
+	}
+	for c, n := range d.shadow {
+		w.m.shadowCapped.WithLabelValues(c).Add(float64(n))
 	}
 	w.commit(ctx, d.batch)
 	w.ready.Store(true)
@@ -394,7 +413,7 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 // unchecked once Redis has been failing for longer than the rule's limit.
 func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []int, items []item) error {
 	retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
-	rules := w.rules.Load()
+	rs := w.rules.Load()
 	for len(reqs) > 0 {
 		ds, err := w.cfg.Decider.Decide(ctx, reqs)
 		var re capping.RequestErrors
@@ -415,7 +434,7 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 					continue
 				}
 				transient = true
-				if w.failOpen(rules, it) {
+				if w.failOpen(rs, it) {
 					it.decision = DecisionUnchecked
 					continue
 				}
@@ -434,6 +453,7 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 				it.cap = d.Cap
 				it.retryAt = d.RetryAt
 			}
+			it.shadow = d.Shadow
 		}
 		w.redisHealth(transient, err)
 		if len(retryReqs) == 0 {
@@ -468,8 +488,8 @@ func (w *Worker) redisHealth(failed bool, err error) {
 
 // failOpen reports whether the job of it may go out unchecked: Redis has been
 // failing for longer than its category's or segment's fail-open limit.
-func (w *Worker) failOpen(rules *Rules, it *item) bool {
-	after := rules.FailOpenAfter(it.job.Category, it.segment)
+func (w *Worker) failOpen(rs *rules.Rules, it *item) bool {
+	after := rs.FailOpenAfter(it.job.Category, it.segment)
 	return after > 0 && !w.redisDownSince.IsZero() && time.Since(w.redisDownSince) >= after
 }
 
@@ -507,6 +527,9 @@ func (w *Worker) output(it *item) kafka.Message {
 		add(HeaderRetryAt, retry)
 	default:
 		m.Topic = w.cfg.Topics.Allowed
+		if len(it.shadow) > 0 {
+			add(HeaderShadow, strings.Join(it.shadow, ","))
+		}
 	}
 	add(HeaderSegment, it.segment)
 	return m

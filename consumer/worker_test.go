@@ -16,6 +16,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/rules"
 )
 
 // These tests run the Worker against fakes of its four interfaces: no
@@ -125,10 +126,10 @@ type noSegments struct{}
 
 func (noSegments) Lookup(uint32) (string, bool) { return "", false }
 
-func rules(t *testing.T, limit int, failOpen ...consumer.FailOpenRule) *consumer.Rules {
+func compile(t *testing.T, limit int, failOpen ...rules.FailOpen) *rules.Rules {
 	t.Helper()
-	r := &consumer.Rules{Default: []capping.Cap{{Name: "daily", Window: 24 * time.Hour, Limit: limit}}, Exempt: []string{"transactional"}, FailOpen: failOpen}
-	if err := r.Validate(); err != nil {
+	r, err := rules.Compile(rules.Config{DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: &limit}}, FailOpen: failOpen}, int64(limit))
+	if err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -157,7 +158,7 @@ func start(t *testing.T, cfg consumer.Config) *harness {
 	cfg.Segments = func() consumer.Segmenter { return noSegments{} }
 	cfg.Topics = consumer.Topics{Allowed: "allowed", Capped: "capped", DLQ: "dlq"}
 	if cfg.Rules == nil {
-		cfg.Rules = rules(t, 10)
+		cfg.Rules = compile(t, 10)
 	}
 	cfg.BatchWait = 20 * time.Millisecond
 	cfg.RetryMin, cfg.RetryMax = time.Millisecond, 5*time.Millisecond
@@ -374,18 +375,12 @@ func TestDrainDeadline(t *testing.T) {
 
 func (w *fakeWriter) callCount() int { w.mu.Lock(); defer w.mu.Unlock(); return w.calls }
 
-// TestRulesSwapBetweenBatches: rules set with SetRules apply from the next
-// batch on; rules that do not validate are refused and the old ones stay.
+// TestRulesSwapBetweenBatches: rules set with SetRules apply from the next batch on.
 func TestRulesSwapBetweenBatches(t *testing.T) {
-	h := start(t, consumer.Config{Rules: rules(t, 2)})
+	h := start(t, consumer.Config{Rules: compile(t, 2)})
 	h.send(job("a", 1, ""))
 	h.waitOutputs(t, 1)
-	if err := h.wk.SetRules(&consumer.Rules{}); err == nil {
-		t.Fatal("rules without default caps were accepted")
-	}
-	if err := h.wk.SetRules(rules(t, 5)); err != nil {
-		t.Fatal(err)
-	}
+	h.wk.SetRules(compile(t, 5))
 	h.send(job("b", 1, ""))
 	h.waitOutputs(t, 2)
 	calls := h.d.requests()
@@ -408,7 +403,7 @@ func TestFailOpenAfterItsLimit(t *testing.T) {
 		}
 		return capping.Decision{Allowed: true}, nil
 	}}
-	h := start(t, consumer.Config{Decider: d, Rules: rules(t, 10, consumer.FailOpenRule{Category: "alerts", After: 50 * time.Millisecond}), BatchSize: 1})
+	h := start(t, consumer.Config{Decider: d, Rules: compile(t, 10, rules.FailOpen{Category: "alerts", After: rules.Duration(50 * time.Millisecond)}), BatchSize: 1})
 	h.send(job("alert", 1, "alerts"))
 	outs := h.waitOutputs(t, 1)
 	if header(outs[0], consumer.HeaderDecision) != consumer.DecisionUnchecked || outs[0].Topic != "allowed" {

@@ -6,24 +6,34 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/daemon"
+	"github.com/capper-dev/capper/rules"
 )
 
-// runCheck prints a read-only view of one user's caps.
+// runCheck prints a read-only view of one user's caps for one job shape.
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper check", flag.ContinueOnError)
 	path := configFlag(fs)
 	user := fs.Uint64("user", 1<<63, "user id (Required)")
 	channel := fs.String("channel", "email", "channel of the hypothetical send")
-	if err := parseFlags(fs, "capper check --config FILE --user ID [--channel C]", args, stdout, stderr); err != nil {
+	category := fs.String("category", "marketing", "category of the hypothetical send")
+	tags := fs.String("tags", "", "comma-separated tags of the hypothetical send")
+	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
+	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
+	if err := parseFlags(fs, "capper check --config FILE --user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z]", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *user > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")
 		return errUsage
+	}
+	zone, err := rules.Location(*timezone)
+	if err != nil {
+		return fmt.Errorf("--timezone: %w", err)
 	}
 	cfg, err := loadConfig(*path)
 	if err != nil {
@@ -34,31 +44,58 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer b.Close()
+	if *timezone == "" {
+		zone = b.Rules.DefaultZone()
+	}
 	uid := uint32(*user)
 	segment, ok := b.Store.Snapshot().Lookup(uid)
-	caps := b.Rules.CapsFor(segment, ok)
+	now := time.Now()
+	allTags := []string{*category}
+	for _, t := range strings.Split(*tags, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			allTags = append(allTags, t)
+		}
+	}
+	caps := b.Rules.Caps(nil, segment, ok, rules.Send{Campaign: *campaign, Zone: zone}, now)
 	if !ok {
 		segment = "default (in no segment)"
 	}
-	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Caps: caps})
+	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s\n", uid, segment, b.Limiter.Key(uid), zone)
+	switch {
+	case b.Rules.IsExempt(*category):
+		fmt.Fprintf(stdout, "category %s is exempt: such a send is neither counted nor capped\n", *category)
+		return nil
+	case b.Rules.IsCountOnly(*category):
+		fmt.Fprintf(stdout, "category %s is count-only: such a send is counted but never capped\n", *category)
+	}
+	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Campaign: *campaign,
+		Tags: allTags, Caps: caps, Retention: b.Rules.Retention()})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "user %d  segment %s  key %s\n", uid, segment, b.Limiter.Key(uid))
 	for i, c := range caps {
-		scope := "all channels"
-		if c.Channel != "" {
-			scope = c.Channel + " only"
+		since, window := c.Since, ""
+		if c.Window > 0 {
+			since, window = d.At.Add(-c.Window), "rolling "+rules.Duration(c.Window).String()
+		} else {
+			window = "calendar, until " + c.Until.In(zone).Format("2006-01-02 15:04 MST")
 		}
-		fmt.Fprintf(stdout, "  cap %-12s %3d of %3d sent in the last %-8v (%s)\n", c.Name, d.Counts[i], c.Limit, c.Window, scope)
+		state := ""
+		if c.Shadow {
+			state = "  [shadow: never blocks]"
+		}
+		fmt.Fprintf(stdout, "  cap %-20s %3d of %3d since %s (%s)%s\n", c.Name, d.Counts[i], c.Limit, since.In(zone).Format("2006-01-02 15:04 MST"), window, state)
 	}
-	if d.Allowed {
+	for _, s := range d.Shadow {
+		fmt.Fprintf(stdout, "shadow cap %s would cap this send\n", s)
+	}
+	if d.Allowed || b.Rules.IsCountOnly(*category) {
 		fmt.Fprintf(stdout, "a %s send now: allowed\n", *channel)
 		return nil
 	}
 	retry := "never (a limit of 0)"
 	if !d.RetryAt.IsZero() {
-		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.UTC().Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
+		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.In(zone).Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
 	}
 	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s\n", *channel, d.Cap, retry)
 	return nil

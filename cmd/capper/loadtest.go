@@ -12,10 +12,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/daemon"
 	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/rules"
 	"github.com/capper-dev/capper/segments"
 )
 
@@ -119,7 +119,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("%s: %w", *manifest, err)
 	}
-	rules, err := cfg.Rules.Build(0)
+	rs, err := rules.Compile(cfg.Rules, 0)
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	store, err := segments.New(segments.Config{Segments: rules.SegmentNames(), Source: src, Logger: daemon.NewLogger("warn", os.Stderr),
+	store, err := segments.New(segments.Config{Segments: rs.SegmentNames(), Source: src, Logger: daemon.NewLogger("warn", os.Stderr),
 		StartupTimeout: time.Duration(cfg.Segments.StartupTimeout)})
 	if err != nil {
 		return err
@@ -156,10 +156,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	r := loadtest.Check(sent, outs, loadtest.Policy{
-		Caps:   func(u uint32) []capping.Cap { return rules.CapsFor(snap.Lookup(u)) },
-		Exempt: rules.IsExempt,
-	})
+	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: rs, Segment: snap.Lookup})
 	printReport(stdout, &r, len(outs))
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))

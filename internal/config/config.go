@@ -16,16 +16,16 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/capper-dev/capper/capping"
-	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/rules"
 )
 
 // Config is the whole configuration.
 type Config struct {
-	Kafka    Kafka    `yaml:"kafka"`
-	Redis    Redis    `yaml:"redis"`
-	Segments Segments `yaml:"segments"`
-	Batch    Batch    `yaml:"batch"`
-	Rules    Rules    `yaml:"rules"`
+	Kafka    Kafka        `yaml:"kafka"`
+	Redis    Redis        `yaml:"redis"`
+	Segments Segments     `yaml:"segments"`
+	Batch    Batch        `yaml:"batch"`
+	Rules    rules.Config `yaml:"rules"`
 	// MetricsAddr serves /metrics, /healthz and /readyz. Defaults to ":9090"; "off" disables.
 	MetricsAddr string `yaml:"metrics_addr"`
 	// ShutdownTimeout bounds finishing the in-flight batch on SIGTERM. Defaults to 30s.
@@ -110,62 +110,8 @@ type Batch struct {
 	MaxWait Duration `yaml:"max_wait"` // consumer.Config.BatchWait, at most 1s (0 = its default).
 }
 
-// Rules is the reloadable part: segments in priority order and their caps.
-type Rules struct {
-	Segments         []SegmentRule `yaml:"segments"`
-	DefaultCaps      []Cap         `yaml:"default_caps"`
-	ExemptCategories []string      `yaml:"exempt_categories"` // Defaults to [transactional].
-	ReloadInterval   Duration      `yaml:"reload_interval"`   // How often the file is checked for changes. Defaults to 10s.
-	// FailOpen: see consumer.Rules.FailOpen. Defaults to none (fail-closed).
-	FailOpen          []FailOpenRule `yaml:"fail_open"`
-	exemptWasExplicit bool
-}
-
-type FailOpenRule struct {
-	Category string   `yaml:"category"`
-	Segment  string   `yaml:"segment"`
-	After    Duration `yaml:"after"`
-}
-
-type SegmentRule struct {
-	Name string `yaml:"name"`
-	Caps []Cap  `yaml:"caps"`
-}
-
-type Cap struct {
-	Name    string   `yaml:"name"`
-	Window  Duration `yaml:"window"`
-	Limit   *int     `yaml:"limit"`
-	Channel string   `yaml:"channel"`
-}
-
-// Duration reads "24h", "7d", "500ms".
-type Duration time.Duration
-
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := ParseDuration(n.Value)
-	if err != nil {
-		return err
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// ParseDuration is time.ParseDuration plus a "d" (24h) suffix for whole days.
-func ParseDuration(s string) (time.Duration, error) {
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil {
-			return 0, fmt.Errorf("invalid duration %q", s)
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q", s)
-	}
-	return d, nil
-}
+// Duration reads "24h", "7d", "500ms" (see rules.ParseDuration).
+type Duration = rules.Duration
 
 // Secret is a string never printed.
 type Secret string
@@ -190,7 +136,6 @@ func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	c.Rules.exemptWasExplicit = c.Rules.ExemptCategories != nil
 	if err := applyEnv(reflect.ValueOf(&c).Elem(), "CAPPER", env); err != nil {
 		return nil, err
 	}
@@ -250,9 +195,6 @@ func (c *Config) defaults() {
 	setD(&c.Rules.ReloadInterval, 10*time.Second)
 	set(&c.MetricsAddr, ":9090")
 	set(&c.LogLevel, "info")
-	if !c.Rules.exemptWasExplicit && c.Rules.ExemptCategories == nil {
-		c.Rules.ExemptCategories = []string{"transactional"}
-	}
 }
 
 // Validate checks every field and names the offending one.
@@ -296,7 +238,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
 	}
-	if _, err := c.Rules.Build(0); err != nil {
+	if _, err := rules.Compile(c.Rules, 0); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
 	return errors.Join(errs...)
@@ -310,44 +252,6 @@ func (r Redis) Limiter() capping.Config {
 		MinReplicasAcked: r.MinReplicasAcked, ReplicaTimeout: time.Duration(r.ReplicaTimeout),
 	}
 }
-
-// Build converts the rules for the worker.
-func (r *Rules) Build(version int64) (*consumer.Rules, error) {
-	conv := func(field string, in []Cap) ([]capping.Cap, error) {
-		out := make([]capping.Cap, len(in))
-		for i, c := range in {
-			if c.Limit == nil {
-				return nil, fmt.Errorf("%s[%d]: limit is required", field, i)
-			}
-			out[i] = capping.Cap{Name: c.Name, Window: time.Duration(c.Window), Limit: *c.Limit, Channel: c.Channel}
-			if out[i].Name == "" {
-				out[i].Name = fmt.Sprintf("%s/%s", c.Window.String(), c.Channel)
-			}
-		}
-		return out, nil
-	}
-	cr := &consumer.Rules{Exempt: r.ExemptCategories, Version: version}
-	for _, f := range r.FailOpen {
-		cr.FailOpen = append(cr.FailOpen, consumer.FailOpenRule{Category: f.Category, Segment: f.Segment, After: time.Duration(f.After)})
-	}
-	var err error
-	if cr.Default, err = conv("rules.default_caps", r.DefaultCaps); err != nil {
-		return nil, err
-	}
-	for i, s := range r.Segments {
-		caps, err := conv(fmt.Sprintf("rules.segments[%d].caps", i), s.Caps)
-		if err != nil {
-			return nil, err
-		}
-		cr.Segments = append(cr.Segments, consumer.SegmentRule{Name: s.Name, Caps: caps})
-	}
-	if err := cr.Validate(); err != nil {
-		return nil, err
-	}
-	return cr, nil
-}
-
-func (d Duration) String() string { return time.Duration(d).String() }
 
 // envName is the environment variable of a field path: kafka.topics.input -> CAPPER_KAFKA_TOPICS_INPUT.
 func envName(path string) string {
@@ -378,7 +282,7 @@ func applyEnv(v reflect.Value, prefix string, env func(string) (string, bool)) e
 		}
 		switch {
 		case f.Type == reflect.TypeOf(Duration(0)):
-			d, err := ParseDuration(val)
+			d, err := rules.ParseDuration(val)
 			if err != nil {
 				return fmt.Errorf("config: %s: %w", name, err)
 			}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/rules"
 )
 
 func env(m map[string]string) func(string) (string, bool) {
@@ -22,14 +23,15 @@ func TestExampleConfigLoads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := c.Rules.Build(1)
+	r, err := rules.Compile(c.Rules, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := r.SegmentNames(); strings.Join(got, ",") != "new,active,dormant" {
 		t.Errorf("segments %v", got)
 	}
-	if caps := r.CapsFor("active", true); len(caps) != 3 || caps[1].Window != 7*24*time.Hour || caps[2].Channel != "push" {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	if caps := r.Caps(nil, "active", true, rules.Send{Campaign: "c"}, now); len(caps) < 3 || caps[1].Window != 7*24*time.Hour {
 		t.Errorf("active caps %+v", caps)
 	}
 	if !r.IsExempt("transactional") || r.IsExempt("marketing") {

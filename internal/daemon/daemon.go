@@ -31,6 +31,7 @@ import (
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/rules"
 	"github.com/capper-dev/capper/segments"
 )
 
@@ -60,7 +61,7 @@ type Backends struct {
 	Registry *prometheus.Registry
 	Limiter  *capping.Limiter
 	Store    *segments.Store
-	Rules    *consumer.Rules
+	Rules    *rules.Rules
 
 	trips  *roundTrips
 	closes []func() // in reverse order of opening
@@ -77,7 +78,7 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	var err error
-	if b.Rules, err = cfg.Rules.Build(1); err != nil {
+	if b.Rules, err = rules.Compile(cfg.Rules, 1); err != nil {
 		return nil, err
 	}
 	rdb, err := newRedis(cfg.Redis, b.trips)
@@ -268,20 +269,18 @@ func (d *Daemon) reloadRules(force bool) error {
 	}
 	d.lastConfig = data
 	cfg, err := config.Parse(data, os.LookupEnv)
-	var rules *consumer.Rules
+	var next *rules.Rules
 	if err == nil {
-		rules, err = cfg.Rules.Build(d.version + 1)
+		next, err = rules.Compile(cfg.Rules, d.version+1)
 	}
-	if err == nil && !slices.Equal(rules.SegmentNames(), d.Rules.SegmentNames()) {
+	if err == nil && !slices.Equal(next.SegmentNames(), d.Rules.SegmentNames()) {
 		err = errors.New("the list of segments changed: that needs a restart")
-	}
-	if err == nil {
-		err = d.worker.SetRules(rules)
 	}
 	if err != nil {
 		d.Log.Error("rules reload rejected; keeping the rules in force", "err", err, "rules_version", d.version)
 		return fmt.Errorf("rules reload rejected: %w", err)
 	}
+	d.worker.SetRules(next)
 	d.version++
 	d.Log.Info("rules reloaded", "rules_version", d.version)
 	return nil

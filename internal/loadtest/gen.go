@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -26,8 +27,13 @@ const (
 	KindJob       = "job"       // a marketing job
 	KindDuplicate = "duplicate" // the same job id sent again (a redelivery)
 	KindExempt    = "exempt"    // category transactional
+	KindCountOnly = "countonly" // category receipt: counted, never capped (when the rules say so)
 	KindMalformed = "malformed" // not a valid job
 )
+
+// Zones are the users' time zones in a blast (user id modulo their count):
+// one with DST, one with a non-hour offset, one behind UTC.
+var Zones = []string{"UTC", "America/New_York", "Asia/Kolkata", "Australia/Adelaide"}
 
 // Sent is one produced message, as recorded in the manifest.
 type Sent struct {
@@ -37,6 +43,9 @@ type Sent struct {
 	Channel  string
 	Category string
 	Kind     string
+	Campaign string
+	Tags     []string
+	Timezone string
 }
 
 // GenConfig shapes a blast.
@@ -46,9 +55,11 @@ type GenConfig struct {
 	// RepeatShare is the share of jobs that go to a small hot set of users
 	// (a tenth of Users), so caps bite. Defaults to 0.3.
 	RepeatShare float64
-	// DuplicateShare, ExemptShare and MalformedShare are shares of Jobs.
-	// Default to 0.02, 0.02 and 0.005.
-	DuplicateShare, ExemptShare, MalformedShare float64
+	// DuplicateShare, ExemptShare, CountOnlyShare and MalformedShare are
+	// shares of Jobs. Default to 0.02, 0.02, 0.02 and 0.005. Jobs also get
+	// one of three campaigns, tags (promotional half of the time, newsletter
+	// a fifth) and their user's zone from Zones.
+	DuplicateShare, ExemptShare, CountOnlyShare, MalformedShare float64
 	// Channels to spread jobs over. Defaults to email, push, sms.
 	Channels []string
 	// Seed makes the blast reproducible; RunID prefixes ids so runs never collide.
@@ -61,12 +72,12 @@ func (c *GenConfig) Validate() error {
 	if c.Jobs < 1 || c.Users < 1 {
 		return errors.New("loadgen: --jobs and --users must be at least 1")
 	}
-	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.MalformedShare} {
+	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare} {
 		if s < 0 || s > 1 {
 			return fmt.Errorf("loadgen: share %v is not in 0..1", s)
 		}
 	}
-	if c.DuplicateShare+c.ExemptShare+c.MalformedShare > 0.9 {
+	if c.DuplicateShare+c.ExemptShare+c.CountOnlyShare+c.MalformedShare > 0.9 {
 		return errors.New("loadgen: duplicate, exempt and malformed shares add up to more than 0.9")
 	}
 	return nil
@@ -81,6 +92,9 @@ func (c GenConfig) withDefaults() GenConfig {
 	}
 	if c.ExemptShare == 0 {
 		c.ExemptShare = 0.02
+	}
+	if c.CountOnlyShare == 0 {
+		c.CountOnlyShare = 0.02
 	}
 	if c.MalformedShare == 0 {
 		c.MalformedShare = 0.005
@@ -133,14 +147,29 @@ func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
 			if rng.Float64() < cfg.RepeatShare { // hot users are spread over the id range, so over the segments
 				user = uint32(1 + (rng.IntN(hot)*(cfg.Users/hot))%cfg.Users)
 			}
-			s = Sent{ID: id, JobID: "job-" + id, UserID: user, Channel: cfg.Channels[rng.IntN(len(cfg.Channels))], Category: "marketing", Kind: KindJob}
-			if rng.Float64() < cfg.ExemptShare/(1-cfg.MalformedShare-cfg.DuplicateShare) {
+			s = Sent{ID: id, JobID: "job-" + id, UserID: user, Channel: cfg.Channels[rng.IntN(len(cfg.Channels))], Category: "marketing", Kind: KindJob,
+				Campaign: fmt.Sprintf("blast-%s-%d", cfg.RunID, rng.IntN(3)), Timezone: Zones[int(user)%len(Zones)]}
+			switch r := rng.Float64() * (1 - cfg.MalformedShare - cfg.DuplicateShare); {
+			case r < cfg.ExemptShare:
 				s.Category, s.Kind = "transactional", KindExempt
+			case r < cfg.ExemptShare+cfg.CountOnlyShare:
+				s.Category, s.Kind = "receipt", KindCountOnly
+			default:
+				if rng.Float64() < 0.5 {
+					s.Tags = append(s.Tags, "promotional")
+				}
+				if rng.Float64() < 0.2 {
+					s.Tags = append(s.Tags, "newsletter")
+				}
 			}
-			value, _ = json.Marshal(map[string]any{
-				"job_id": s.JobID, "user_id": s.UserID, "campaign_id": "blast-" + cfg.RunID,
+			job := map[string]any{
+				"job_id": s.JobID, "user_id": s.UserID, "campaign_id": s.Campaign, "timezone": s.Timezone,
 				"channel": s.Channel, "category": s.Category, "payload": map[string]string{"template": "promo-42"},
-			})
+			}
+			if len(s.Tags) > 0 {
+				job["tags"] = s.Tags
+			}
+			value, _ = json.Marshal(job)
 			jobs = append(jobs, len(sent))
 		}
 		key := []byte(strconv.FormatUint(uint64(s.UserID), 10))
@@ -175,16 +204,18 @@ func Produce(ctx context.Context, w interface {
 }
 
 // manifestHeader names the manifest's columns.
-var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind"}
+var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind", "campaign", "tags", "timezone"}
 
-// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind.
+// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind,campaign,tags,timezone
+// (tags separated by "|").
 func WriteManifest(w io.Writer, sent []Sent) error {
 	cw := csv.NewWriter(w)
 	if err := cw.Write(manifestHeader); err != nil {
 		return err
 	}
 	for _, s := range sent {
-		if err := cw.Write([]string{s.ID, s.JobID, strconv.FormatUint(uint64(s.UserID), 10), s.Channel, s.Category, s.Kind}); err != nil {
+		if err := cw.Write([]string{s.ID, s.JobID, strconv.FormatUint(uint64(s.UserID), 10), s.Channel, s.Category, s.Kind,
+			s.Campaign, strings.Join(s.Tags, "|"), s.Timezone}); err != nil {
 			return err
 		}
 	}
@@ -213,7 +244,11 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("manifest line %d: user id %q", line, f[2])
 		}
-		out = append(out, Sent{ID: f[0], JobID: f[1], UserID: uint32(uid), Channel: f[3], Category: f[4], Kind: f[5]})
+		sent := Sent{ID: f[0], JobID: f[1], UserID: uint32(uid), Channel: f[3], Category: f[4], Kind: f[5], Campaign: f[6], Timezone: f[8]}
+		if f[7] != "" {
+			sent.Tags = strings.Split(f[7], "|")
+		}
+		out = append(out, sent)
 	}
 }
 

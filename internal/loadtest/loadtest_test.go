@@ -2,22 +2,34 @@ package loadtest_test
 
 import (
 	"bytes"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/rules"
 )
 
 var t0 = time.Date(2026, 11, 21, 16, 0, 0, 0, time.UTC)
 
-func caps(uint32) []capping.Cap {
-	return []capping.Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 2}, {Name: "push", Window: 24 * time.Hour, Limit: 1, Channel: "push"}}
+// compile builds rules of default caps only (every user in no segment) with
+// the given exempt categories.
+func compile(t testing.TB, exempt []string, caps ...rules.Cap) loadtest.Policy {
+	r, err := rules.Compile(rules.Config{DefaultCaps: caps, ExemptCategories: exempt}, 1)
+	if err != nil {
+		panic(err) // the test's own rules
+	}
+	return loadtest.Policy{Rules: r, Segment: func(uint32) (string, bool) { return "", false }}
 }
 
-// policy: the caps above; the "transactional" category is exempt.
-var policy = loadtest.Policy{Caps: caps, Exempt: func(c string) bool { return c == "transactional" }}
+func limit(n int) *int { return &n }
+
+// policy: daily 2, push daily 1; the "transactional" category is exempt.
+var policy = compile(nil, []string{"transactional"},
+	rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
+	rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Channel: "push"})
 
 // scenario: user 1 gets j1 allowed, j2 allowed, j3 capped, j1 redelivered;
 // user 2 an exempt job; one malformed message dead-lettered.
@@ -73,11 +85,11 @@ func TestCheckCatchesProblems(t *testing.T) {
 		{"a cap exceeded", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
 			o[2].Role, o[2].Decision = "allowed", "allowed" // j3 allowed: 3 sends in a day, cap 2
 			return s, o
-		}, 0, 1, `cap "daily" allows 2`},
+		}, 0, 1, `cap "daily", which allows 2`},
 		{"a channel cap exceeded", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
 			s[0].Channel = "push" // j1 and j2 both push: cap 1
 			return s, o
-		}, 0, 1, `cap "push" allows 1`},
+		}, 0, 1, `cap "push", which allows 1`},
 		{"a job in two topics", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
 			return s, append(o, loadtest.Output{Role: "capped", ID: "m4", Decision: "capped", Time: t0})
 		}, 1, 0, "2 output topics"},
@@ -106,13 +118,13 @@ func TestCheckWindowEdge(t *testing.T) {
 		{ID: "a", JobID: "a", UserID: 9, Channel: "email", Category: "marketing", Kind: loadtest.KindJob},
 		{ID: "b", JobID: "b", UserID: 9, Channel: "email", Category: "marketing", Kind: loadtest.KindJob},
 	}
-	one := func(uint32) []capping.Cap { return []capping.Cap{{Name: "d", Window: 24 * time.Hour, Limit: 1}} }
+	one := compile(t, nil, rules.Cap{Name: "d", Window: rules.Duration(24 * time.Hour), Limit: limit(1)})
 	for gap, violations := range map[time.Duration]int{24 * time.Hour: 0, 24*time.Hour - time.Millisecond: 1} {
 		outs := []loadtest.Output{
 			{Role: "allowed", ID: "a", Decision: "allowed", Time: t0},
 			{Role: "allowed", ID: "b", Decision: "allowed", Time: t0.Add(gap)},
 		}
-		if r := loadtest.Check(sent, outs, loadtest.Policy{Caps: one}); r.Violations != violations {
+		if r := loadtest.Check(sent, outs, one); r.Violations != violations {
 			t.Errorf("gap %v: %d violations, want %d", gap, r.Violations, violations)
 		}
 	}
@@ -151,7 +163,7 @@ func TestGenerateAndManifest(t *testing.T) {
 		t.Fatal(err)
 	}
 	back, err := loadtest.ReadManifest(&buf)
-	if err != nil || len(back) != len(sent) || back[42] != sent[42] {
+	if err != nil || len(back) != len(sent) || !reflect.DeepEqual(back[42], sent[42]) {
 		t.Fatalf("manifest round trip: %v, %d entries", err, len(back))
 	}
 }
@@ -181,11 +193,72 @@ func TestCheckExemptionComesFromTheRules(t *testing.T) {
 	sent, outs := scenario()
 	sent = append(sent, loadtest.Sent{ID: "m8", JobID: "j8", UserID: 1, Channel: "email", Category: "receipts", Kind: loadtest.KindExempt})
 	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Decision: "exempt", Time: t0.Add(time.Second), ProducedAt: t0})
-	receipts := loadtest.Policy{Caps: caps, Exempt: func(c string) bool { return c == "receipts" }}
+	receipts := compile(t, []string{"receipts"},
+		rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
+		rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Channel: "push"})
 	if r := loadtest.Check(sent, outs, receipts); !r.OK() {
 		t.Fatalf("receipts exempt: %v, want no violation", r.Problems)
 	}
 	if r := loadtest.Check(sent, outs, policy); r.Violations != 1 {
 		t.Fatalf("receipts counted (only transactional exempt): %d violations, want 1 (user 1 has 3 sends, cap 2)", r.Violations)
+	}
+}
+
+// TestCheckCalendarAndScopedCaps: the report evaluates calendar windows in
+// the job's zone, tag and per-campaign scopes, count-only sends and shadow
+// caps the way the worker does, and fails on a crafted violation of each.
+func TestCheckCalendarAndScopedCaps(t *testing.T) {
+	r, err := rules.Compile(rules.Config{
+		CountOnlyCategories: []string{"receipt"},
+		DefaultCaps: []rules.Cap{
+			{Name: "today", Calendar: "day", Limit: limit(2)},
+			{Name: "promo-today", Calendar: "day", Limit: limit(1), Tags: []string{"promotional"}},
+			{Name: "campaign-week", Calendar: "week", Limit: limit(1), PerCampaign: true, Channel: "push"},
+			{Name: "shadow-hour", Window: rules.Duration(time.Hour), Limit: limit(0), Shadow: true},
+		}}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := loadtest.Policy{Rules: r, Segment: func(uint32) (string, bool) { return "", false }}
+	// 18:00 UTC is 23:30 in Kolkata; 19:00 UTC is 00:30 the next day there.
+	at := func(h, m int) time.Time { return time.Date(2026, 11, 20, h, m, 0, 0, time.UTC) } // a Friday
+	type send struct {
+		t                           time.Time
+		channel, category, campaign string
+		tags                        []string
+	}
+	for _, tt := range []struct {
+		name  string
+		sends []send
+		cap   string // the violated cap, "" for none
+	}{
+		{"two sends on one local day", []send{{at(10, 0), "email", "marketing", "c1", nil}, {at(11, 0), "email", "marketing", "c2", nil}}, ""},
+		{"three sends on one local day", []send{{at(10, 0), "email", "marketing", "c1", nil}, {at(11, 0), "email", "marketing", "c2", nil}, {at(12, 0), "email", "marketing", "c3", nil}}, "today"},
+		{"three sends across local midnight in Kolkata", []send{{at(17, 0), "email", "marketing", "c1", nil}, {at(18, 0), "email", "marketing", "c2", nil}, {at(19, 0), "email", "marketing", "c3", nil}}, ""},
+		{"two promotional sends", []send{{at(10, 0), "email", "marketing", "c1", []string{"promotional"}}, {at(11, 0), "sms", "marketing", "c2", []string{"promotional"}}}, "promo-today"},
+		{"one promotional send", []send{{at(10, 0), "email", "marketing", "c1", []string{"promotional"}}, {at(11, 0), "sms", "marketing", "c2", []string{"newsletter"}}}, ""},
+		{"one campaign pushed twice in a week", []send{{at(10, 0), "push", "marketing", "c1", nil}, {at(10, 0).AddDate(0, 0, 1), "push", "marketing", "c1", nil}}, "campaign-week"},
+		{"two campaigns pushed", []send{{at(10, 0), "push", "marketing", "c1", nil}, {at(11, 0), "push", "marketing", "c2", nil}}, ""},
+		{"receipts count, and are never capped", []send{{at(9, 0), "email", "receipt", "r", nil}, {at(9, 5), "email", "receipt", "r", nil}, {at(9, 10), "email", "receipt", "r", nil}}, ""},
+		{"a send allowed after two receipts", []send{{at(9, 0), "email", "receipt", "r", nil}, {at(9, 5), "email", "receipt", "r", nil}, {at(10, 0), "email", "marketing", "c1", nil}}, "today"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var sent []loadtest.Sent
+			var outs []loadtest.Output
+			for i, s := range tt.sends {
+				id := fmt.Sprint("m", i)
+				sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 1, Channel: s.channel, Category: s.category,
+					Campaign: s.campaign, Tags: s.tags, Timezone: "Asia/Kolkata", Kind: loadtest.KindJob})
+				outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Decision: "allowed", Time: s.t, ProducedAt: s.t})
+			}
+			res := loadtest.Check(sent, outs, p)
+			problems := strings.Join(res.Problems, "\n")
+			if tt.cap == "" && res.Violations != 0 {
+				t.Fatalf("violations %d, want none: %s", res.Violations, problems)
+			}
+			if tt.cap != "" && (res.Violations != 1 || !strings.Contains(problems, fmt.Sprintf("cap %q", tt.cap))) {
+				t.Fatalf("violations %d (%s), want 1 of cap %q", res.Violations, problems, tt.cap)
+			}
+		})
 	}
 }

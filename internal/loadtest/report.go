@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/rules"
 )
 
 // Output roles: which output topic a message was read from.
@@ -64,12 +66,11 @@ func (r *Result) problem(format string, args ...any) {
 	}
 }
 
-// Policy is what Check needs of the worker's rules.
+// Policy is what Check needs of the worker: its rules and each user's segment.
 type Policy struct {
-	// Caps returns the caps that apply to a user (its segment's, or the defaults).
-	Caps func(user uint32) []capping.Cap
-	// Exempt reports whether a category bypasses the caps (its sends are not counted).
-	Exempt func(category string) bool
+	Rules *rules.Rules
+	// Segment returns a user's segment (ok false: in none, the default caps).
+	Segment func(user uint32) (segment string, ok bool)
 }
 
 // Check compares the outputs with what was sent and with the caps.
@@ -78,11 +79,13 @@ type Policy struct {
 //     job id must reach exactly one of allowed, capped and dead-letter;
 //     otherwise it is unaccounted.
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
-//   - For every user, the unique job ids allowed (exempt ones excluded, since
-//     they are not counted, and unchecked ones, which a fail-open rule let out
-//     while Redis was down; they are counted apart) must not exceed any of the
-//     user's caps in any window. A send's time is the time of its first
-//     allowed output; a violation is counted once per user and cap.
+//   - Every allowed send of a user (by unique job id; not exempt, not count-only,
+//     not unchecked) must have been within every cap of the user's rules that
+//     applies to it: fewer sends of the cap's scope than its limit before it in
+//     its window (rolling, or the calendar period in the job's time zone).
+//     Counted sends are the allowed, count-only sends (exempt and unchecked ones
+//     are not counted). A send's time is the time of its first allowed output; a
+//     violation is counted once per user and cap. Shadow caps never block.
 func Check(sent []Sent, outs []Output, p Policy) Result {
 	c := newChecker(sent, p)
 	for i := range outs {
@@ -102,6 +105,7 @@ type checker struct {
 	p           Policy
 	sent        []Sent
 	byID        map[string]*Sent
+	seq         map[string]int                 // message id -> index in sent
 	seen        map[string]bool                // message ids that reached a topic
 	jobRoles    map[string]map[string]bool     // job id -> roles it reached
 	allowed     map[uint32]map[string]sentSend // user -> job id -> its first allowed output
@@ -110,8 +114,9 @@ type checker struct {
 }
 
 type sentSend struct {
-	t       time.Time
-	channel string
+	t    time.Time
+	sent *Sent
+	seq  int // its place in the manifest: a user's jobs share a partition, so the worker decides them in this order
 }
 
 func newChecker(sent []Sent, p Policy) *checker {
@@ -120,8 +125,10 @@ func newChecker(sent []Sent, p Policy) *checker {
 		p: p, sent: sent, byID: make(map[string]*Sent, len(sent)), seen: make(map[string]bool, len(sent)),
 		jobRoles: map[string]map[string]bool{}, allowed: map[uint32]map[string]sentSend{},
 	}
+	c.seq = make(map[string]int, len(sent))
 	for i := range sent {
 		c.byID[sent[i].ID] = &sent[i]
+		c.seq[sent[i].ID] = i
 	}
 	return c
 }
@@ -182,14 +189,14 @@ func (c *checker) account(o *Output) {
 		c.jobRoles[s.JobID] = map[string]bool{}
 	}
 	c.jobRoles[s.JobID][o.Role] = true
-	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.p.Exempt != nil && c.p.Exempt(s.Category) {
+	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.p.Rules.IsExempt(s.Category) {
 		return
 	}
 	if c.allowed[s.UserID] == nil {
 		c.allowed[s.UserID] = map[string]sentSend{}
 	}
 	if prev, ok := c.allowed[s.UserID][s.JobID]; !ok || o.Time.Before(prev.t) {
-		c.allowed[s.UserID][s.JobID] = sentSend{o.Time, s.Channel}
+		c.allowed[s.UserID][s.JobID] = sentSend{t: o.Time, sent: s, seq: c.seq[o.ID]}
 	}
 }
 
@@ -209,7 +216,7 @@ func (c *checker) unaccounted() {
 	}
 }
 
-// caps checks every user's counted sends against each of its caps.
+// caps checks every allowed send against the caps that applied to it.
 func (c *checker) caps() {
 	users := make([]uint32, 0, len(c.allowed))
 	for u := range c.allowed {
@@ -217,19 +224,64 @@ func (c *checker) caps() {
 	}
 	sort.Slice(users, func(i, j int) bool { return users[i] < users[j] })
 	for _, u := range users {
-		for _, cp := range c.p.Caps(u) {
-			var ts []time.Time
-			for _, s := range c.allowed[u] {
-				if cp.Channel == "" || cp.Channel == s.channel {
-					ts = append(ts, s.t)
-				}
+		sends := make([]sentSend, 0, len(c.allowed[u]))
+		for _, s := range c.allowed[u] {
+			sends = append(sends, s)
+		}
+		sort.Slice(sends, func(i, j int) bool { // outputs of one batch share a millisecond
+			if !sends[i].t.Equal(sends[j].t) {
+				return sends[i].t.Before(sends[j].t)
 			}
-			if n, at := maxInWindow(ts, cp.Window); n > cp.Limit {
-				c.r.Violations++
-				c.r.problem("user %d: %d sends allowed within %v of %s, cap %q allows %d", u, n, cp.Window, at.Format(time.RFC3339), cp.Name, cp.Limit)
+			return sends[i].seq < sends[j].seq
+		})
+		members := make([]string, len(sends))
+		for i, s := range sends {
+			members[i] = capping.Member(s.sent.JobID, s.sent.Channel, s.sent.Campaign, sentTags(s.sent))
+		}
+		segment, inSegment := c.p.Segment(u)
+		violated := map[string]bool{}
+		for i, s := range sends {
+			if c.p.Rules.IsCountOnly(s.sent.Category) {
+				continue
+			}
+			zone, err := rules.Location(s.sent.Timezone)
+			if err != nil || s.sent.Timezone == "" {
+				zone = c.p.Rules.DefaultZone()
+			}
+			for _, cp := range c.p.Rules.Caps(nil, segment, inSegment, rules.Send{Campaign: s.sent.Campaign, Zone: zone}, s.t) {
+				if cp.Shadow || violated[cp.Name] || !cp.Scope.Matches(members[i]) {
+					continue
+				}
+				since := cp.Since
+				if cp.Window > 0 {
+					since = s.t.Add(-cp.Window + time.Millisecond)
+				}
+				before := 0
+				for j := 0; j < i; j++ {
+					if !sends[j].t.Before(since) && cp.Scope.Matches(members[j]) {
+						before++
+					}
+				}
+				if before >= cp.Limit {
+					violated[cp.Name] = true
+					c.r.Violations++
+					c.r.problem("user %d: send %s at %s had %d earlier sends in the window of cap %q, which allows %d",
+						u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.Name, cp.Limit)
+				}
 			}
 		}
 	}
+}
+
+// sentTags is what the worker records as a send's tags: its category, then its tags.
+func sentTags(s *Sent) []string {
+	tags := []string{s.Category}
+	for _, t := range s.Tags {
+		if !slices.Contains(tags, t) {
+			tags = append(tags, t)
+		}
+	}
+	return tags
 }
 
 // finish computes throughput and latency percentiles.
@@ -239,22 +291,6 @@ func (c *checker) finish() {
 	}
 	sort.Float64s(c.lat)
 	c.r.P50ms, c.r.P99ms = percentile(c.lat, 0.50), percentile(c.lat, 0.99)
-}
-
-// maxInWindow returns the most times inside any window of length w (an
-// entry at t counts until t+w, exclusive) and the start of that window.
-func maxInWindow(ts []time.Time, w time.Duration) (int, time.Time) {
-	sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
-	best, at, lo := 0, time.Time{}, 0
-	for hi := range ts {
-		for ts[hi].Sub(ts[lo]) >= w {
-			lo++
-		}
-		if n := hi - lo + 1; n > best {
-			best, at = n, ts[lo]
-		}
-	}
-	return best, at
 }
 
 // percentile is the nearest-rank percentile of sorted values.

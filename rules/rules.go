@@ -1,0 +1,429 @@
+// Package rules is capper's rule language: the `rules` section of the
+// configuration (Config, parsed from YAML) and its compiled form (Rules),
+// built once per rules version, from which the hot path takes, per job, the
+// caps that apply with their windows as absolute bounds.
+//
+// A cap counts the sends of its scope (channels, tags, per campaign; any
+// combination) in a window: rolling (any window of the given length) or
+// calendar (the current local day, week or month in the user's time zone).
+// Shadow caps are counted and reported but never block. Exempt categories
+// are neither counted nor capped; count-only categories are counted but never
+// capped. Users in a segment get its caps (segments in priority order), the
+// others the default caps.
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	_ "time/tzdata" // IANA zones in the binary: images without /usr/share/zoneinfo still resolve them
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/capper-dev/capper/capping"
+)
+
+// Config is the rules section of the configuration file, reloadable without a restart.
+type Config struct {
+	// Segments in priority order: a user in several gets the first one's caps.
+	Segments []Segment `yaml:"segments"`
+	// DefaultCaps are the caps of users in no segment. (At least one)
+	DefaultCaps []Cap `yaml:"default_caps"`
+	// ExemptCategories bypass the caps and are not counted. Defaults to
+	// [transactional] when the field is absent; [] exempts none.
+	ExemptCategories []string `yaml:"exempt_categories"`
+	// CountOnlyCategories are counted toward every cap whose scope they match,
+	// but never capped themselves (e.g. receipts that use up the daily budget).
+	CountOnlyCategories []string `yaml:"count_only_categories"`
+	// DefaultTimezone is the IANA zone of calendar windows for jobs without a
+	// timezone. Defaults to UTC.
+	DefaultTimezone string `yaml:"default_timezone"`
+	// WeekStart is the first day of a calendar week: monday ... sunday. Defaults to monday.
+	WeekStart string `yaml:"week_start"`
+	// FailOpen lists the categories and segments whose jobs may be forwarded
+	// unchecked once Redis has been unavailable for longer than After.
+	FailOpen []FailOpen `yaml:"fail_open"`
+	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
+	ReloadInterval Duration `yaml:"reload_interval"`
+}
+
+// Segment is one segment's caps.
+type Segment struct {
+	Name string `yaml:"name"`
+	Caps []Cap  `yaml:"caps"`
+}
+
+// Cap is one cap as written in the configuration.
+type Cap struct {
+	// Name identifies the cap in decisions, headers and metrics. Defaults to a
+	// name built from its window and scope.
+	Name string `yaml:"name"`
+	// Limit is the most sends of the scope in the window; 0 blocks them all. (Required)
+	Limit *int `yaml:"limit"`
+	// Window makes a rolling cap: any window of this length ("24h", "7d").
+	Window Duration `yaml:"window"`
+	// Calendar makes a calendar cap: day, week or month, in the user's time zone.
+	// (Exactly one of Window and Calendar.)
+	Calendar string `yaml:"calendar"`
+	// Channel and Channels restrict the scope to these channels; empty: every channel.
+	Channel  string   `yaml:"channel"`
+	Channels []string `yaml:"channels"`
+	// Tags restrict the scope to sends with one of these tags (a job's category
+	// is one of its tags); empty: any.
+	Tags []string `yaml:"tags"`
+	// PerCampaign counts only the sends of the job's own campaign.
+	PerCampaign bool `yaml:"per_campaign"`
+	// Shadow caps are evaluated and reported but never block.
+	Shadow bool `yaml:"shadow"`
+}
+
+// FailOpen chooses availability over caps for one category or one segment
+// ("default" for users in no segment): exactly one of the two is set.
+type FailOpen struct {
+	Category string   `yaml:"category"`
+	Segment  string   `yaml:"segment"`
+	After    Duration `yaml:"after"` // how long Redis may be unavailable first (> 0)
+}
+
+// Duration reads "24h", "7d", "500ms".
+type Duration time.Duration
+
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseDuration(n.Value)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// ParseDuration is time.ParseDuration plus a "d" (24h) suffix for whole days.
+func ParseDuration(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q", s)
+	}
+	return d, nil
+}
+
+// Calendar periods.
+type period int
+
+const (
+	rolling period = iota
+	day
+	week
+	month
+)
+
+// maxPeriod bounds a calendar period (a 31-day month with a DST hour) for
+// how long the log keeps sends.
+const maxPeriod = 31*24*time.Hour + time.Hour
+
+// Rules is a compiled rules version: immutable, safe for concurrent use.
+type Rules struct {
+	// Version identifies the rules in logs and metrics.
+	Version int64
+
+	segments  []string
+	bySegment map[string][]compiled
+	def       []compiled
+	exempt    map[string]bool
+	countOnly map[string]bool
+	failCat   map[string]time.Duration
+	failSeg   map[string]time.Duration
+	zone      *time.Location
+	weekStart time.Weekday
+	retention time.Duration
+}
+
+// compiled is one cap ready for the hot path.
+type compiled struct {
+	name        string
+	limit       int
+	window      time.Duration
+	period      period
+	scope       capping.Scope // without the campaign
+	perCampaign bool
+	shadow      bool
+}
+
+// Compile validates c and compiles it as rules version.
+func Compile(c Config, version int64) (*Rules, error) {
+	r := &Rules{
+		Version: version, bySegment: map[string][]compiled{}, exempt: map[string]bool{}, countOnly: map[string]bool{},
+		failCat: map[string]time.Duration{}, failSeg: map[string]time.Duration{},
+	}
+	var err error
+	if r.zone, err = Location(c.DefaultTimezone); err != nil {
+		return nil, fmt.Errorf("rules: default_timezone: %w", err)
+	}
+	if r.weekStart, err = weekday(c.WeekStart); err != nil {
+		return nil, fmt.Errorf("rules: week_start: %w", err)
+	}
+	if len(c.DefaultCaps) == 0 {
+		return nil, errors.New("rules: default_caps: at least one cap is required (the caps of users in no segment)")
+	}
+	if r.def, err = r.compileCaps("rules.default_caps", c.DefaultCaps); err != nil {
+		return nil, err
+	}
+	for i, s := range c.Segments {
+		field := fmt.Sprintf("rules.segments[%d]", i)
+		switch {
+		case s.Name == "":
+			return nil, fmt.Errorf("%s: name is required", field)
+		case r.bySegment[s.Name] != nil:
+			return nil, fmt.Errorf("%s: segment %q is listed twice", field, s.Name)
+		case len(s.Caps) == 0:
+			return nil, fmt.Errorf("%s (%s): at least one cap is required", field, s.Name)
+		}
+		caps, err := r.compileCaps(field+".caps", s.Caps)
+		if err != nil {
+			return nil, err
+		}
+		r.bySegment[s.Name] = caps
+		r.segments = append(r.segments, s.Name)
+	}
+	exempt := c.ExemptCategories
+	if exempt == nil {
+		exempt = []string{"transactional"}
+	}
+	for _, cat := range exempt {
+		r.exempt[cat] = true
+	}
+	for _, cat := range c.CountOnlyCategories {
+		if r.exempt[cat] {
+			return nil, fmt.Errorf("rules: count_only_categories: %q is also exempt", cat)
+		}
+		r.countOnly[cat] = true
+	}
+	for i, f := range c.FailOpen {
+		var m map[string]time.Duration
+		var name string
+		switch {
+		case (f.Category == "") == (f.Segment == ""):
+			return nil, fmt.Errorf("rules: fail_open[%d]: set exactly one of category and segment", i)
+		case f.After <= 0:
+			return nil, fmt.Errorf("rules: fail_open[%d]: after must be a positive duration (how long Redis may be unavailable)", i)
+		case f.Category != "":
+			m, name = r.failCat, f.Category
+		default:
+			m, name = r.failSeg, f.Segment
+		}
+		if _, dup := m[name]; dup {
+			return nil, fmt.Errorf("rules: fail_open[%d]: %q is listed twice", i, name)
+		}
+		m[name] = time.Duration(f.After)
+	}
+	return r, nil
+}
+
+func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
+	out := make([]compiled, len(caps))
+	names := map[string]bool{}
+	for i, c := range caps {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		cc := compiled{window: time.Duration(c.Window), perCampaign: c.PerCampaign, shadow: c.Shadow}
+		switch {
+		case c.Limit == nil:
+			return nil, fmt.Errorf("%s: limit is required", f)
+		case *c.Limit < 0:
+			return nil, fmt.Errorf("%s: limit %d must not be negative", f, *c.Limit)
+		case (c.Window != 0) == (c.Calendar != ""):
+			return nil, fmt.Errorf("%s: set exactly one of window (rolling) and calendar (day, week or month)", f)
+		case c.Window != 0 && (cc.window < time.Millisecond || cc.window%time.Millisecond != 0):
+			return nil, fmt.Errorf("%s: window %v must be whole milliseconds, at least 1ms", f, cc.window)
+		case c.Channel != "" && len(c.Channels) > 0:
+			return nil, fmt.Errorf("%s: set channel or channels, not both", f)
+		}
+		cc.limit = *c.Limit
+		switch c.Calendar {
+		case "":
+		case "day":
+			cc.period = day
+		case "week":
+			cc.period = week
+		case "month":
+			cc.period = month
+		default:
+			return nil, fmt.Errorf("%s: calendar %q is not day, week or month", f, c.Calendar)
+		}
+		channels := c.Channels
+		if c.Channel != "" {
+			channels = []string{c.Channel}
+		}
+		for _, v := range append(slices.Clone(channels), c.Tags...) {
+			if v == "" {
+				return nil, fmt.Errorf("%s: an empty channel or tag", f)
+			}
+		}
+		cc.scope = capping.NewScope(channels, c.Tags)
+		cc.name = c.Name
+		if cc.name == "" {
+			cc.name = defaultName(c, channels)
+		}
+		if names[cc.name] {
+			return nil, fmt.Errorf("%s: a second cap named %q", f, cc.name)
+		}
+		names[cc.name] = true
+		if cc.period != rolling {
+			r.retention = max(r.retention, maxPeriod)
+		} else {
+			r.retention = max(r.retention, cc.window)
+		}
+		out[i] = cc
+	}
+	return out, nil
+}
+
+// defaultName names an unnamed cap after its window and scope: "24h", "day/push", "7d/promotional/campaign".
+func defaultName(c Cap, channels []string) string {
+	parts := []string{c.Calendar}
+	if c.Calendar == "" {
+		parts[0] = time.Duration(c.Window).String()
+	}
+	if len(channels) > 0 {
+		parts = append(parts, strings.Join(channels, "+"))
+	}
+	if len(c.Tags) > 0 {
+		parts = append(parts, strings.Join(c.Tags, "+"))
+	}
+	if c.PerCampaign {
+		parts = append(parts, "campaign")
+	}
+	return strings.Join(parts, "/")
+}
+
+func weekday(s string) (time.Weekday, error) {
+	if s == "" {
+		return time.Monday, nil
+	}
+	for d := time.Sunday; d <= time.Saturday; d++ {
+		if strings.EqualFold(s, d.String()) {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("%q is not a day of the week", s)
+}
+
+var zones sync.Map // name -> *time.Location
+
+// Location resolves an IANA time zone name ("" is UTC), caching it.
+func Location(name string) (*time.Location, error) {
+	if name == "" {
+		return time.UTC, nil
+	}
+	if l, ok := zones.Load(name); ok {
+		return l.(*time.Location), nil
+	}
+	if len(name) > 64 || name == "Local" {
+		return nil, fmt.Errorf("unknown time zone %q", name)
+	}
+	l, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, fmt.Errorf("unknown time zone %q", name)
+	}
+	zones.Store(name, l)
+	return l, nil
+}
+
+// SegmentNames returns the segments in priority order.
+func (r *Rules) SegmentNames() []string { return slices.Clone(r.segments) }
+
+// IsExempt reports whether category bypasses the caps (not counted, not capped).
+func (r *Rules) IsExempt(category string) bool { return r.exempt[category] }
+
+// IsCountOnly reports whether category is counted but never capped.
+func (r *Rules) IsCountOnly(category string) bool { return r.countOnly[category] }
+
+// Retention is how long a user's log must keep a send for every cap of these
+// rules to see it: the longest rolling window, or a calendar month.
+func (r *Rules) Retention() time.Duration { return r.retention }
+
+// DefaultZone is the time zone of jobs without one.
+func (r *Rules) DefaultZone() *time.Location { return r.zone }
+
+// FailOpenAfter returns how long Redis may be unavailable before a job of
+// category for a user of segment goes out unchecked: the shorter of the two
+// rules that apply, or 0 when none does (fail-closed).
+func (r *Rules) FailOpenAfter(category, segment string) time.Duration {
+	c, s := r.failCat[category], r.failSeg[segment]
+	if c == 0 || (s > 0 && s < c) {
+		return s
+	}
+	return c
+}
+
+// Send is what the rules look at in a job.
+type Send struct {
+	Campaign string
+	Zone     *time.Location // nil: the rules' default
+}
+
+// Caps appends to dst the caps of a user's segment (the default caps when
+// inSegment is false or the segment has no rule), with calendar windows
+// bounded at now in the send's time zone and per-campaign scopes narrowed to
+// its campaign.
+func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, now time.Time) []capping.Cap {
+	caps := r.def
+	if inSegment {
+		if c, ok := r.bySegment[segment]; ok {
+			caps = c
+		}
+	}
+	zone := s.Zone
+	if zone == nil {
+		zone = r.zone
+	}
+	for i := range caps {
+		c := &caps[i]
+		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow}
+		if c.perCampaign {
+			out.Scope = c.scope.Campaign(s.Campaign)
+		}
+		if c.period == rolling {
+			out.Window = c.window
+		} else {
+			out.Since, out.Until = r.period(c.period, now, zone)
+		}
+		dst = append(dst, out)
+	}
+	return dst
+}
+
+// period returns the local calendar period (day, week, month) that holds
+// now in zone: from its first local midnight to the next period's. Days are
+// 23 or 25 hours long across daylight-saving changes.
+func (r *Rules) period(p period, now time.Time, zone *time.Location) (since, until time.Time) {
+	t := now.In(zone)
+	y, m, d := t.Date()
+	switch p {
+	case day:
+		return midnight(y, m, d, zone), midnight(y, m, d+1, zone)
+	case week:
+		back := (int(t.Weekday()) - int(r.weekStart) + 7) % 7
+		return midnight(y, m, d-back, zone), midnight(y, m, d-back+7, zone)
+	default:
+		return midnight(y, m, 1, zone), midnight(y, m+1, 1, zone)
+	}
+}
+
+// midnight is the first instant of a local date. Where a zone skips
+// midnight (a DST change at 00:00), time.Date moves it to the first instant
+// that exists.
+func midnight(y int, m time.Month, d int, zone *time.Location) time.Time {
+	return time.Date(y, m, d, 0, 0, 0, 0, zone)
+}

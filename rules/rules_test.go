@@ -1,0 +1,194 @@
+package rules_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/rules"
+)
+
+func limit(n int) *int { return &n }
+
+func compile(t *testing.T, c rules.Config) *rules.Rules {
+	t.Helper()
+	if c.DefaultCaps == nil {
+		c.DefaultCaps = []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(3)}}
+	}
+	r, err := rules.Compile(c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func zone(t *testing.T, name string) *time.Location {
+	t.Helper()
+	l, err := rules.Location(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// TestCalendarPeriods: a calendar cap's window is the local day, week or
+// month that holds now, in the job's zone, from local midnight to the next
+// period's: across DST changes (23 h and 25 h days) and at non-hour offsets.
+func TestCalendarPeriods(t *testing.T) {
+	type tc struct {
+		name, zone, calendar, weekStart string
+		now                             string // local time in zone
+		since, until                    string // local times in zone
+		hours                           float64
+	}
+	tests := []tc{
+		{"New York, an ordinary day", "America/New_York", "day", "", "2026-11-22 12:00", "2026-11-22 00:00", "2026-11-23 00:00", 24},
+		{"New York, DST starts: 23 h", "America/New_York", "day", "", "2026-03-08 12:00", "2026-03-08 00:00", "2026-03-09 00:00", 23},
+		{"New York, DST ends: 25 h", "America/New_York", "day", "", "2026-11-01 01:30", "2026-11-01 00:00", "2026-11-02 00:00", 25},
+		{"Kolkata, exactly at midnight", "Asia/Kolkata", "day", "", "2026-11-22 00:00", "2026-11-22 00:00", "2026-11-23 00:00", 24},
+		{"Kolkata, the last millisecond", "Asia/Kolkata", "day", "", "2026-11-22 23:59:59.999", "2026-11-22 00:00", "2026-11-23 00:00", 24},
+		{"Adelaide, DST starts: 23 h", "Australia/Adelaide", "day", "", "2026-10-04 12:00", "2026-10-04 00:00", "2026-10-05 00:00", 23},
+		{"Adelaide, DST ends: 25 h", "Australia/Adelaide", "day", "", "2026-04-05 12:00", "2026-04-05 00:00", "2026-04-06 00:00", 25},
+		{"week from Monday, on a Sunday", "Asia/Kolkata", "week", "", "2026-11-22 10:00", "2026-11-16 00:00", "2026-11-23 00:00", 168},
+		{"week from Sunday, on a Sunday", "Asia/Kolkata", "week", "sunday", "2026-11-22 10:00", "2026-11-22 00:00", "2026-11-29 00:00", 168},
+		{"week from Monday, on a Monday midnight", "America/New_York", "week", "monday", "2026-11-23 00:00", "2026-11-23 00:00", "2026-11-30 00:00", 168},
+		{"week across the end of DST", "America/New_York", "week", "", "2026-11-01 12:00", "2026-10-26 00:00", "2026-11-02 00:00", 169},
+		{"month across the end of DST", "Australia/Adelaide", "month", "", "2026-04-15 09:00", "2026-04-01 00:00", "2026-05-01 00:00", 30*24 + 1},
+		{"February", "Asia/Kolkata", "month", "", "2028-02-29 23:00", "2028-02-01 00:00", "2028-03-01 00:00", 29 * 24},
+		{"December into January", "America/New_York", "month", "", "2026-12-31 23:59", "2026-12-01 00:00", "2027-01-01 00:00", 31 * 24},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			loc := zone(t, tt.zone)
+			parse := func(s string) time.Time {
+				for _, layout := range []string{"2006-01-02 15:04:05.000", "2006-01-02 15:04"} {
+					if v, err := time.ParseInLocation(layout, s, loc); err == nil {
+						return v
+					}
+				}
+				t.Fatalf("bad time %q", s)
+				return time.Time{}
+			}
+			r := compile(t, rules.Config{WeekStart: tt.weekStart, DefaultCaps: []rules.Cap{{Name: "c", Calendar: tt.calendar, Limit: limit(1)}}})
+			caps := r.Caps(nil, "", false, rules.Send{Zone: loc}, parse(tt.now))
+			if len(caps) != 1 {
+				t.Fatalf("%d caps", len(caps))
+			}
+			c := caps[0]
+			if !c.Since.Equal(parse(tt.since)) || !c.Until.Equal(parse(tt.until)) || c.Window != 0 {
+				t.Fatalf("period %v to %v, want %s to %s", c.Since.In(loc), c.Until.In(loc), tt.since, tt.until)
+			}
+			if h := c.Until.Sub(c.Since).Hours(); h != tt.hours {
+				t.Fatalf("period of %v hours, want %v", h, tt.hours)
+			}
+		})
+	}
+}
+
+// TestDefaultZone: a job without a zone gets the rules' default_timezone.
+func TestDefaultZone(t *testing.T) {
+	r := compile(t, rules.Config{DefaultTimezone: "Asia/Kolkata", DefaultCaps: []rules.Cap{{Calendar: "day", Limit: limit(1)}}})
+	now := time.Date(2026, 11, 22, 20, 0, 0, 0, time.UTC) // 01:30 on the 23rd in Kolkata
+	c := r.Caps(nil, "", false, rules.Send{}, now)[0]
+	if want := time.Date(2026, 11, 22, 18, 30, 0, 0, time.UTC); !c.Since.Equal(want) {
+		t.Fatalf("since %v, want %v (local midnight in Kolkata)", c.Since.UTC(), want)
+	}
+}
+
+// TestScopes: a cap's scope selects sends by channels, tags and campaign,
+// alone and combined; segments get their caps, others the default ones.
+func TestScopes(t *testing.T) {
+	r := compile(t, rules.Config{
+		Segments: []rules.Segment{{Name: "vip", Caps: []rules.Cap{
+			{Name: "all", Window: rules.Duration(time.Hour), Limit: limit(9)},
+			{Name: "push-or-sms", Window: rules.Duration(time.Hour), Limit: limit(9), Channels: []string{"push", "sms"}},
+			{Name: "promo", Window: rules.Duration(time.Hour), Limit: limit(9), Tags: []string{"promotional", "sale"}},
+			{Name: "promo-push", Window: rules.Duration(time.Hour), Limit: limit(9), Channel: "push", Tags: []string{"promotional"}},
+			{Name: "campaign", Window: rules.Duration(time.Hour), Limit: limit(9), PerCampaign: true},
+			{Name: "campaign-sms", Window: rules.Duration(time.Hour), Limit: limit(9), PerCampaign: true, Channel: "sms"},
+		}}},
+	})
+	caps := r.Caps(nil, "vip", true, rules.Send{Campaign: "c1"}, time.Now())
+	send := func(channel, campaign string, tags ...string) string {
+		return capping.Member("j", channel, campaign, tags)
+	}
+	for _, tt := range []struct {
+		member string
+		want   string // names of the caps that count it
+	}{
+		{send("email", "c1", "marketing"), "all campaign"},
+		{send("push", "c1", "marketing", "promotional"), "all push-or-sms promo promo-push campaign"},
+		{send("sms", "c2", "marketing", "sale"), "all push-or-sms promo"},
+		{send("sms", "c1", "newsletter"), "all push-or-sms campaign campaign-sms"},
+		{send("email", "c2", "promotional"), "all promo"},
+	} {
+		var got []string
+		for _, c := range caps {
+			if c.Scope.Matches(tt.member) {
+				got = append(got, c.Name)
+			}
+		}
+		if strings.Join(got, " ") != tt.want {
+			t.Errorf("member %x counted by %v, want %s", tt.member, got, tt.want)
+		}
+	}
+	if d := r.Caps(nil, "vip", false, rules.Send{}, time.Now()); len(d) != 1 || d[0].Name != "daily" {
+		t.Errorf("a user in no segment: caps %+v, want the default daily", d)
+	}
+	if d := r.Caps(nil, "unlisted", true, rules.Send{}, time.Now()); len(d) != 1 || d[0].Name != "daily" {
+		t.Errorf("a segment without rules: caps %+v, want the default daily", d)
+	}
+}
+
+func TestCategories(t *testing.T) {
+	r := compile(t, rules.Config{CountOnlyCategories: []string{"receipt"}})
+	if !r.IsExempt("transactional") || r.IsExempt("receipt") || !r.IsCountOnly("receipt") || r.IsCountOnly("marketing") {
+		t.Error("default exempt [transactional] and count-only [receipt] not as configured")
+	}
+	if r := compile(t, rules.Config{ExemptCategories: []string{}}); r.IsExempt("transactional") {
+		t.Error("exempt_categories: [] still exempts transactional")
+	}
+}
+
+func TestRetentionCoversEveryWindow(t *testing.T) {
+	r := compile(t, rules.Config{Segments: []rules.Segment{{Name: "s", Caps: []rules.Cap{{Window: rules.Duration(40 * 24 * time.Hour), Limit: limit(1)}}}}})
+	if r.Retention() != 40*24*time.Hour {
+		t.Errorf("retention %v, want the 40d window", r.Retention())
+	}
+	r = compile(t, rules.Config{DefaultCaps: []rules.Cap{{Calendar: "month", Limit: limit(1)}}})
+	if r.Retention() < 31*24*time.Hour {
+		t.Errorf("retention %v, shorter than a month", r.Retention())
+	}
+}
+
+func TestCompileErrors(t *testing.T) {
+	day := rules.Duration(24 * time.Hour)
+	for _, tt := range []struct {
+		name string
+		c    rules.Config
+		err  string
+	}{
+		{"no default caps", rules.Config{DefaultCaps: []rules.Cap{}}, "at least one cap"},
+		{"window and calendar", rules.Config{DefaultCaps: []rules.Cap{{Window: day, Calendar: "day", Limit: limit(1)}}}, "exactly one of window"},
+		{"neither window nor calendar", rules.Config{DefaultCaps: []rules.Cap{{Limit: limit(1)}}}, "exactly one of window"},
+		{"unknown calendar", rules.Config{DefaultCaps: []rules.Cap{{Calendar: "fortnight", Limit: limit(1)}}}, `"fortnight" is not day, week or month`},
+		{"no limit", rules.Config{DefaultCaps: []rules.Cap{{Window: day}}}, "limit is required"},
+		{"negative limit", rules.Config{DefaultCaps: []rules.Cap{{Window: day, Limit: limit(-1)}}}, "must not be negative"},
+		{"channel and channels", rules.Config{DefaultCaps: []rules.Cap{{Window: day, Limit: limit(1), Channel: "a", Channels: []string{"b"}}}}, "not both"},
+		{"two caps of one name", rules.Config{DefaultCaps: []rules.Cap{{Name: "x", Window: day, Limit: limit(1)}, {Name: "x", Window: day, Limit: limit(2)}}}, `a second cap named "x"`},
+		{"unknown zone", rules.Config{DefaultTimezone: "Mars/Olympus"}, `unknown time zone "Mars/Olympus"`},
+		{"bad week start", rules.Config{WeekStart: "someday"}, "not a day of the week"},
+		{"count-only and exempt", rules.Config{CountOnlyCategories: []string{"transactional"}}, "also exempt"},
+		{"segment twice", rules.Config{Segments: []rules.Segment{{Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}, {Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}}}, "listed twice"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.c.DefaultCaps == nil {
+				tt.c.DefaultCaps = []rules.Cap{{Window: day, Limit: limit(1)}}
+			}
+			if _, err := rules.Compile(tt.c, 1); err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.err)
+			}
+		})
+	}
+}
