@@ -88,7 +88,9 @@ func BenchmarkMemoryPerUser(b *testing.B) {
 		start := time.Now().Add(-7 * 24 * time.Hour)
 		for i := 0; i < 10; i++ {
 			now = start.Add(time.Duration(i)*16*time.Hour + time.Minute)
-			d, err := lim.Decide(ctx, []capping.Request{{UserID: user, JobID: fmt.Sprintf("campaign-2026-11-%02d:user-%d:email", i, user), Channel: "email", Caps: caps}})
+			// What the worker records: the campaign and the category (a tag).
+			d, err := lim.Decide(ctx, []capping.Request{{UserID: user, JobID: fmt.Sprintf("campaign-2026-11-%02d:user-%d:email", i, user), Channel: "email",
+				Campaign: fmt.Sprintf("campaign-2026-11-%02d", i), Tags: []string{"marketing"}, Caps: caps}})
 			if err != nil || !d[0].Allowed {
 				b.Fatalf("send %d: %+v %v", i, d, err)
 			}

@@ -79,6 +79,26 @@ func NewScope(channels, tags []string) Scope {
 	return s
 }
 
+// filter packs the cap's scope and shadow flag for decide.lua: "" for an
+// unscoped cap that blocks (the common case, no allocation).
+func (c *Cap) filter() string {
+	s := c.Scope
+	if !c.Shadow && s.channels == "" && s.tags == "" && s.campaign == "" {
+		return ""
+	}
+	b := make([]byte, 0, 3+len(s.channels)+len(s.tags)+len(s.campaign))
+	flags := byte(0)
+	if c.Shadow {
+		flags = 1
+	}
+	b = append(b, flags, byte(len(s.channels)/2))
+	b = append(b, s.channels...)
+	b = append(b, byte(len(s.tags)/2))
+	b = append(b, s.tags...)
+	b = append(b, s.campaign...)
+	return string(b)
+}
+
 // Campaign returns the scope narrowed to one campaign's sends.
 func (s Scope) Campaign(id string) Scope {
 	s.campaign = digest4(id)

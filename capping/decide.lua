@@ -8,15 +8,14 @@
 -- ARGV[3]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
 --          "0": look only, write nothing
 -- ARGV[4]  retention (ms): entries this old are evicted, the key expires after it
--- ARGV[5..] eight values per cap:
+-- ARGV[5..] four values per cap:
 --   since    first ms that counts (rolling: now - window + 1; calendar: the period's start)
 --   limit    most sends allowed in the window
---   window   rolling: its length in ms (a send counts until score + window); calendar: 0
---   until    calendar: the period's end, when a capped send may go; rolling: 0
---   channels concatenated 2-byte channel digests; "" = any channel
---   tags     concatenated 2-byte tag digests; "" = any tags
---   campaign 4-byte campaign digest; "" = any campaign
---   shadow   "1": count and report, never block
+--   reset    rolling: the window's length in ms (a send counts until score + window);
+--            calendar: minus the period's end, when a capped send may go
+--   filter   "" for every send and not shadow; else packed: 1 byte flags (1 = shadow: count and report,
+--            never block), 1 byte n and n 2-byte channel digests, 1 byte m and m 2-byte tag digests,
+--            then a 4-byte campaign digest or nothing
 --
 -- A cap applies to this send when the send's member matches its scope, and counts the entries that match.
 -- Reply: {status, cap, retry_at, count_1, ..., count_n}
@@ -70,37 +69,45 @@ if redis.call('ZSCORE', key, member) then
   status = 2
 end
 
--- The entries a scoped cap looks at, fetched once from the earliest bound.
-local entries
-local earliest
-for i = 5, #ARGV - 7, 8 do
-  if ARGV[i + 4] ~= '' or ARGV[i + 5] ~= '' or ARGV[i + 6] ~= '' then
-    local since = tonumber(ARGV[i])
-    if not earliest or since < earliest then
-      earliest = since
-    end
+-- parse unpacks a filter: shadow, channels, tags, campaign, and whether it selects at all.
+local function parse(f)
+  if f == '' then
+    return false, '', '', '', false
   end
+  local nc = string.byte(f, 2)
+  local p = 3 + 2 * nc
+  local channels = string.sub(f, 3, p - 1)
+  local nt = string.byte(f, p)
+  local tags = string.sub(f, p + 1, p + 2 * nt)
+  local campaign = string.sub(f, p + 1 + 2 * nt)
+  return string.byte(f, 1) % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= ''
 end
+
+-- The entries a scoped cap looks at, fetched once from the earliest bound.
+local caps = {}
+local earliest
+for i = 5, #ARGV - 3, 4 do
+  local c = {since = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), reset = tonumber(ARGV[i + 2])}
+  c.shadow, c.channels, c.tags, c.campaign, c.scoped = parse(ARGV[i + 3])
+  if c.scoped and (not earliest or c.since < earliest) then
+    earliest = c.since
+  end
+  caps[#caps + 1] = c
+end
+local entries
 if earliest then
   entries = redis.call('ZRANGEBYSCORE', key, string.format('%d', earliest), '+inf', 'WITHSCORES')
 end
 
 local counts = {}
 local hit, retry_at, never = 0, 0, false
-local n = 0
-for i = 5, #ARGV - 7, 8 do
-  n = n + 1
-  local since = tonumber(ARGV[i])
-  local limit = tonumber(ARGV[i + 1])
-  local window = tonumber(ARGV[i + 2])
-  local until_ms = tonumber(ARGV[i + 3])
-  local channels, tags, campaign = ARGV[i + 4], ARGV[i + 5], ARGV[i + 6]
-  local shadow = ARGV[i + 7] == '1'
-  local min = string.format('%d', since)
+for n, c in ipairs(caps) do
+  local limit = c.limit
+  local min = string.format('%d', c.since)
   local count, oldest
-  if channels == '' and tags == '' and campaign == '' then
+  if not c.scoped then
     count = redis.call('ZCOUNT', key, min, '+inf')
-    if count >= limit and limit > 0 and window > 0 then
+    if count >= limit and limit > 0 and c.reset > 0 then
       -- the (count - limit + 1)-th oldest entry in the window must leave it
       local e = redis.call('ZRANGEBYSCORE', key, min, '+inf', 'WITHSCORES', 'LIMIT', count - limit, 1)
       oldest = tonumber(e[2])
@@ -110,21 +117,21 @@ for i = 5, #ARGV - 7, 8 do
     count = 0
     for j = 1, #entries, 2 do
       local score = tonumber(entries[j + 1])
-      if score >= since and matches(entries[j], channels, tags, campaign) then
+      if score >= c.since and matches(entries[j], c.channels, c.tags, c.campaign) then
         count = count + 1
         scores[count] = score
       end
     end
-    if count >= limit and limit > 0 and window > 0 then
+    if count >= limit and limit > 0 and c.reset > 0 then
       oldest = scores[count - limit + 1]
     end
   end
   counts[n] = count
-  if not shadow and status ~= 2 and count >= limit and matches(member, channels, tags, campaign) then
+  if not c.shadow and status ~= 2 and count >= limit and (not c.scoped or matches(member, c.channels, c.tags, c.campaign)) then
     status = 0
-    local at = until_ms
-    if window > 0 and oldest then
-      at = oldest + window
+    local at = -c.reset
+    if c.reset > 0 then
+      at = (oldest or 0) + c.reset -- no oldest only with a limit of 0, which never passes
     end
     if limit == 0 then
       if not never then hit = n end
@@ -148,7 +155,7 @@ if record and status ~= 0 then
 end
 
 local reply = {status, hit, retry_at}
-for i = 1, n do
+for i = 1, #caps do
   reply[3 + i] = counts[i]
 end
 return reply

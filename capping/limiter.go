@@ -457,22 +457,19 @@ func nodeName(n node) string {
 // scriptArgs builds decide.lua's ARGV for r (see the script's header).
 func scriptArgs(r *Request, member string, now time.Time, record bool) []any {
 	nowMs := now.UnixMilli()
-	args := make([]any, 4, 4+8*len(r.Caps))
+	args := make([]any, 4, 4+4*len(r.Caps))
 	retention := r.Retention
 	for _, c := range r.Caps {
-		since, until := c.Since.UnixMilli(), int64(0)
+		var since, reset int64
 		if c.Window > 0 {
-			since = nowMs - c.Window.Milliseconds() + 1
+			reset = c.Window.Milliseconds()
+			since = nowMs - reset + 1
 			retention = max(retention, c.Window)
 		} else {
-			until = c.Until.UnixMilli()
+			since, reset = c.Since.UnixMilli(), -c.Until.UnixMilli()
 			retention = max(retention, c.Until.Sub(c.Since))
 		}
-		shadow := 0
-		if c.Shadow {
-			shadow = 1
-		}
-		args = append(args, since, c.Limit, c.Window.Milliseconds(), until, c.Scope.channels, c.Scope.tags, c.Scope.campaign, shadow)
+		args = append(args, since, c.Limit, reset, c.filter())
 	}
 	args[0] = nowMs
 	args[1] = member

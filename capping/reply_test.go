@@ -22,8 +22,9 @@ func TestScriptArgs(t *testing.T) {
 	args := scriptArgs(&r, member, now, true)
 	ms := int64(time.Hour / time.Millisecond)
 	want := []any{now.UnixMilli(), member, 1, 48 * ms,
-		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, int64(0), "", "", "", 0,
-		day.UnixMilli(), 1, int64(0), day.AddDate(0, 0, 1).UnixMilli(), digest2("push") + digest2("sms"), digest2("promotional"), digest4("c9"), 1}
+		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, "",
+		day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(),
+		"\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}
 	if len(args) != len(want) {
 		t.Fatalf("%d args, want %d: %v", len(args), len(want), args)
 	}

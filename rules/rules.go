@@ -248,6 +248,8 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 			return nil, fmt.Errorf("%s: window %v must be whole milliseconds, at least 1ms", f, cc.window)
 		case c.Channel != "" && len(c.Channels) > 0:
 			return nil, fmt.Errorf("%s: set channel or channels, not both", f)
+		case len(c.Channels) > 100 || len(c.Tags) > 100:
+			return nil, fmt.Errorf("%s: at most 100 channels and 100 tags", f)
 		}
 		cc.limit = *c.Limit
 		switch c.Calendar {

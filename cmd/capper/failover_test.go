@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -269,5 +270,37 @@ func TestWorkerKilledWhileJoining(t *testing.T) {
 	outs := s.Collect(len(jobs)+1, 90*time.Second)
 	if len(outs) < len(jobs)+1 {
 		t.Fatalf("%d of %d jobs decided after the worker killed while joining was replaced", len(outs)-1, len(jobs))
+	}
+}
+
+// TestCheckCommand: capper check shows every cap for a job shape, with its
+// window in the user's time zone, what it counts, shadow state and the verdict.
+func TestCheckCommand(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	s.EditConfig("default_caps: [{name: daily, window: 24h, limit: 2}]", `default_caps:
+    - {name: daily, window: 24h, limit: 5}
+    - {name: promo-today, calendar: day, limit: 1, tags: [promotional]}
+    - {name: two-today, calendar: day, limit: 2, shadow: true}`)
+	start(s, false)
+	s.Produce([]testenv.JobSpec{{ID: "p1", User: 100, Channel: "email", Timezone: "America/New_York", Tags: []string{"promotional"}}})
+	if outs := s.Collect(1, 60*time.Second); len(outs) != 1 || outs[0].Decision != "allowed" {
+		t.Fatalf("outputs %+v, want p1 allowed", outs)
+	}
+	cmd := exec.Command(capperBin, "check", "--config", s.Config, "--user", "100", "--channel", "push", "--tags", "promotional", "--timezone", "America/New_York")
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("capper check: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"segment default (in no segment)", "time zone America/New_York",
+		"cap daily                  1 of   5", "(rolling 24h0m0s)",
+		"cap promo-today            1 of   1", "(calendar, until ", " EST)",
+		"cap two-today              1 of   2", "[shadow: never blocks]",
+		"a push send now: capped by promo-today; retry after ",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("capper check output lacks %q:\n%s", want, out)
+		}
 	}
 }

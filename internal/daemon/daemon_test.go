@@ -129,3 +129,82 @@ func TestReloadRules(t *testing.T) {
 		t.Error("capper_rules_version is not 2 after one accepted reload")
 	}
 }
+
+const ruleLanguage = `
+rules:
+  segments:
+    - name: new
+      caps: [{name: daily, window: 24h, limit: 2}]
+    - name: active
+      caps: [{name: daily, window: 24h, limit: 3}]
+    - name: dormant
+      caps: [{name: daily, window: 24h, limit: 1}]
+  default_caps:
+    - {name: daily, window: 24h, limit: 9}
+    - {name: promo-today, calendar: day, limit: 1, tags: [promotional]}
+    - {name: campaign-week, calendar: week, limit: 1, per_campaign: true, channel: push}
+    - {name: two-today, calendar: day, limit: 2, shadow: true}
+  exempt_categories: [transactional]
+  count_only_categories: [receipt]
+  default_timezone: Asia/Kolkata
+`
+
+// TestRuleLanguageEndToEnd runs a mixed stream (time zones, tags, campaigns,
+// count-only and exempt categories) through the worker and asserts every
+// decision, the shadow header and the shadow metric.
+func TestRuleLanguageEndToEnd(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	s.EditConfig(testenv.TestRules, ruleLanguage)
+	d, _ := startDaemon(t, s)
+	ny := "America/New_York"
+	jobs := []testenv.JobSpec{
+		{ID: "p1", User: 100, Channel: "email", Campaign: "c1", Timezone: ny, Tags: []string{"promotional"}},
+		{ID: "p2", User: 100, Channel: "sms", Campaign: "c2", Timezone: ny, Tags: []string{"promotional"}},
+		{ID: "n1", User: 100, Channel: "push", Campaign: "c1", Timezone: ny, Tags: []string{"newsletter"}},
+		{ID: "n2", User: 100, Channel: "push", Campaign: "c1", Timezone: ny, Tags: []string{"newsletter"}},
+		{ID: "r1", User: 100, Channel: "email", Campaign: "c9", Timezone: ny, Category: "receipt"},
+		{ID: "m1", User: 100, Channel: "email", Campaign: "c3", Timezone: ny},
+		{ID: "bad", User: 101, Channel: "email", Timezone: "Mars/Olympus", Tags: []string{"promotional"}},
+		{ID: "e1", User: 101, Channel: "sms", Category: "transactional"},
+		{ID: "k1", User: 101, Channel: "push", Tags: []string{"promotional"}}, // Kolkata, the default zone
+	}
+	s.Produce(jobs)
+	got := map[string]testenv.Output{}
+	for _, o := range s.Collect(len(jobs), 60*time.Second) {
+		got[o.JobID] = o
+	}
+	for _, w := range []struct{ id, decision, cap, shadow string }{
+		{"p1", "allowed", "", ""},
+		{"p2", "capped", "promo-today", ""},   // a second promotional send today
+		{"n1", "allowed", "", ""},             // c1 not pushed this week yet
+		{"n2", "capped", "campaign-week", ""}, // c1 pushed this week
+		{"r1", "allowed", "", ""},             // count-only: recorded, never capped
+		{"m1", "allowed", "", "two-today"},    // p1, n1 and r1 counted today: the shadow cap would cap
+		{"bad", "dlq", "", ""},                // unknown time zone
+		{"e1", "exempt", "", ""},              // neither counted nor capped
+		{"k1", "allowed", "", ""},             // another user
+	} {
+		o := got[w.id]
+		if o.Decision != w.decision || o.Cap != w.cap || o.Shadow != w.shadow {
+			t.Errorf("%s: decision %q cap %q shadow %q, want %q %q %q (reason %q)", w.id, o.Decision, o.Cap, o.Shadow, w.decision, w.cap, w.shadow, o.Reason)
+		}
+	}
+	if r := got["bad"].Reason; !strings.Contains(r, `unknown time zone "Mars/Olympus"`) {
+		t.Errorf("dead-letter reason %q does not name the unknown zone", r)
+	}
+	if ra, err := time.Parse(time.RFC3339Nano, got["p2"].RetryAt); err != nil || ra.In(mustZone(t, ny)).Format("15:04:05") != "00:00:00" {
+		t.Errorf("promo-today retry-at %q, want the next local midnight in New York", got["p2"].RetryAt)
+	}
+	if _, metrics := get(t, "http://"+d.MetricsAddr()+"/metrics"); !strings.Contains(metrics, `capper_shadow_capped_total{cap="two-today"} 1`) {
+		t.Error(`capper_shadow_capped_total{cap="two-today"} is not 1`)
+	}
+}
+
+func mustZone(t *testing.T, name string) *time.Location {
+	t.Helper()
+	l, err := time.LoadLocation(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}

@@ -106,18 +106,31 @@ log_level: warn
 	return s
 }
 
+// JobSpec is one job to produce; Campaign defaults to "c1".
 type JobSpec struct {
 	ID, Channel, Category string
 	User                  uint32
+	Campaign, Timezone    string
+	Tags                  []string
 }
 
 func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 	s.T.Helper()
 	msgs := make([]kafka.Message, 0, len(jobs)+len(raw))
 	for _, j := range jobs {
-		v := map[string]any{"job_id": j.ID, "user_id": j.User, "campaign_id": "c1", "channel": j.Channel, "payload": map[string]any{"subject": "hi"}}
+		campaign := j.Campaign
+		if campaign == "" {
+			campaign = "c1"
+		}
+		v := map[string]any{"job_id": j.ID, "user_id": j.User, "campaign_id": campaign, "channel": j.Channel, "payload": map[string]any{"subject": "hi"}}
 		if j.Category != "" {
 			v["category"] = j.Category
+		}
+		if j.Timezone != "" {
+			v["timezone"] = j.Timezone
+		}
+		if len(j.Tags) > 0 {
+			v["tags"] = j.Tags
 		}
 		b, _ := json.Marshal(v)
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
@@ -142,8 +155,8 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 
 // output is one message on an output topic.
 type Output struct {
-	Topic, JobID, Decision, Segment, Cap, RetryAt, Reason string
-	User                                                  uint32
+	Topic, JobID, Decision, Segment, Cap, RetryAt, Reason, Shadow string
+	User                                                          uint32
 }
 
 // collect reads the three output topics until want messages arrived or the
@@ -179,6 +192,8 @@ func (s *Stack) Collect(want int, timeout time.Duration) []Output {
 						o.RetryAt = string(h.Value)
 					case "capper-error":
 						o.Reason = string(h.Value)
+					case "capper-shadow-capped":
+						o.Shadow = string(h.Value)
 					}
 				}
 				var j struct {
