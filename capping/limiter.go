@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -116,7 +115,6 @@ type Limiter struct {
 	client  Client
 	cluster *redis.ClusterClient // nil for a single node
 	cfg     Config
-	reloads atomic.Uint64
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -155,10 +153,6 @@ func loadScript(ctx context.Context, n node, name string) error {
 	return nil
 }
 
-// TopologyReloads returns how many times the Limiter asked the cluster client
-// to reload the topology after a node failed or redirected.
-func (l *Limiter) TopologyReloads() uint64 { return l.reloads.Load() }
-
 // Key returns the Redis key of a user's log.
 func (l *Limiter) Key(userID uint32) string {
 	return l.cfg.KeyPrefix + ":{" + strconv.FormatUint(uint64(userID), 10) + "}"
@@ -180,14 +174,15 @@ const (
 func Member(jobID, channel, campaign string, tags []string) string {
 	b := make([]byte, memberTags+2*len(tags))
 	binary.BigEndian.PutUint64(b, xxhash.Sum64String(jobID))
-	copy(b[memberChannel:], digest2(channel))
-	copy(b[memberCampaign:], digest4(campaign))
+	binary.BigEndian.PutUint16(b[memberChannel:], uint16(xxhash.Sum64String(channel)))
+	binary.BigEndian.PutUint32(b[memberCampaign:], uint32(xxhash.Sum64String(campaign)))
 	for i, t := range tags {
-		copy(b[memberTags+2*i:], digest2(t))
+		binary.BigEndian.PutUint16(b[memberTags+2*i:], uint16(xxhash.Sum64String(t)))
 	}
 	return string(b)
 }
 
+// digest2 and digest4 are a name's digests as Member writes them, for scopes.
 func digest2(s string) string {
 	var b [2]byte
 	binary.BigEndian.PutUint16(b[:], uint16(xxhash.Sum64String(s)))
@@ -427,7 +422,6 @@ func (l *Limiter) reloadTopology(ctx context.Context) {
 	if l.cluster == nil {
 		return
 	}
-	l.reloads.Add(1)
 	l.cluster.ReloadState(ctx)
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -236,7 +235,7 @@ func (c *checker) caps() {
 		})
 		members := make([]string, len(sends))
 		for i, s := range sends {
-			members[i] = capping.Member(s.sent.JobID, s.sent.Channel, s.sent.Campaign, sentTags(s.sent))
+			members[i] = capping.Member(s.sent.JobID, s.sent.Channel, s.sent.Campaign, (&consumer.Job{Category: s.sent.Category, Tags: s.sent.Tags}).AllTags())
 		}
 		segment, inSegment := c.p.Segment(u)
 		violated := map[string]bool{}
@@ -271,17 +270,6 @@ func (c *checker) caps() {
 			}
 		}
 	}
-}
-
-// sentTags is what the worker records as a send's tags: its category, then its tags.
-func sentTags(s *Sent) []string {
-	tags := []string{s.Category}
-	for _, t := range s.Tags {
-		if !slices.Contains(tags, t) {
-			tags = append(tags, t)
-		}
-	}
-	return tags
 }
 
 // finish computes throughput and latency percentiles.
