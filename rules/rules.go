@@ -148,6 +148,12 @@ type Rules struct {
 	zone      *time.Location
 	weekStart time.Weekday
 	retention time.Duration
+	periods   sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
+}
+
+type periodKey struct {
+	zone *time.Location
+	p    period
 }
 
 // compiled is one cap ready for the hot path.
@@ -399,11 +405,26 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 		if c.period == rolling {
 			out.Window = c.window
 		} else {
-			out.Since, out.Until = r.period(c.period, now, zone)
+			out.Since, out.Until = r.current(c.period, now, zone)
 		}
 		dst = append(dst, out)
 	}
 	return dst
+}
+
+// current returns period(p, now, zone), from a per-zone cache while now is
+// inside the cached period, so a job pays a map lookup, not a date computation.
+func (r *Rules) current(p period, now time.Time, zone *time.Location) (since, until time.Time) {
+	k := periodKey{zone, p}
+	if v, ok := r.periods.Load(k); ok {
+		b := v.(*[2]time.Time)
+		if !now.Before(b[0]) && now.Before(b[1]) {
+			return b[0], b[1]
+		}
+	}
+	since, until = r.period(p, now, zone)
+	r.periods.Store(k, &[2]time.Time{since, until})
+	return since, until
 }
 
 // period returns the local calendar period (day, week, month) that holds

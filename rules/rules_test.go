@@ -192,3 +192,25 @@ func TestCompileErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestPeriodCacheFollowsTheClock: the cached period is reused within it and
+// replaced once now leaves it, forwards or backwards.
+func TestPeriodCacheFollowsTheClock(t *testing.T) {
+	ny := zone(t, "America/New_York")
+	r := compile(t, rules.Config{DefaultCaps: []rules.Cap{{Calendar: "day", Limit: limit(1)}}})
+	day := func(y int, m time.Month, d int) time.Time { return time.Date(y, m, d, 0, 0, 0, 0, ny) }
+	for _, tt := range []struct {
+		now   time.Time
+		since time.Time
+	}{
+		{day(2026, 11, 22).Add(10 * time.Hour), day(2026, 11, 22)},
+		{day(2026, 11, 22).Add(23*time.Hour + 59*time.Minute), day(2026, 11, 22)},
+		{day(2026, 11, 23), day(2026, 11, 23)},
+		{day(2026, 11, 21).Add(12 * time.Hour), day(2026, 11, 21)},
+		{day(2026, 11, 22).Add(time.Hour), day(2026, 11, 22)},
+	} {
+		if c := r.Caps(nil, "", false, rules.Send{Zone: ny}, tt.now)[0]; !c.Since.Equal(tt.since) || !c.Until.Equal(tt.since.AddDate(0, 0, 1)) {
+			t.Errorf("at %v: period %v to %v, want the day from %v", tt.now, c.Since, c.Until, tt.since)
+		}
+	}
+}
