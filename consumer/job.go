@@ -16,7 +16,8 @@ import (
 // Job is one send job of the input topic.
 //
 //	{"job_id": "...", "user_id": 123, "campaign_id": "...", "channel": "email",
-//	 "category": "marketing", "tags": ["promotional"], "timezone": "Asia/Singapore", "payload": {...}}
+//	 "category": "marketing", "tags": ["promotional"], "timezone": "Asia/Singapore",
+//	 "expires_at": "2026-11-22T18:00:00Z", "payload": {...}}
 type Job struct {
 	// JobID is unique per send, at most MaxJobIDBytes bytes. (Required)
 	JobID string `json:"job_id"`
@@ -36,6 +37,9 @@ type Job struct {
 	Timezone string `json:"timezone"`
 	// Zone is Timezone resolved; nil for the rules' default.
 	Zone *time.Location `json:"-"`
+	// ExpiresAt, when set (RFC 3339), is when the send stops being
+	// relevant: it is never allowed at or after it, nor held beyond it.
+	ExpiresAt time.Time `json:"expires_at"`
 }
 
 // AllTags returns the job's category followed by its tags, without repeats:
@@ -74,6 +78,7 @@ type rawJob struct {
 	Category   string   `json:"category"`
 	Tags       []string `json:"tags"`
 	Timezone   string   `json:"timezone"`
+	ExpiresAt  string   `json:"expires_at"`
 }
 
 // userID parses a JSON number into 0..4294967295 without allocating.
@@ -147,6 +152,13 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 			return bad("timezone: %v", err)
 		}
 		j.Zone = zone
+	}
+	if r.ExpiresAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, r.ExpiresAt)
+		if err != nil {
+			return bad("expires_at %q is not an RFC 3339 time", truncate(r.ExpiresAt, 40))
+		}
+		j.ExpiresAt = t
 	}
 	if j.Category == "" {
 		j.Category = DefaultCategory

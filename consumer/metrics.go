@@ -6,7 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-type metrics struct {
+// Metrics are the workers' metrics. The workers of one process (the input
+// topic's and each delay tier's) share one Metrics.
+type Metrics struct {
 	jobs         *prometheus.CounterVec
 	errors       *prometheus.CounterVec
 	batchSize    prometheus.Histogram
@@ -16,11 +18,18 @@ type metrics struct {
 	rulesVersion prometheus.Gauge
 	redisOutage  prometheus.Histogram
 	shadowCapped *prometheus.CounterVec
+	held         *prometheus.CounterVec
+	notHeld      *prometheus.CounterVec
+	heldNow      *prometheus.GaugeVec
+	moves        *prometheus.CounterVec
+	releaseLag   prometheus.Histogram
 }
 
-func (m *metrics) register(reg prometheus.Registerer) error {
+// NewMetrics makes the workers' metrics and registers them with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{}
 	m.jobs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_jobs_total", Help: "Jobs handled, by decision (allowed, duplicate, exempt, unchecked, capped, dlq).",
+		Name: "capper_jobs_total", Help: "Jobs handled, by decision (allowed, duplicate, exempt, unchecked, capped, dlq, and held: a held job is counted again when it is released and decided).",
 	}, []string{"decision"})
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_errors_total", Help: "Backend failures by kind (redis, kafka_fetch, kafka_write, kafka_commit); each is retried.",
@@ -34,7 +43,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	m.roundTrips = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "capper_redis_round_trips_per_batch", Help: "Redis round trips (pipelines sent to a node) per batch.", Buckets: []float64{0, 1, 2, 3, 4, 6, 8, 12, 16, 32},
 	})
-	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_consumer_lag", Help: "Messages behind the end of the partitions, as the reader last saw it."})
+	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_consumer_lag", Help: "Messages behind the end of the input topic's partitions, as the reader last saw it."})
 	m.redisOutage = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "capper_redis_outage_seconds", Help: "How long decisions kept failing before the next successful attempt (a node crash: about the failover time).",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300},
@@ -43,16 +52,39 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		Name: "capper_shadow_capped_total", Help: "Sends forwarded that a shadow cap would have capped, by cap name.",
 	}, []string{"cap"})
 	m.rulesVersion = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_rules_version", Help: "Version of the rules in force."})
-	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq"} {
+	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at) or quiet_hours.",
+	}, []string{"reason"})
+	m.notHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_not_held_total", Help: "Capped jobs whose policy is hold but that could not be held, by reason: never (a limit of 0), expired, beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
+	}, []string{"reason"})
+	m.heldNow = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "capper_held_jobs", Help: "Messages waiting in a delay tier's partitions assigned to this replica, by tier (the tier reader's lag).",
+	}, []string{"tier"})
+	m.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_hold_moves_total", Help: "Held jobs moved to a shorter delay tier (not due yet when their tier returned them), by the tier they moved to.",
+	}, []string{"tier"})
+	m.releaseLag = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "capper_release_lag_seconds", Help: "From a held job's due time to its release (decided again).",
+		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 300},
+	})
+	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
 		m.jobs.WithLabelValues(s)
 	}
-	if reg == nil {
-		return nil
+	for _, s := range []string{"cap", "quiet_hours"} {
+		m.held.WithLabelValues(s)
 	}
-	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped} {
+	for _, s := range []string{"never", "expired", "beyond_max_hold", "quiet_hours"} {
+		m.notHeld.WithLabelValues(s)
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped,
+		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag} {
 		if err := reg.Register(c); err != nil {
-			return fmt.Errorf("consumer: register metrics: %w", err)
+			return nil, fmt.Errorf("consumer: register metrics: %w", err)
 		}
 	}
-	return nil
+	return m, nil
 }

@@ -1,11 +1,11 @@
 package consumer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -13,17 +13,28 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/rules"
 )
 
 // Headers capper adds to the messages it writes.
 const (
-	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, unchecked, capped, dlq
+	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, unchecked, capped, held, dlq
 	HeaderSegment  = "capper-segment"  // the user's segment, or "default"
-	HeaderCap      = "capper-cap"      // capped: the cap that was hit
+	HeaderCap      = "capper-cap"      // capped, held: the cap that was hit, or quiet_hours, or expired
 	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
 	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
+	// HeaderReason says why a capped job was not held: never, expired,
+	// beyond max_hold, quiet_hours (absent under the drop policy of a cap).
+	HeaderReason = "capper-reason"
+	// HeaderDecidedAt is when the job was decided (RFC 3339, ms), on every
+	// allowed, capped and held output.
+	HeaderDecidedAt = "capper-decided-at"
+	// HeaderHeldFor is, on the final output of a job that was held, the
+	// seconds from its first hold to this decision; the hold headers of
+	// package hold (capper-hold-count, capper-held-since, capper-due-at) come with it.
+	HeaderHeldFor = "capper-held-for"
 	// HeaderShadow names, comma-separated, the shadow caps that would have
 	// capped a forwarded send (absent when none would have).
 	HeaderShadow = "capper-shadow-capped"
@@ -55,6 +66,9 @@ const (
 	// DecisionUnchecked: forwarded without a cap check because Redis was
 	// unavailable for longer than the fail-open rule of its category or segment allows.
 	DecisionUnchecked = "unchecked"
+	// DecisionHeld: an audit record on the held topic; the job waits on the
+	// delay topics and is decided again at its due time. Not final.
+	DecisionHeld = "held"
 )
 
 // Reader is what the Worker needs of a consumer-group reader (*kafka.Reader).
@@ -85,6 +99,8 @@ type Topics struct {
 	Allowed string
 	Capped  string
 	DLQ     string
+	// Held receives an audit record of each hold. (Required with a Wheel)
+	Held string
 }
 
 // Config configures a Worker.
@@ -123,8 +139,20 @@ type Config struct {
 	// RoundTrips, when set, returns a running count of Redis round trips; the
 	// worker reports the count per batch.
 	RoundTrips func() uint64
+	// Wheel holds jobs on its delay topics; nil: nothing is held (a hold
+	// policy then acts as drop).
+	Wheel *hold.Wheel
+	// Tier, when set, is the delay tier this worker reads: its Reader (a
+	// hold.Reader) returns held jobs at their wake time, and the worker moves
+	// each to a shorter tier or, once it is due, decides it again.
+	Tier string
+	// Now is the clock of hold decisions (due, expiry, quiet hours). Defaults to time.Now.
+	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Metrics, shared by the workers of one process; nil: New makes them
+	// and registers them with Registerer.
+	Metrics *Metrics
 	// Registerer receives the worker's metrics. Optional.
 	Registerer prometheus.Registerer
 }
@@ -144,6 +172,10 @@ func (c *Config) Validate() error {
 		return errors.New("consumer: rules are required")
 	case c.Topics.Allowed == "" || c.Topics.Capped == "" || c.Topics.DLQ == "":
 		return errors.New("consumer: the allowed, capped and dead-letter topics are required")
+	case c.Wheel != nil && c.Topics.Held == "":
+		return errors.New("consumer: holding jobs needs the held topic")
+	case c.Tier != "" && c.Wheel == nil:
+		return errors.New("consumer: a delay tier's worker needs the wheel")
 	case c.BatchSize < 0 || c.BatchWait < 0 || c.MaxMessageBytes < 0 || c.MaxOutputBytes < 0:
 		return errors.New("consumer: batch size, batch wait and max message and output bytes must not be negative")
 	case c.MaxOutputBytes > 0 && c.MaxOutputBytes < 2*reservedHeaderBytes:
@@ -157,7 +189,7 @@ type Worker struct {
 	cfg   Config
 	rules atomic.Pointer[rules.Rules]
 	ready atomic.Bool
-	m     metrics
+	m     *Metrics
 	// redisDownSince is when decisions started failing, zero while they
 	// succeed; only the consume stage touches it.
 	redisDownSince time.Time
@@ -199,11 +231,17 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	w := &Worker{cfg: cfg}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	w := &Worker{cfg: cfg, m: cfg.Metrics}
 	w.rules.Store(cfg.Rules)
 	w.ready.Store(true)
-	if err := w.m.register(cfg.Registerer); err != nil {
-		return nil, err
+	if w.m == nil {
+		var err error
+		if w.m, err = NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
 	}
 	w.m.rulesVersion.Set(float64(cfg.Rules.Version))
 	return w, nil
@@ -299,16 +337,30 @@ func (w *Worker) fetch(ctx context.Context) ([]kafka.Message, error) {
 
 // item is one job of a batch on its way to an output topic.
 type item struct {
-	msg      *kafka.Message
-	job      Job
-	segment  string
-	decision string
-	cap      string
-	retryAt  time.Time
-	reason   string
-	truncate bool     // dead-letter an oversize message with the start of its value only
-	shadow   []string // shadow caps that would have capped it
+	msg       *kafka.Message
+	job       Job
+	segment   string
+	inSegment bool
+	decision  string
+	cap       string
+	retryAt   time.Time
+	reason    string    // dead-letter: the error; capped: why it was not held
+	truncate  bool      // dead-letter an oversize message with the start of its value only
+	shadow    []string  // shadow caps that would have capped it
+	at        time.Time // when it was decided
+	// hold: the state it arrived with from a delay tier (Count 0: never held),
+	// then, for a held or moved job, the state it leaves with.
+	hold  hold.State
+	since time.Time // when it was submitted: where max_hold counts from
+	tier  hold.Tier // held, moved: the delay tier it goes to
+	// refuse, when set, is decided by Redis only to recognise a duplicate,
+	// and otherwise capped by refuseCap with this reason (expired, quiet hours).
+	refuse, refuseCap string
 }
+
+// decisionMove is a held job that is not due yet and moves to a shorter
+// delay tier: internal, never an output decision.
+const decisionMove = "move"
 
 // decided is a batch whose outputs are ready to be written.
 type decided struct {
@@ -320,9 +372,12 @@ type decided struct {
 }
 
 // prepare decodes and decides one batch and builds its outputs. It returns an
-// error only when ctx ends before the batch is decided.
+// error only when ctx ends before the batch is decided. The path of a job:
+// decode -> segment -> (a tier's job not due yet: move on) -> expiry ->
+// exempt -> quiet hours -> the caps that apply -> Redis -> allowed, or capped
+// and then held or refused by its policy -> outputs.
 func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, error) {
-	start := time.Now()
+	start := w.cfg.Now()
 	var trips0 uint64
 	if w.cfg.RoundTrips != nil {
 		trips0 = w.cfg.RoundTrips()
@@ -335,32 +390,59 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	var caps []capping.Cap // one backing array for the batch's caps
 	for i := range batch {
 		it := &items[i]
-		it.msg = &batch[i]
+		it.msg, it.at = &batch[i], start
 		if n := messageBytes(&batch[i]) + reservedHeaderBytes; n > w.cfg.MaxOutputBytes {
 			it.decision, it.truncate = DecisionDLQ, true
 			it.reason = fmt.Sprintf("%v: message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", ErrMalformed, n, w.cfg.MaxOutputBytes, truncatedValueBytes)
 			continue
 		}
 		job, err := DecodeJob(batch[i].Value, w.cfg.MaxMessageBytes)
+		if err == nil && w.cfg.Tier != "" {
+			err = w.released(it, start)
+		}
 		if err != nil {
 			it.decision, it.reason = DecisionDLQ, err.Error()
 			continue
 		}
 		it.job = job
-		name, ok := seg.Lookup(job.UserID)
-		it.segment = name
-		if !ok {
+		if it.hold.Count == 0 { // submitted now, or when its producer stamped it
+			it.since = cmp.Or(batch[i].Time, start)
+		}
+		it.segment, it.inSegment = seg.Lookup(job.UserID)
+		if !it.inSegment {
 			it.segment = "default"
 		}
-		if rs.IsExempt(job.Category) {
+		if it.decision == decisionMove {
+			continue
+		}
+		exempt := rs.IsExempt(job.Category)
+		expired := !job.ExpiresAt.IsZero() && !start.Before(job.ExpiresAt)
+		switch {
+		case expired && exempt: // never logged, so there is no earlier send to recognise
+			it.decision, it.cap, it.reason = DecisionCapped, ReasonExpired, ReasonExpired
+			continue
+		case expired:
+			it.refuse, it.refuseCap = ReasonExpired, ReasonExpired
+		case exempt:
 			it.decision = DecisionExempt
 			continue
+		default:
+			if until := rs.QuietUntil(it.segment, it.inSegment, job.Category, job.Zone, start); !until.IsZero() {
+				p := rs.OnCapped(it.segment, it.inSegment, job.Category, "")
+				if w.holdOrRefuse(it, p, until, ReasonQuietHours, start) {
+					continue
+				}
+				it.refuse, it.refuseCap = it.reason, ReasonQuietHours
+			}
 		}
 		req := capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Campaign: job.CampaignID,
 			Tags: job.AllTags(), Retention: rs.Retention()}
-		if !rs.IsCountOnly(job.Category) { // a count-only send is recorded without a check
+		switch {
+		case it.refuse != "":
+			req.Caps = refuseCaps
+		case !rs.IsCountOnly(job.Category): // a count-only send is recorded without a check
 			n := len(caps)
-			caps = rs.Caps(caps, name, ok, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, start)
+			caps = rs.Caps(caps, it.segment, it.inSegment, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, start)
 			req.Caps = caps[n:len(caps):len(caps)]
 		}
 		reqs = append(reqs, req)
@@ -372,11 +454,17 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
 		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}
-	outs := make([]kafka.Message, len(items))
+	for _, i := range reqItems {
+		if it := &items[i]; it.decision == DecisionCapped {
+			w.capped(rs, it)
+		}
+	}
+	outs := make([]kafka.Message, 0, len(items))
 	decisions := make(map[string]int, 5)
 	shadow := map[string]int{}
+	stamps := timestamps{}
 	for i := range items {
-		outs[i] = w.output(&items[i])
+		outs = w.outputs(outs, &items[i], &stamps)
 		decisions[items[i].decision]++
 		if items[i].decision == DecisionAllowed {
 			for _, c := range items[i].shadow {
@@ -394,7 +482,9 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 		return err
 	}
 	for decision, n := range d.decisions {
-		w.m.jobs.WithLabelValues(decision).Add(float64(n))
+		if decision != decisionMove { // a move is not a decision; its metric is counted with the output
+			w.m.jobs.WithLabelValues(decision).Add(float64(n))
+		}
 	}
 	for c, n := range d.shadow {
 		w.m.shadowCapped.WithLabelValues(c).Add(float64(n))
@@ -403,7 +493,11 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	w.ready.Store(true)
 	w.m.batchSize.Observe(float64(len(d.batch)))
 	w.m.batchSeconds.Observe(time.Since(d.start).Seconds())
-	w.m.lag.Set(float64(w.cfg.Reader.Stats().Lag))
+	if w.cfg.Tier != "" {
+		w.m.heldNow.WithLabelValues(w.cfg.Tier).Set(float64(w.cfg.Reader.Stats().Lag))
+	} else {
+		w.m.lag.Set(float64(w.cfg.Reader.Stats().Lag))
+	}
 	return nil
 }
 
@@ -415,6 +509,7 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 	retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
 	rs := w.rules.Load()
 	for len(reqs) > 0 {
+		w.expire(reqs, reqItems, items)
 		ds, err := w.cfg.Decider.Decide(ctx, reqs)
 		var re capping.RequestErrors
 		if err != nil && !errors.As(err, &re) {
@@ -443,6 +538,7 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 				continue
 			}
 			d := ds[j]
+			it.at = d.At
 			switch {
 			case d.Duplicate:
 				it.decision = DecisionDuplicate
@@ -491,48 +587,6 @@ func (w *Worker) redisHealth(failed bool, err error) {
 func (w *Worker) failOpen(rs *rules.Rules, it *item) bool {
 	after := rs.FailOpenAfter(it.job.Category, it.segment)
 	return after > 0 && !w.redisDownSince.IsZero() && time.Since(w.redisDownSince) >= after
-}
-
-// output builds the message that carries it to its topic: the original key and
-// value, the original headers, and capper's.
-func (w *Worker) output(it *item) kafka.Message {
-	m := kafka.Message{Key: it.msg.Key, Value: it.msg.Value}
-	m.Headers = append(make([]kafka.Header, 0, len(it.msg.Headers)+4), it.msg.Headers...)
-	add := func(k, v string) { m.Headers = append(m.Headers, kafka.Header{Key: k, Value: []byte(v)}) }
-	add(HeaderDecision, it.decision)
-	switch it.decision {
-	case DecisionDLQ:
-		m.Topic = w.cfg.Topics.DLQ
-		add(HeaderError, it.reason)
-		if it.truncate && len(m.Value) > truncatedValueBytes {
-			m.Value = m.Value[:truncatedValueBytes]
-		}
-		if over := messageBytes(&m) - w.cfg.MaxOutputBytes; over > 0 {
-			// Keep as much of the value as fits and the headers; drop the
-			// original headers too if they alone are too large.
-			keep := max(0, len(m.Value)-over-64)
-			m.Value = m.Value[:keep]
-			if messageBytes(&m) > w.cfg.MaxOutputBytes {
-				m.Headers = m.Headers[len(it.msg.Headers):]
-			}
-		}
-		return m
-	case DecisionCapped:
-		m.Topic = w.cfg.Topics.Capped
-		add(HeaderCap, it.cap)
-		retry := ""
-		if !it.retryAt.IsZero() {
-			retry = it.retryAt.UTC().Format(time.RFC3339Nano)
-		}
-		add(HeaderRetryAt, retry)
-	default:
-		m.Topic = w.cfg.Topics.Allowed
-		if len(it.shadow) > 0 {
-			add(HeaderShadow, strings.Join(it.shadow, ","))
-		}
-	}
-	add(HeaderSegment, it.segment)
-	return m
 }
 
 // write writes outs, retrying the failed messages until all are acknowledged

@@ -47,6 +47,13 @@ type Config struct {
 	// FailOpen lists the categories and segments whose jobs may be forwarded
 	// unchecked once Redis has been unavailable for longer than After.
 	FailOpen []FailOpen `yaml:"fail_open"`
+	// OnCapped is what happens to a capped send unless its cap, category or
+	// segment says otherwise: drop (the default) or hold.
+	OnCapped *OnCapped `yaml:"on_capped"`
+	// DefaultQuietHours are the quiet hours of users in no segment.
+	DefaultQuietHours *QuietHours `yaml:"default_quiet_hours"`
+	// Categories configure the policy and quiet hours of a category's sends.
+	Categories []Category `yaml:"categories"`
 	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
 	ReloadInterval Duration `yaml:"reload_interval"`
 }
@@ -55,6 +62,10 @@ type Config struct {
 type Segment struct {
 	Name string `yaml:"name"`
 	Caps []Cap  `yaml:"caps"`
+	// OnCapped overrides the rules' policy for this segment's capped sends.
+	OnCapped *OnCapped `yaml:"on_capped"`
+	// QuietHours: the segment's sends wait while they hold.
+	QuietHours *QuietHours `yaml:"quiet_hours"`
 }
 
 // Cap is one cap as written in the configuration.
@@ -79,6 +90,8 @@ type Cap struct {
 	PerCampaign bool `yaml:"per_campaign"`
 	// Shadow caps are evaluated and reported but never block.
 	Shadow bool `yaml:"shadow"`
+	// OnCapped overrides every other policy for the sends this cap refuses.
+	OnCapped *OnCapped `yaml:"on_capped"`
 }
 
 // FailOpen chooses availability over caps for one category or one segment
@@ -148,6 +161,7 @@ type Rules struct {
 	zone      *time.Location
 	weekStart time.Weekday
 	retention time.Duration
+	hold      holdRules
 	periods   sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
 }
 
@@ -234,7 +248,18 @@ func Compile(c Config, version int64) (*Rules, error) {
 		}
 		m[name] = time.Duration(f.After)
 	}
+	if err := r.compileHold(c); err != nil {
+		return nil, err
+	}
 	return r, nil
+}
+
+// capName is the compiled name of the i-th cap of segment ("" for the default caps).
+func (r *Rules) capName(segment string, i int) string {
+	if segment == "" {
+		return r.def[i].name
+	}
+	return r.bySegment[segment][i].name
 }
 
 func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {

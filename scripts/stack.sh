@@ -20,7 +20,7 @@ KAFKA_PORT=${CAPPER_KAFKA_PORT:-9092}
 S3_PORT=${CAPPER_S3_PORT:-9000}
 S3_BUCKET=${CAPPER_S3_BUCKET:-capper-segments}
 PARTITIONS=${CAPPER_PARTITIONS:-6}
-TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq}
+TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h}
 REDIS_PORTS=()
 for i in 0 1 2 3 4 5; do REDIS_PORTS+=($((REDIS_BASE + i))); done
 

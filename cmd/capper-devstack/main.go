@@ -51,7 +51,7 @@ func run() error {
 	var topics, buckets string
 	flag.IntVar(&cfg.kafkaPort, "kafka-port", 9092, "port of the Kafka-protocol broker on 127.0.0.1")
 	flag.StringVar(&cfg.dataDir, "data-dir", "", "directory for the broker's logs and offsets (Required)")
-	flag.StringVar(&topics, "topics", "sends,sends.allowed,sends.capped,sends.dlq", "comma-separated topics to create when missing")
+	flag.StringVar(&topics, "topics", "sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h", "comma-separated topics to create when missing")
 	flag.IntVar(&cfg.partitions, "partitions", 6, "partitions of each created topic")
 	flag.StringVar(&cfg.s3Addr, "s3-addr", "127.0.0.1:9000", "listen address of the S3-compatible endpoint")
 	flag.StringVar(&buckets, "buckets", "capper-segments", "comma-separated buckets to create")

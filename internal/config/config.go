@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -25,6 +26,7 @@ type Config struct {
 	Redis    Redis        `yaml:"redis"`
 	Segments Segments     `yaml:"segments"`
 	Batch    Batch        `yaml:"batch"`
+	Hold     Hold         `yaml:"hold"`
 	Rules    rules.Config `yaml:"rules"`
 	// MetricsAddr serves /metrics, /healthz and /readyz. Defaults to ":9090"; "off" disables.
 	MetricsAddr string `yaml:"metrics_addr"`
@@ -60,6 +62,42 @@ type Topics struct {
 	Allowed string `yaml:"allowed"` // Defaults to "sends.allowed".
 	Capped  string `yaml:"capped"`  // Defaults to "sends.capped".
 	DLQ     string `yaml:"dlq"`     // Defaults to "sends.dlq".
+	Held    string `yaml:"held"`    // audit records of held jobs. Defaults to "sends.held".
+	// DelayPrefix names the delay tiers' topics: prefix + tier ("sends.delay.10s"). Defaults to "sends.delay.".
+	DelayPrefix string `yaml:"delay_prefix"`
+}
+
+// Hold configures the delay topics that held jobs wait on.
+type Hold struct {
+	// Tiers are the delays of the delay topics, e.g. [1s, 10s, 1m, 10m, 1h, 6h]
+	// (the default); [] disables holding (rules that hold are then refused).
+	// The shortest bounds how late a held job is released.
+	Tiers []string `yaml:"tiers"`
+}
+
+// Delays returns the tiers' delays (nil when holding is disabled).
+func (h Hold) Delays() ([]time.Duration, error) {
+	if h.Tiers == nil {
+		return hold.DefaultDelays, nil
+	}
+	var ds []time.Duration
+	for _, t := range h.Tiers {
+		d, err := rules.ParseDuration(strings.TrimSpace(t))
+		if err != nil {
+			return nil, err
+		}
+		ds = append(ds, d)
+	}
+	return ds, nil
+}
+
+// Wheel returns the delay topics of these settings, nil when holding is disabled.
+func (c *Config) Wheel() (*hold.Wheel, error) {
+	ds, err := c.Hold.Delays()
+	if err != nil || len(ds) == 0 {
+		return nil, err
+	}
+	return hold.NewWheel(c.Kafka.Topics.DelayPrefix, ds)
 }
 
 type Redis struct {
@@ -187,6 +225,8 @@ func (c *Config) defaults() {
 	set(&c.Kafka.Topics.Allowed, "sends.allowed")
 	set(&c.Kafka.Topics.Capped, "sends.capped")
 	set(&c.Kafka.Topics.DLQ, "sends.dlq")
+	set(&c.Kafka.Topics.Held, "sends.held")
+	set(&c.Kafka.Topics.DelayPrefix, "sends.delay.")
 	setD(&c.Kafka.SessionTimeout, 30*time.Second)
 	setD(&c.Redis.DialTimeout, time.Second)
 	setD(&c.Redis.ReadTimeout, time.Second)
@@ -215,8 +255,19 @@ func (c *Config) Validate() error {
 		bad("kafka.sasl_username", "SASL needs a username and a password (CAPPER_KAFKA_SASL_PASSWORD or sasl_password_file)")
 	}
 	ts := c.Kafka.Topics
-	if ts.Input == ts.Allowed || ts.Input == ts.Capped || ts.Input == ts.DLQ {
+	if ts.Input == ts.Allowed || ts.Input == ts.Capped || ts.Input == ts.DLQ || ts.Input == ts.Held {
 		bad("kafka.topics.input", "the input topic %q must differ from the output topics", ts.Input)
+	}
+	wheel, err := c.Wheel()
+	if err != nil {
+		bad("hold.tiers", "%v", err)
+	}
+	if wheel != nil {
+		for _, t := range wheel.Tiers() {
+			if t.Topic == ts.Input || t.Topic == ts.Allowed || t.Topic == ts.Capped || t.Topic == ts.DLQ || t.Topic == ts.Held {
+				bad("kafka.topics.delay_prefix", "the delay topic %q is also another topic", t.Topic)
+			}
+		}
 	}
 	if len(c.Redis.Addrs) == 0 {
 		bad("redis.addrs", "at least one address is required")
@@ -238,10 +289,21 @@ func (c *Config) Validate() error {
 	default:
 		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
 	}
-	if _, err := rules.Compile(c.Rules, 0); err != nil {
+	if rs, err := rules.Compile(c.Rules, 0); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
+	} else if err := c.CheckRules(rs); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// CheckRules reports whether rs can run with these settings: rules that hold
+// jobs need the delay topics.
+func (c *Config) CheckRules(rs *rules.Rules) error {
+	if w, err := c.Wheel(); err == nil && w == nil && rs.Holds() {
+		return fmt.Errorf("config: rules hold jobs (a hold policy or quiet hours) but hold.tiers is empty (%s): holding needs the delay topics", envName("hold.tiers"))
+	}
+	return nil
 }
 
 // Limiter returns the capping configuration these settings describe; zero

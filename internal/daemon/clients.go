@@ -24,6 +24,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/segments"
 )
@@ -193,6 +194,78 @@ func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader
 		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
 	})
 	return r, NewWriter(c, transport, "", batchSize, logger), nil
+}
+
+// newTierReader reads one delay tier in its own consumer group
+// (group_id.delay.TIER), so that each tier is consumed in order and waits on
+// its own head.
+func newTierReader(c config.Kafka, t hold.Tier, logger *slog.Logger) (*kafka.Reader, error) {
+	dialer, _, err := KafkaClients(c)
+	if err != nil {
+		return nil, err
+	}
+	return kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           c.Brokers,
+		GroupID:           c.GroupID + ".delay." + t.Name,
+		Topic:             t.Topic,
+		Dialer:            dialer,
+		MinBytes:          1,
+		MaxBytes:          4 << 20,
+		MaxWait:           500 * time.Millisecond,
+		CommitInterval:    0,
+		StartOffset:       kafka.FirstOffset,
+		SessionTimeout:    time.Duration(c.SessionTimeout),
+		RebalanceTimeout:  time.Duration(c.SessionTimeout),
+		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
+		QueueCapacity:     1000, // messages wait here for their head: keep the window small
+		Logger:            kafkaLogger(logger, slog.LevelDebug),
+		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
+	}), nil
+}
+
+// checkTopics fails, naming them, when the held topic or a delay tier's topic
+// does not exist: holding needs them (the broker may not create topics on use).
+func checkTopics(ctx context.Context, c config.Kafka, w *hold.Wheel) error {
+	dialer, _, err := KafkaClients(c)
+	if err != nil {
+		return err
+	}
+	want := []string{c.Topics.Held}
+	for _, t := range w.Tiers() {
+		want = append(want, t.Topic)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var last error
+	for _, b := range c.Brokers {
+		conn, err := dialer.DialContext(ctx, "tcp", b)
+		if err != nil {
+			last = err
+			continue
+		}
+		parts, err := conn.ReadPartitions()
+		_ = conn.Close()
+		if err != nil {
+			last = err
+			continue
+		}
+		have := map[string]bool{}
+		for _, p := range parts {
+			have[p.Topic] = true
+		}
+		var missing []string
+		for _, t := range want {
+			if !have[t] {
+				missing = append(missing, t)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("kafka: holding jobs needs the topics %s; create them (retention above the longest delay tier, %v) or disable holding with hold.tiers: [] (CAPPER_HOLD_TIERS)",
+				strings.Join(missing, ", "), w.Longest())
+		}
+		return nil
+	}
+	return fmt.Errorf("kafka: list topics: %w", last)
 }
 
 // NewSegmentSource opens the configured segment source.

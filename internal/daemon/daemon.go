@@ -29,6 +29,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/rules"
@@ -141,12 +142,12 @@ func (b *Backends) Close() {
 // Run, and Close it.
 type Daemon struct {
 	*Backends
-	opts   Options
-	reader *kafka.Reader
-	writer *kafka.Writer
-	worker *consumer.Worker
-	srv    *http.Server
-	addr   string
+	opts    Options
+	readers []*kafka.Reader // the input topic's, then each delay tier's
+	writer  *kafka.Writer
+	workers []*consumer.Worker // in the order of readers
+	srv     *http.Server
+	addr    string
 
 	reload     sync.Mutex // serialises rules reloads; guards the fields below
 	lastConfig []byte
@@ -166,26 +167,60 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		d.lastConfig, _ = os.ReadFile(opts.ConfigPath)
 	}
 	batchSize := cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize)
-	if d.reader, d.writer, err = newKafka(cfg.Kafka, batchSize, d.Log); err != nil {
+	var input *kafka.Reader
+	if input, d.writer, err = newKafka(cfg.Kafka, batchSize, d.Log); err != nil {
 		d.Close()
 		return nil, err
 	}
+	d.readers = append(d.readers, input)
 	var decider consumer.Decider = d.Limiter
 	if opts.Decider != nil {
 		d.Log.Warn("the decider is replaced: capping is skipped (a benchmark baseline, never production)")
 		decider = opts.Decider
 	}
-	d.worker, err = consumer.New(consumer.Config{
-		Reader: d.reader, Writer: d.writer, Decider: decider,
-		Segments:  func() consumer.Segmenter { return d.Store.Snapshot() },
-		Rules:     d.Rules,
-		Topics:    consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ},
-		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
-		RoundTrips: d.trips.n.Load, Logger: d.Log, Registerer: d.Registry,
-	})
+	wheel, err := cfg.Wheel()
 	if err != nil {
 		d.Close()
 		return nil, err
+	}
+	if wheel != nil {
+		if err := checkTopics(ctx, cfg.Kafka, wheel); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	metrics, err := consumer.NewMetrics(d.Registry)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	wc := consumer.Config{
+		Reader: input, Writer: d.writer, Decider: decider,
+		Segments: func() consumer.Segmenter { return d.Store.Snapshot() },
+		Rules:    d.Rules,
+		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
+			Held: cfg.Kafka.Topics.Held},
+		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
+		Wheel: wheel, RoundTrips: d.trips.n.Load, Logger: d.Log, Metrics: metrics,
+	}
+	if err := d.addWorker(wc); err != nil {
+		return nil, err
+	}
+	if wheel != nil {
+		for _, t := range wheel.Tiers() {
+			r, err := newTierReader(cfg.Kafka, t, d.Log)
+			if err != nil {
+				d.Close()
+				return nil, err
+			}
+			d.readers = append(d.readers, r)
+			tc := wc
+			tc.Reader, tc.Tier, tc.Logger = hold.NewReader(r, nil), t.Name, d.Log.With("tier", t.Name)
+			tc.RoundTrips = nil // the input worker reports round trips per batch
+			if err := d.addWorker(tc); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if cfg.MetricsAddr != "off" {
 		if err := d.serveHTTP(cfg.MetricsAddr); err != nil {
@@ -196,9 +231,29 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 	return d, nil
 }
 
-// Ready reports whether the worker has a segment snapshot and its last batch
-// went through without a backend failure (what /readyz answers).
-func (d *Daemon) Ready() bool { return d.Store.Snapshot() != nil && d.worker.Ready() }
+func (d *Daemon) addWorker(c consumer.Config) error {
+	w, err := consumer.New(c)
+	if err != nil {
+		d.Close()
+		return err
+	}
+	d.workers = append(d.workers, w)
+	return nil
+}
+
+// Ready reports whether the worker has a segment snapshot and the last batch
+// of each of its readers went through without a backend failure (what /readyz answers).
+func (d *Daemon) Ready() bool {
+	if d.Store.Snapshot() == nil {
+		return false
+	}
+	for _, w := range d.workers {
+		if !w.Ready() {
+			return false
+		}
+	}
+	return true
+}
 
 // MetricsAddr returns the address /metrics is served on ("" when off): the
 // bound address, so ":0" in the config gives a free port.
@@ -215,20 +270,39 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.Store.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
-		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize), "metrics_addr", d.addr)
-	runErr := d.worker.Run(ctx, time.Duration(cfg.ShutdownTimeout))
-	// Leave the group; a commit is never left to Close (it can hang).
-	closed := make(chan error, 1)
-	go func() { closed <- d.reader.Close() }()
-	select {
-	case err := <-closed:
-		if err != nil {
-			d.Log.Warn("closing the kafka reader", "err", err)
-		}
-	case <-time.After(10 * time.Second):
-		d.Log.Warn("closing the kafka reader timed out")
+		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),
+		"delay_tiers", len(d.workers)-1, "metrics_addr", d.addr)
+	// The input topic and each delay tier have their own worker, so waiting
+	// on a tier never blocks the input.
+	errs := make([]error, len(d.workers))
+	var wg sync.WaitGroup
+	for i, w := range d.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = w.Run(ctx, time.Duration(cfg.ShutdownTimeout))
+		}()
 	}
-	if runErr != nil {
+	wg.Wait()
+	// Leave the groups; a commit is never left to Close (it can hang).
+	closed := make(chan error, len(d.readers))
+	for _, r := range d.readers {
+		go func() { closed <- r.Close() }()
+	}
+	timeout := time.After(10 * time.Second)
+wait:
+	for range d.readers {
+		select {
+		case err := <-closed:
+			if err != nil {
+				d.Log.Warn("closing a kafka reader", "err", err)
+			}
+		case <-timeout:
+			d.Log.Warn("closing the kafka readers timed out")
+			break wait
+		}
+	}
+	if runErr := errors.Join(errs...); runErr != nil {
 		return runErr
 	}
 	d.Log.Info("capper stopped")
@@ -280,7 +354,9 @@ func (d *Daemon) reloadRules(force bool) error {
 		d.Log.Error("rules reload rejected; keeping the rules in force", "err", err, "rules_version", d.version)
 		return fmt.Errorf("rules reload rejected: %w", err)
 	}
-	d.worker.SetRules(next)
+	for _, w := range d.workers {
+		w.SetRules(next)
+	}
 	d.version++
 	d.Log.Info("rules reloaded", "rules_version", d.version)
 	return nil

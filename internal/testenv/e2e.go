@@ -32,6 +32,7 @@ type Stack struct {
 	Brokers []string
 	Redis   []string
 	Topics  [4]string // input, allowed, capped, dlq
+	Held    string    // audit records of held jobs (with EnableHold)
 	Prefix  string    // of Redis keys, S3 segment objects, topics and the group
 	Config  string    // path of the worker's config file
 }
@@ -94,6 +95,8 @@ segments:
   s3_endpoint: %s
   s3_path_style: true
 batch: {size: 200, max_wait: 50ms}
+hold:
+  tiers: []
 metrics_addr: "off"
 shutdown_timeout: 10s
 log_level: warn
@@ -106,12 +109,27 @@ log_level: warn
 	return s
 }
 
+// EnableHold creates the held topic and a delay topic per tier (e.g. "1s",
+// "5s") and configures the worker to hold jobs on them.
+func (s *Stack) EnableHold(partitions int, tiers ...string) {
+	s.T.Helper()
+	s.Held = s.Prefix + ".held"
+	topics := []string{s.Held}
+	for _, t := range tiers {
+		topics = append(topics, s.Prefix+".delay."+t)
+	}
+	CreateTopics(s.T, s.Brokers, partitions, topics...)
+	s.EditConfig("dlq: "+s.Topics[3]+"}", fmt.Sprintf("dlq: %s, held: %s, delay_prefix: %s.delay.}", s.Topics[3], s.Held, s.Prefix))
+	s.EditConfig("  tiers: []", "  tiers: ["+strings.Join(tiers, ", ")+"]")
+}
+
 // JobSpec is one job to produce; Campaign defaults to "c1".
 type JobSpec struct {
 	ID, Channel, Category string
 	User                  uint32
 	Campaign, Timezone    string
 	Tags                  []string
+	ExpiresAt             time.Time
 }
 
 func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
@@ -131,6 +149,9 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 		}
 		if len(j.Tags) > 0 {
 			v["tags"] = j.Tags
+		}
+		if !j.ExpiresAt.IsZero() {
+			v["expires_at"] = j.ExpiresAt.UTC().Format(time.RFC3339Nano)
 		}
 		b, _ := json.Marshal(v)
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
@@ -153,22 +174,33 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 	s.T.Errorf("produce: %v", err)
 }
 
-// output is one message on an output topic.
+// Output is one message on an output topic.
 type Output struct {
 	Topic, JobID, Decision, Segment, Cap, RetryAt, Reason, Shadow string
 	User                                                          uint32
+	// Hold headers: the cap or reason that held it, how often it was held,
+	// its (last) due time, when it was decided, why it was not held.
+	HoldCount           int
+	DueAt, DecidedAt    time.Time
+	HeldFor, HoldReason string
 }
 
-// collect reads the three output topics until want messages arrived or the
+// Collect reads the three output topics until want messages arrived or the
 // timeout passes.
 func (s *Stack) Collect(want int, timeout time.Duration) []Output {
+	s.T.Helper()
+	return s.CollectFrom(s.Topics[1:], want, timeout)
+}
+
+// CollectFrom reads topics until want messages arrived or the timeout passes.
+func (s *Stack) CollectFrom(topics []string, want int, timeout time.Duration) []Output {
 	s.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var mu sync.Mutex
 	var outs []Output
 	var wg sync.WaitGroup
-	for _, topic := range s.Topics[1:] {
+	for _, topic := range topics {
 		wg.Add(1)
 		go func(topic string) {
 			defer wg.Done()
@@ -194,6 +226,16 @@ func (s *Stack) Collect(want int, timeout time.Duration) []Output {
 						o.Reason = string(h.Value)
 					case "capper-shadow-capped":
 						o.Shadow = string(h.Value)
+					case "capper-reason":
+						o.HoldReason = string(h.Value)
+					case "capper-hold-count":
+						o.HoldCount, _ = strconv.Atoi(string(h.Value))
+					case "capper-due-at":
+						o.DueAt, _ = time.Parse(time.RFC3339Nano, string(h.Value))
+					case "capper-decided-at":
+						o.DecidedAt, _ = time.Parse(time.RFC3339Nano, string(h.Value))
+					case "capper-held-for":
+						o.HeldFor = string(h.Value)
 					}
 				}
 				var j struct {

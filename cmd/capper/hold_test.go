@@ -1,0 +1,270 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// holdRules: users in no segment may get 2 sends in any 3 s and are held
+// up to 30 s; "new" users (1, 2) 1 in 60 s, held at most 5 s (so beyond
+// max_hold); "active" users (3, 4) none (never); the "dormant" user (5) drops.
+// promo and digest sends are quiet from a few seconds ago until quietEnd (UTC);
+// digest drops instead of holding.
+func holdRules(quietStart, quietEnd time.Time) string {
+	return fmt.Sprintf(`
+rules:
+  on_capped: {policy: hold, max_hold: 30s}
+  segments:
+    - name: new
+      caps: [{name: slow, window: 60s, limit: 1, on_capped: {policy: hold, max_hold: 5s}}]
+    - name: active
+      caps: [{name: none, window: 60s, limit: 0}]
+    - name: dormant
+      on_capped: {policy: drop}
+      caps: [{name: daily, window: 60s, limit: 1}]
+  default_caps: [{name: burst, window: 3s, limit: 2}]
+  categories:
+    - {name: promo, quiet_hours: {from: "%s", to: "%s"}}
+    - {name: digest, quiet_hours: {from: "%[1]s", to: "%[2]s"}, on_capped: {policy: drop}}
+  exempt_categories: [transactional]
+`, quietStart.UTC().Format("15:04:05"), quietEnd.UTC().Format("15:04:05"))
+}
+
+// finals indexes the final outputs (allowed, capped, dead-letter) by job id
+// and fails on a job with outputs in two final topics.
+func finals(t *testing.T, outs []testenv.Output) map[string]testenv.Output {
+	t.Helper()
+	by := map[string]testenv.Output{}
+	for _, o := range outs {
+		if prev, ok := by[o.JobID]; ok && prev.Topic != o.Topic {
+			t.Errorf("job %s reached %s and %s", o.JobID, prev.Topic, o.Topic)
+		}
+		if _, ok := by[o.JobID]; !ok || o.Decision == "allowed" {
+			by[o.JobID] = o
+		}
+	}
+	return by
+}
+
+// checkReleases asserts that every released job was decided at or after its
+// due time and at most maxLag after it, and returns the lags.
+func checkReleases(t *testing.T, final map[string]testenv.Output, maxLag time.Duration) []time.Duration {
+	t.Helper()
+	var lags []time.Duration
+	for id, o := range final {
+		if o.HoldCount == 0 {
+			continue
+		}
+		lag := o.DecidedAt.Sub(o.DueAt)
+		switch {
+		case o.DueAt.IsZero() || o.DecidedAt.IsZero():
+			t.Errorf("job %s was held %d times but its output has no due or decision time", id, o.HoldCount)
+		case lag < 0:
+			t.Errorf("job %s released %v before its due time %s", id, -lag, o.DueAt.Format(time.RFC3339Nano))
+		case lag > maxLag:
+			t.Errorf("job %s released %v after its due time (at most %v)", id, lag, maxLag)
+		}
+		lags = append(lags, lag)
+	}
+	return lags
+}
+
+func TestHoldAndRelease(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	s.EnableHold(3, "1s", "5s")
+	now := time.Now()
+	quietEnd := now.Add(14 * time.Second).Truncate(time.Second)
+	s.EditConfig(testenv.TestRules, holdRules(now.Add(-time.Minute), quietEnd))
+	w := start(s, true)
+	w.waitReady(t)
+	t0 := time.Now()
+	var jobs []testenv.JobSpec
+	for u := uint32(100); u < 110; u++ { // 5 sends each: 2 go, 3 wait for the 3 s window
+		for i := 0; i < 5; i++ {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("burst-%d-%d", u, i), User: u, Channel: "email"})
+		}
+	}
+	jobs = append(jobs,
+		testenv.JobSpec{ID: "new-0", User: 1, Channel: "email"},
+		testenv.JobSpec{ID: "new-1", User: 1, Channel: "email"},    // slot in 60 s, max_hold 5 s
+		testenv.JobSpec{ID: "active-0", User: 3, Channel: "email"}, // limit 0
+		testenv.JobSpec{ID: "dormant-0", User: 5, Channel: "email"},
+		testenv.JobSpec{ID: "dormant-1", User: 5, Channel: "email"}, // drop policy
+		testenv.JobSpec{ID: "exp-0", User: 110, Channel: "email"},
+		testenv.JobSpec{ID: "exp-1", User: 110, Channel: "email"},
+		testenv.JobSpec{ID: "exp-2", User: 110, Channel: "email", ExpiresAt: t0.Add(1500 * time.Millisecond)}, // slot after expiry
+		testenv.JobSpec{ID: "fit-0", User: 111, Channel: "email"},
+		testenv.JobSpec{ID: "fit-1", User: 111, Channel: "email"},
+		testenv.JobSpec{ID: "fit-2", User: 111, Channel: "email", ExpiresAt: t0.Add(10 * time.Second)}, // slot before expiry
+		testenv.JobSpec{ID: "late", User: 112, Channel: "email", ExpiresAt: t0.Add(-time.Second)},      // expired on arrival
+		testenv.JobSpec{ID: "promo", User: 120, Channel: "push", Category: "promo"},                    // quiet: held
+		testenv.JobSpec{ID: "digest", User: 121, Channel: "push", Category: "digest"},                  // quiet: dropped
+		testenv.JobSpec{ID: "promo-kolkata", User: 122, Channel: "push", Category: "promo", Timezone: "Asia/Kolkata"},
+		testenv.JobSpec{ID: "receipt", User: 123, Channel: "push", Category: "transactional"},
+	)
+	s.Produce(jobs)
+	outs := s.Collect(len(jobs), 60*time.Second)
+	final := finals(t, outs)
+	if len(final) != len(jobs) {
+		t.Fatalf("%d of %d jobs reached a final topic", len(final), len(jobs))
+	}
+	want := map[string]struct{ decision, cap, reason string }{
+		"new-0": {"allowed", "", ""}, "new-1": {"capped", "slow", "beyond max_hold"},
+		"active-0":  {"capped", "none", "never"},
+		"dormant-0": {"allowed", "", ""}, "dormant-1": {"capped", "daily", ""},
+		"exp-2": {"capped", "burst", "expired"}, "fit-2": {"allowed", "", ""},
+		"late":  {"capped", "expired", "expired"},
+		"promo": {"allowed", "", ""}, "digest": {"capped", "quiet_hours", "quiet_hours"},
+		"promo-kolkata": {"allowed", "", ""}, "receipt": {"exempt", "", ""},
+	}
+	for u := 100; u < 110; u++ {
+		for i := 0; i < 5; i++ {
+			want[fmt.Sprintf("burst-%d-%d", u, i)] = struct{ decision, cap, reason string }{"allowed", "", ""}
+		}
+	}
+	for id, w := range want {
+		o := final[id]
+		if o.Decision != w.decision || o.Cap != w.cap || o.HoldReason != w.reason {
+			t.Errorf("job %s: decision %q cap %q reason %q, want %q %q %q", id, o.Decision, o.Cap, o.HoldReason, w.decision, w.cap, w.reason)
+		}
+	}
+	// Held jobs: the three later sends of each burst user, fit-2 and promo;
+	// the others never waited.
+	for id, o := range final {
+		held := strings.HasPrefix(id, "burst-") && id[len(id)-1] >= '2' || id == "fit-2" || id == "promo"
+		if (o.HoldCount > 0) != held {
+			t.Errorf("job %s: held %d times, want held=%v", id, o.HoldCount, held)
+		}
+	}
+	if o := final["promo"]; o.DecidedAt.Before(quietEnd) {
+		t.Errorf("promo sent at %s, inside its quiet hours (until %s)", o.DecidedAt.Format(time.RFC3339Nano), quietEnd.Format(time.RFC3339Nano))
+	}
+	if o := final["promo-kolkata"]; o.HoldCount != 0 {
+		t.Errorf("a promo in Asia/Kolkata, outside its local quiet hours, was held")
+	}
+	lags := checkReleases(t, final, 2*time.Second)
+	t.Logf("%d released jobs, release lag %s", len(lags), summarize(lags))
+	checkWindow(t, final, 100, 110, 3*time.Second, 2)
+	// Every hold has its audit record on the held topic.
+	audits := s.CollectFrom([]string{s.Held}, 1<<30, 3*time.Second)
+	holds := map[string]int{}
+	for _, a := range audits {
+		if a.Decision != "held" || a.DueAt.IsZero() {
+			t.Errorf("held record of %s: decision %q due %v", a.JobID, a.Decision, a.DueAt)
+		}
+		holds[a.JobID]++
+	}
+	for id, o := range final {
+		if holds[id] < o.HoldCount {
+			t.Errorf("job %s held %d times, %d held records", id, o.HoldCount, holds[id])
+		}
+	}
+	// Redis logged each allowed send once.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
+	defer rdb.Close()
+	for u := 100; u < 110; u++ {
+		if n := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, u)).Val(); n != 5 {
+			t.Errorf("user %d: %d sends logged, want 5", u, n)
+		}
+	}
+}
+
+// summarize returns the median and the largest of lags.
+func summarize(lags []time.Duration) string {
+	if len(lags) == 0 {
+		return "none"
+	}
+	s := slices.Clone(lags)
+	slices.Sort(s)
+	return fmt.Sprintf("p50 %v, max %v", s[len(s)/2], s[len(s)-1])
+}
+
+// checkWindow asserts that users [from, to) got at most limit allowed sends
+// in any window, by decision time.
+func checkWindow(t *testing.T, final map[string]testenv.Output, from, to uint32, window time.Duration, limit int) {
+	t.Helper()
+	byUser := map[uint32][]time.Time{}
+	for _, o := range final {
+		if o.Decision == "allowed" && o.User >= from && o.User < to {
+			byUser[o.User] = append(byUser[o.User], o.DecidedAt)
+		}
+	}
+	for u, ts := range byUser {
+		for _, a := range ts {
+			n := 0
+			for _, b := range ts {
+				if !b.Before(a) && b.Sub(a) < window {
+					n++
+				}
+			}
+			if n > limit {
+				t.Errorf("user %d: %d sends within %v of %s (cap %d)", u, n, window, a.Format(time.RFC3339Nano), limit)
+			}
+		}
+	}
+}
+
+// TestHeldJobsSurviveWorkerCrashes holds jobs on three tiers and SIGKILLs
+// the worker twice while they wait: every job is released once, none early.
+func TestHeldJobsSurviveWorkerCrashes(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	s.EnableHold(3, "1s", "4s", "10s")
+	s.EditConfig(testenv.TestRules, `
+rules:
+  on_capped: {policy: hold, max_hold: 2m}
+  segments:
+    - name: new
+      caps: [{name: slow, window: 12s, limit: 1}]
+  default_caps: [{name: slow, window: 12s, limit: 1}]
+`)
+	w := start(s, true)
+	w.waitReady(t)
+	var jobs []testenv.JobSpec
+	for u := uint32(100); u < 160; u++ { // 3 sends each: at 0, held to 12 s, held to 24 s
+		for i := 0; i < 3; i++ {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("j-%d-%d", u, i), User: u, Channel: "email"})
+		}
+	}
+	s.Produce(jobs)
+	kill := func(w *worker) {
+		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		<-w.done
+		w.done <- nil
+	}
+	time.Sleep(6 * time.Second) // the held jobs wait on the 10 s tier
+	if n := len(s.CollectFrom([]string{s.Held}, 60, 5*time.Second)); n < 60 {
+		t.Fatalf("%d held records before the crash, want the 60 second sends held", n)
+	}
+	kill(w)
+	w = start(s, false)
+	time.Sleep(9 * time.Second) // the first releases are due; the second holds move through the tiers
+	kill(w)
+	start(s, false)
+	outs := s.Collect(len(jobs), 90*time.Second)
+	final := finals(t, outs)
+	allowed := 0
+	for _, o := range final {
+		if o.Decision == "allowed" {
+			allowed++
+		}
+	}
+	if len(final) != len(jobs) || allowed != len(jobs) {
+		t.Errorf("%d of %d jobs reached a final topic, %d allowed; want all allowed", len(final), len(jobs), allowed)
+	}
+	// Session timeouts of the killed members delay releases (6 s each), so
+	// lateness is bounded by the outage, not by the tiers.
+	lags := checkReleases(t, final, 30*time.Second)
+	t.Logf("%d released jobs after two crashes (%d outputs for %d jobs), release lag %s", len(lags), len(outs), len(jobs), summarize(lags))
+	checkWindow(t, final, 100, 160, 12*time.Second, 1)
+}

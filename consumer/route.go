@@ -1,0 +1,206 @@
+package consumer
+
+// What happens to a job after its decision: held on the delay topics (or
+// refused, with the reason), moved to a shorter tier, and the messages that
+// carry it to its topics.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/rules"
+)
+
+// Why a capped job was not held (HeaderReason), and the cap names of
+// refusals that are not a cap's (HeaderCap).
+const (
+	ReasonNever      = "never"           // a limit of 0: no slot will come
+	ReasonExpired    = "expired"         // its expires_at passed, or comes before its slot
+	ReasonMaxHold    = "beyond max_hold" // its slot comes after submission + max_hold
+	ReasonQuietHours = "quiet_hours"     // in quiet hours under the drop policy
+)
+
+// refuseCaps is the request of a job that must not go (expired, quiet hours
+// under drop): Redis only recognises it as a duplicate of an earlier allowed
+// send (so a redelivered job keeps its one final topic); otherwise this cap,
+// with a limit of 0, refuses it and nothing is recorded.
+var refuseCaps = []capping.Cap{{Name: "refused", Limit: 0, Window: time.Millisecond}}
+
+// released reads the hold state of a job from a delay tier. One that is not
+// due yet moves on to the tier that fits what is left of its wait.
+func (w *Worker) released(it *item, now time.Time) error {
+	s, ok, err := hold.ParseState(it.msg.Headers)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: %v", ErrMalformed, err)
+	case !ok:
+		return fmt.Errorf("%w: a message on the delay tier %s without hold headers", ErrMalformed, w.cfg.Tier)
+	}
+	it.hold, it.since = s, s.Since
+	if s.Due.After(now) {
+		it.decision = decisionMove
+		it.tier, it.hold.Wake = w.cfg.Wheel.Route(now, s.Due)
+		return nil
+	}
+	w.m.releaseLag.Observe(now.Sub(s.Due).Seconds())
+	return nil
+}
+
+// holdOrRefuse holds it until due under policy p, for cause (a cap's name or
+// quiet_hours), and reports true; or sets it.reason to why it cannot be held
+// and reports false: the drop policy (reason empty for a cap, quiet_hours for
+// quiet hours), never (due is zero), expired, beyond max_hold.
+func (w *Worker) holdOrRefuse(it *item, p rules.Policy, due time.Time, cause string, now time.Time) bool {
+	switch {
+	case !p.Hold || w.cfg.Wheel == nil:
+		if cause == ReasonQuietHours {
+			it.reason = ReasonQuietHours
+			w.m.notHeld.WithLabelValues("quiet_hours").Inc()
+		}
+		return false
+	case due.IsZero():
+		it.reason = ReasonNever
+	case !it.job.ExpiresAt.IsZero() && !due.Before(it.job.ExpiresAt):
+		it.reason = ReasonExpired
+	case !due.Before(it.since.Add(p.MaxHold)):
+		it.reason = ReasonMaxHold
+	default:
+		it.decision = DecisionHeld
+		it.cap = cause
+		it.hold = hold.State{Since: it.since, Due: due, Count: it.hold.Count + 1, Reason: cause}
+		it.tier, it.hold.Wake = w.cfg.Wheel.Route(now, due)
+		label := "cap"
+		if cause == ReasonQuietHours {
+			label = "quiet_hours"
+		}
+		w.m.held.WithLabelValues(label).Inc()
+		return true
+	}
+	w.m.notHeld.WithLabelValues(strings.ReplaceAll(it.reason, " ", "_")).Inc()
+	return false
+}
+
+// capped applies the policy to a job that Redis refused.
+func (w *Worker) capped(rs *rules.Rules, it *item) {
+	if it.refuse != "" {
+		it.cap, it.reason, it.retryAt = it.refuseCap, it.refuse, time.Time{}
+		return
+	}
+	p := rs.OnCapped(it.segment, it.inSegment, it.job.Category, it.cap)
+	if w.holdOrRefuse(it, p, it.retryAt, it.cap, it.at) {
+		it.retryAt = time.Time{}
+	}
+}
+
+// expire turns the requests of jobs whose expires_at has passed into
+// refusals, right before they go to Redis (a retry can come late).
+func (w *Worker) expire(reqs []capping.Request, reqItems []int, items []item) {
+	now := w.cfg.Now()
+	for j, i := range reqItems {
+		it := &items[i]
+		if exp := it.job.ExpiresAt; !exp.IsZero() && !now.Before(exp) && it.refuse == "" {
+			it.refuse, it.refuseCap = ReasonExpired, ReasonExpired
+			reqs[j].Caps = refuseCaps
+		}
+	}
+}
+
+// timestamps formats the instants of a batch's headers, most of which share one.
+type timestamps struct {
+	t time.Time
+	s string
+}
+
+func (ts *timestamps) format(t time.Time) string {
+	if !t.Equal(ts.t) || ts.s == "" {
+		ts.t, ts.s = t, hold.FormatTime(t)
+	}
+	return ts.s
+}
+
+// outputs appends the messages that carry it to its topics: its original key,
+// value and headers (without the hold headers of a delay tier) and capper's.
+// A held job has two: the audit record on the held topic and the job on its
+// delay tier; a moved job only the latter.
+func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka.Message {
+	orig := it.msg.Headers
+	if w.cfg.Tier != "" {
+		orig = make([]kafka.Header, 0, len(it.msg.Headers))
+		for _, h := range it.msg.Headers {
+			if !strings.HasPrefix(h.Key, "capper-hold-") && h.Key != hold.HeaderSince && h.Key != hold.HeaderDue && h.Key != hold.HeaderWake {
+				orig = append(orig, h)
+			}
+		}
+	}
+	m := kafka.Message{Key: it.msg.Key, Value: it.msg.Value}
+	m.Headers = append(make([]kafka.Header, 0, len(orig)+8), orig...)
+	add := func(k, v string) { m.Headers = append(m.Headers, kafka.Header{Key: k, Value: []byte(v)}) }
+	switch it.decision {
+	case decisionMove:
+		m.Topic = it.tier.Topic
+		m.Headers = it.hold.AppendHeaders(m.Headers)
+		w.m.moves.WithLabelValues(it.tier.Name).Inc()
+		return append(outs, m)
+	case DecisionHeld:
+		wait := kafka.Message{Key: m.Key, Value: m.Value, Topic: it.tier.Topic, Headers: it.hold.AppendHeaders(append([]kafka.Header(nil), orig...))}
+		outs = append(outs, wait)
+		m.Topic = w.cfg.Topics.Held
+		add(HeaderDecision, DecisionHeld)
+		add(HeaderCap, it.cap)
+		add(hold.HeaderDue, hold.FormatTime(it.hold.Due))
+		add(hold.HeaderCount, strconv.Itoa(it.hold.Count))
+		add(HeaderDecidedAt, ts.format(it.at))
+		add(HeaderSegment, it.segment)
+		return append(outs, m)
+	}
+	add(HeaderDecision, it.decision)
+	switch it.decision {
+	case DecisionDLQ:
+		m.Topic = w.cfg.Topics.DLQ
+		add(HeaderError, it.reason)
+		if it.truncate && len(m.Value) > truncatedValueBytes {
+			m.Value = m.Value[:truncatedValueBytes]
+		}
+		if over := messageBytes(&m) - w.cfg.MaxOutputBytes; over > 0 {
+			// Keep as much of the value as fits and the headers; drop the
+			// original headers too if they alone are too large.
+			keep := max(0, len(m.Value)-over-64)
+			m.Value = m.Value[:keep]
+			if messageBytes(&m) > w.cfg.MaxOutputBytes {
+				m.Headers = m.Headers[len(orig):]
+			}
+		}
+		return append(outs, m)
+	case DecisionCapped:
+		m.Topic = w.cfg.Topics.Capped
+		add(HeaderCap, it.cap)
+		retry := ""
+		if !it.retryAt.IsZero() {
+			retry = it.retryAt.UTC().Format(time.RFC3339Nano)
+		}
+		add(HeaderRetryAt, retry)
+		if it.reason != "" {
+			add(HeaderReason, it.reason)
+		}
+	default:
+		m.Topic = w.cfg.Topics.Allowed
+		if len(it.shadow) > 0 {
+			add(HeaderShadow, strings.Join(it.shadow, ","))
+		}
+	}
+	add(HeaderDecidedAt, ts.format(it.at))
+	if it.hold.Count > 0 { // released: how often and how long it was held
+		add(hold.HeaderCount, strconv.Itoa(it.hold.Count))
+		add(hold.HeaderSince, hold.FormatTime(it.hold.Since))
+		add(hold.HeaderDue, hold.FormatTime(it.hold.Due))
+		add(HeaderHeldFor, strconv.FormatFloat(it.at.Sub(it.hold.Since).Seconds(), 'f', 3, 64))
+	}
+	add(HeaderSegment, it.segment)
+	return append(outs, m)
+}

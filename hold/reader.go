@@ -1,0 +1,67 @@
+package hold
+
+import (
+	"context"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Source is what a Reader reads: a consumer-group reader of one tier (*kafka.Reader).
+type Source interface {
+	FetchMessage(ctx context.Context) (kafka.Message, error)
+	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
+	Stats() kafka.ReaderStats
+}
+
+// Reader reads one tier and returns each message no earlier than its wake
+// time, in order: the worker reads it like the input topic. A message whose
+// wait is cut short by the end of ctx is kept and returned by the next call.
+// Not safe for concurrent use.
+type Reader struct {
+	src     Source
+	now     func() time.Time
+	pending *kafka.Message
+}
+
+// NewReader returns a Reader of src; now defaults to time.Now.
+func NewReader(src Source, now func() time.Time) *Reader {
+	if now == nil {
+		now = time.Now
+	}
+	return &Reader{src: src, now: now}
+}
+
+// FetchMessage returns the next message once its wake time has come (at once
+// for a message without hold headers, which the worker dead-letters).
+func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	if r.pending == nil {
+		m, err := r.src.FetchMessage(ctx)
+		if err != nil {
+			return kafka.Message{}, err
+		}
+		r.pending = &m
+	}
+	if s, ok, err := ParseState(r.pending.Headers); err == nil && ok {
+		if wait := s.Wake.Sub(r.now()); wait > 0 {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return kafka.Message{}, ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
+	m := *r.pending
+	r.pending = nil
+	return m, nil
+}
+
+// CommitMessages commits through the source.
+func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
+	return r.src.CommitMessages(ctx, msgs...)
+}
+
+// Stats are the source's.
+func (r *Reader) Stats() kafka.ReaderStats { return r.src.Stats() }
