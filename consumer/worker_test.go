@@ -156,7 +156,7 @@ func start(t *testing.T, cfg consumer.Config) *harness {
 	}
 	cfg.Reader, cfg.Writer, cfg.Decider = h.r, h.w, h.d
 	cfg.Segments = func() consumer.Segmenter { return noSegments{} }
-	cfg.Topics = consumer.Topics{Allowed: "allowed", Capped: "capped", DLQ: "dlq"}
+	cfg.Topics = consumer.Topics{Allowed: "allowed", Capped: "capped", DLQ: "dlq", Held: "held"}
 	if cfg.Rules == nil {
 		cfg.Rules = compile(t, 10)
 	}
