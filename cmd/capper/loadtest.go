@@ -31,6 +31,8 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&g.DuplicateShare, "duplicates", 0.02, "share of messages that resend an earlier job id (redelivery)")
 	fs.Float64Var(&g.ExemptShare, "exempt", 0.02, "share of transactional (exempt) jobs")
 	fs.Float64Var(&g.MalformedShare, "malformed", 0.005, "share of malformed messages")
+	fs.Float64Var(&g.ExpireShare, "expire-share", 0, "share of jobs with an expires_at")
+	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
 	partitions := fs.Int("create-topics", 0, "create the input and output topics with this many partitions when missing (0: do not)")
@@ -51,11 +53,22 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	ts := cfg.Kafka.Topics
 	if *partitions > 0 {
-		if err := loadtest.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, *partitions, ts.Input, ts.Allowed, ts.Capped, ts.DLQ); err != nil {
+		topics := []string{ts.Input, ts.Allowed, ts.Capped, ts.DLQ}
+		wheel, err := cfg.Wheel()
+		if err != nil {
+			return err
+		}
+		if wheel != nil {
+			topics = append(topics, ts.Held)
+			for _, t := range wheel.Tiers() {
+				topics = append(topics, t.Topic)
+			}
+		}
+		if err := loadtest.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, *partitions, topics...); err != nil {
 			return err
 		}
 		if g.Jobs == 0 {
-			fmt.Fprintf(stdout, "loadgen: topics %s, %s, %s, %s ready\n", ts.Input, ts.Allowed, ts.Capped, ts.DLQ)
+			fmt.Fprintf(stdout, "loadgen: topics %s ready\n", strings.Join(topics, ", "))
 			return nil
 		}
 	}
@@ -99,7 +112,8 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	manifest := fs.String("manifest", "", "manifest written by capper loadgen (Required)")
 	wait := fs.Duration("wait", 5*time.Minute, "give up waiting for outputs after this long")
 	idle := fs.Duration("idle", 30*time.Second, "stop waiting when no new output arrived for this long")
-	if err := parseFlags(fs, "capper report --config FILE --manifest FILE [--wait D --idle D]", args, stdout, stderr); err != nil {
+	holdWait := fs.Duration("hold-wait", time.Minute, "wait for the release of held jobs due within this; later ones are reported pending")
+	if err := parseFlags(fs, "capper report --config FILE --manifest FILE [--wait D --idle D --hold-wait D]", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *manifest == "" {
@@ -146,17 +160,20 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	ts := cfg.Kafka.Topics
+	topics := map[string]string{loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ}
+	if wheel, err := cfg.Wheel(); err == nil && wheel != nil {
+		topics[loadtest.RoleHeld] = ts.Held
+	}
 	rctx, cancel := context.WithTimeout(ctx, *wait)
 	defer cancel()
 	outs, err := loadtest.ReadOutputs(rctx, loadtest.ReadConfig{
-		Dialer: dialer, Brokers: cfg.Kafka.Brokers, Want: want, Idle: *idle,
-		Topics:   map[string]string{loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ},
+		Dialer: dialer, Brokers: cfg.Kafka.Brokers, Want: want, Idle: *idle, HoldWait: *holdWait, Topics: topics,
 		Progress: func(n int) { fmt.Fprintf(stderr, "report: %d outputs read\n", n) },
 	})
 	if err != nil {
 		return err
 	}
-	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: rs, Segment: snap.Lookup})
+	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: rs, Segment: snap.Lookup}, time.Now())
 	printReport(stdout, &r, len(outs))
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))
@@ -185,7 +202,11 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		fmt.Fprintf(w, "  segment %-9s allowed %d, duplicate %d, exempt %d, capped %d\n", s, d["allowed"], d["duplicate"], d["exempt"], d["capped"])
 	}
 	fmt.Fprintf(w, "  throughput  %.0f jobs/s from first produce to last forward; latency p50 %.0f ms, p99 %.0f ms\n", r.JobsPerSec, r.P50ms, r.P99ms)
-	fmt.Fprintf(w, "  checks      %d unaccounted, %d cap violations\n", r.Unaccounted, r.Violations)
+	if r.Held > 0 {
+		fmt.Fprintf(w, "  holds       %d held records; %d released jobs decided, release lag p50 %.0f ms, p99 %.0f ms; %d still held (due later)\n",
+			r.Held, r.Released, r.ReleaseP50ms, r.ReleaseP99ms, r.Pending)
+	}
+	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  problem: %s\n", p)
 	}

@@ -364,7 +364,7 @@ func applyEnv(v reflect.Value, prefix string, env func(string) (string, bool)) e
 			}
 			fv.SetBool(b)
 		case f.Type.Kind() == reflect.Slice && f.Type.Elem().Kind() == reflect.String:
-			var parts []string
+			parts := []string{} // an empty variable is an empty list, not the default
 			for _, p := range strings.Split(val, ",") {
 				if p = strings.TrimSpace(p); p != "" {
 					parts = append(parts, p)

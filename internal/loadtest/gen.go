@@ -46,6 +46,8 @@ type Sent struct {
 	Campaign string
 	Tags     []string
 	Timezone string
+	// ExpiresAt is the job's expires_at (zero: none).
+	ExpiresAt time.Time
 }
 
 // GenConfig shapes a blast.
@@ -60,6 +62,10 @@ type GenConfig struct {
 	// one of three campaigns, tags (promotional half of the time, newsletter
 	// a fifth) and their user's zone from Zones.
 	DuplicateShare, ExemptShare, CountOnlyShare, MalformedShare float64
+	// ExpireShare of the jobs carry expires_at, ExpiresIn after the blast
+	// is generated. Default to 0 and 10m.
+	ExpireShare float64
+	ExpiresIn   time.Duration
 	// Channels to spread jobs over. Defaults to email, push, sms.
 	Channels []string
 	// Seed makes the blast reproducible; RunID prefixes ids so runs never collide.
@@ -72,7 +78,7 @@ func (c *GenConfig) Validate() error {
 	if c.Jobs < 1 || c.Users < 1 {
 		return errors.New("loadgen: --jobs and --users must be at least 1")
 	}
-	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare} {
+	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare, c.ExpireShare} {
 		if s < 0 || s > 1 {
 			return fmt.Errorf("loadgen: share %v is not in 0..1", s)
 		}
@@ -102,6 +108,9 @@ func (c GenConfig) withDefaults() GenConfig {
 	if len(c.Channels) == 0 {
 		c.Channels = []string{"email", "push", "sms"}
 	}
+	if c.ExpiresIn == 0 {
+		c.ExpiresIn = 10 * time.Minute
+	}
 	if c.RunID == "" {
 		c.RunID = strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
@@ -124,6 +133,7 @@ func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
 	}
 	cfg = cfg.withDefaults()
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x5eed))
+	expires := time.Now().Add(cfg.ExpiresIn).UTC().Truncate(time.Millisecond)
 	hot := max(1, cfg.Users/10)
 	msgs := make([]kafka.Message, 0, cfg.Jobs)
 	sent := make([]Sent, 0, cfg.Jobs)
@@ -169,6 +179,10 @@ func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
 			if len(s.Tags) > 0 {
 				job["tags"] = s.Tags
 			}
+			if rng.Float64() < cfg.ExpireShare {
+				s.ExpiresAt = expires
+				job["expires_at"] = expires.Format(time.RFC3339Nano)
+			}
 			value, _ = json.Marshal(job)
 			jobs = append(jobs, len(sent))
 		}
@@ -204,10 +218,10 @@ func Produce(ctx context.Context, w interface {
 }
 
 // manifestHeader names the manifest's columns.
-var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind", "campaign", "tags", "timezone"}
+var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind", "campaign", "tags", "timezone", "expires_at"}
 
-// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind,campaign,tags,timezone
-// (tags separated by "|").
+// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind,campaign,tags,timezone,expires_at
+// (tags separated by "|", expires_at RFC 3339 or empty).
 func WriteManifest(w io.Writer, sent []Sent) error {
 	cw := csv.NewWriter(w)
 	if err := cw.Write(manifestHeader); err != nil {
@@ -215,7 +229,7 @@ func WriteManifest(w io.Writer, sent []Sent) error {
 	}
 	for _, s := range sent {
 		if err := cw.Write([]string{s.ID, s.JobID, strconv.FormatUint(uint64(s.UserID), 10), s.Channel, s.Category, s.Kind,
-			s.Campaign, strings.Join(s.Tags, "|"), s.Timezone}); err != nil {
+			s.Campaign, strings.Join(s.Tags, "|"), s.Timezone, formatExpiry(s.ExpiresAt)}); err != nil {
 			return err
 		}
 	}
@@ -223,10 +237,18 @@ func WriteManifest(w io.Writer, sent []Sent) error {
 	return cw.Error()
 }
 
-// ReadManifest reads what WriteManifest wrote.
+func formatExpiry(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.Format(time.RFC3339Nano)
+}
+
+// ReadManifest reads what WriteManifest wrote (and manifests of versions
+// without the expires_at column).
 func ReadManifest(r io.Reader) ([]Sent, error) {
 	cr := csv.NewReader(r)
-	cr.FieldsPerRecord = len(manifestHeader)
+	cr.FieldsPerRecord = -1
 	cr.ReuseRecord = true
 	var out []Sent
 	for line := 1; ; line++ {
@@ -236,6 +258,9 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		}
 		if err != nil {
 			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		if n := len(f); n != len(manifestHeader) && n != len(manifestHeader)-1 {
+			return nil, fmt.Errorf("manifest line %d: %d fields, want %d", line, n, len(manifestHeader))
 		}
 		if line == 1 {
 			continue // the header
@@ -247,6 +272,11 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		sent := Sent{ID: f[0], JobID: f[1], UserID: uint32(uid), Channel: f[3], Category: f[4], Kind: f[5], Campaign: f[6], Timezone: f[8]}
 		if f[7] != "" {
 			sent.Tags = strings.Split(f[7], "|")
+		}
+		if len(f) > 9 && f[9] != "" {
+			if sent.ExpiresAt, err = time.Parse(time.RFC3339Nano, f[9]); err != nil {
+				return nil, fmt.Errorf("manifest line %d: expires_at %q", line, f[9])
+			}
 		}
 		out = append(out, sent)
 	}

@@ -56,7 +56,7 @@ func scenario() ([]loadtest.Sent, []loadtest.Output) {
 
 func TestCheckCleanRun(t *testing.T) {
 	sent, outs := scenario()
-	r := loadtest.Check(sent, outs, policy)
+	r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour))
 	if !r.OK() || r.Problems != nil {
 		t.Fatalf("clean run failed: %+v", r)
 	}
@@ -101,7 +101,7 @@ func TestCheckCatchesProblems(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sent, outs := tt.mutate(scenario())
-			r := loadtest.Check(sent, outs, policy)
+			r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour))
 			if r.OK() || r.Unaccounted != tt.unaccounted || r.Violations != tt.violations {
 				t.Fatalf("unaccounted %d violations %d, want %d and %d (problems %v)", r.Unaccounted, r.Violations, tt.unaccounted, tt.violations, r.Problems)
 			}
@@ -124,7 +124,7 @@ func TestCheckWindowEdge(t *testing.T) {
 			{Role: "allowed", ID: "a", Decision: "allowed", Time: t0},
 			{Role: "allowed", ID: "b", Decision: "allowed", Time: t0.Add(gap)},
 		}
-		if r := loadtest.Check(sent, outs, one); r.Violations != violations {
+		if r := loadtest.Check(sent, outs, one, t0.Add(time.Hour)); r.Violations != violations {
 			t.Errorf("gap %v: %d violations, want %d", gap, r.Violations, violations)
 		}
 	}
@@ -175,14 +175,14 @@ func TestCheckUncheckedSends(t *testing.T) {
 	sent, outs := scenario()
 	// j3 went out unchecked while Redis was down: 3 sends, cap 2, no violation.
 	outs[2].Role, outs[2].Decision, outs[2].Cap = "allowed", "unchecked", ""
-	r := loadtest.Check(sent, outs, policy)
+	r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour))
 	if !r.OK() || r.Unchecked != 1 || r.Allowed != 2 {
 		t.Fatalf("unchecked send: ok %v, unchecked %d, allowed %d (problems %v); want ok, 1, 2", r.OK(), r.Unchecked, r.Allowed, r.Problems)
 	}
 	// A checked send over the cap is still caught with unchecked ones around.
 	sent = append(sent, loadtest.Sent{ID: "m7", JobID: "j7", UserID: 1, Channel: "email", Category: "marketing", Kind: loadtest.KindJob})
 	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Decision: "allowed", Time: t0.Add(time.Second), ProducedAt: t0})
-	if r := loadtest.Check(sent, outs, policy); r.Violations != 1 {
+	if r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour)); r.Violations != 1 {
 		t.Fatalf("a checked third send: %d violations, want 1 (problems %v)", r.Violations, r.Problems)
 	}
 }
@@ -196,10 +196,10 @@ func TestCheckExemptionComesFromTheRules(t *testing.T) {
 	receipts := compile(t, []string{"receipts"},
 		rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
 		rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Channel: "push"})
-	if r := loadtest.Check(sent, outs, receipts); !r.OK() {
+	if r := loadtest.Check(sent, outs, receipts, t0.Add(time.Hour)); !r.OK() {
 		t.Fatalf("receipts exempt: %v, want no violation", r.Problems)
 	}
-	if r := loadtest.Check(sent, outs, policy); r.Violations != 1 {
+	if r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour)); r.Violations != 1 {
 		t.Fatalf("receipts counted (only transactional exempt): %d violations, want 1 (user 1 has 3 sends, cap 2)", r.Violations)
 	}
 }
@@ -251,7 +251,7 @@ func TestCheckCalendarAndScopedCaps(t *testing.T) {
 					Campaign: s.campaign, Tags: s.tags, Timezone: "Asia/Kolkata", Kind: loadtest.KindJob})
 				outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Decision: "allowed", Time: s.t, ProducedAt: s.t})
 			}
-			res := loadtest.Check(sent, outs, p)
+			res := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
 			problems := strings.Join(res.Problems, "\n")
 			if tt.cap == "" && res.Violations != 0 {
 				t.Fatalf("violations %d, want none: %s", res.Violations, problems)
@@ -260,5 +260,40 @@ func TestCheckCalendarAndScopedCaps(t *testing.T) {
 				t.Fatalf("violations %d (%s), want 1 of cap %q", res.Violations, problems, tt.cap)
 			}
 		})
+	}
+}
+
+// TestCheckHeld: held jobs are accounted by their final output, pending
+// while due later, lost when due long ago and never released; released early
+// and allowed after expiry are violations; release lag is decided minus due.
+func TestCheckHeld(t *testing.T) {
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	now := at(60_000)
+	job := func(id string) loadtest.Sent {
+		return loadtest.Sent{ID: "m-" + id, JobID: id, UserID: 9, Channel: "email", Category: "marketing", Kind: loadtest.KindJob}
+	}
+	sent := []loadtest.Sent{job("released"), job("pending"), job("lost"), job("early"), job("expired")}
+	sent[4].ExpiresAt = at(100)
+	outs := []loadtest.Output{
+		{Role: "held", ID: "m-released", Decision: "held", DueAt: at(5000), HoldCount: 1},
+		{Role: "allowed", ID: "m-released", Decision: "allowed", DueAt: at(5000), HoldCount: 1, DecidedAt: at(5100), Time: at(5102)},
+		{Role: "held", ID: "m-pending", Decision: "held", DueAt: now.Add(time.Hour), HoldCount: 1},
+		{Role: "held", ID: "m-lost", Decision: "held", DueAt: now.Add(-loadtest.ReleaseGrace - time.Second), HoldCount: 1},
+		{Role: "held", ID: "m-early", Decision: "held", DueAt: at(9000), HoldCount: 1},
+		{Role: "capped", ID: "m-early", Decision: "capped", DueAt: at(9000), HoldCount: 1, DecidedAt: at(8000), Time: at(8001)},
+		{Role: "allowed", ID: "m-expired", Decision: "allowed", DecidedAt: at(200), Time: at(201)},
+	}
+	r := loadtest.Check(sent, outs, policy, now)
+	if r.Held != 4 || r.Released != 2 || r.Pending != 1 || r.Unaccounted != 1 || r.Violations != 2 {
+		t.Errorf("held %d released %d pending %d unaccounted %d violations %d, want 4 2 1 1 2; problems %v",
+			r.Held, r.Released, r.Pending, r.Unaccounted, r.Violations, r.Problems)
+	}
+	if r.ReleaseP50ms != -1000 || r.ReleaseP99ms != 100 {
+		t.Errorf("release lag p50 %v p99 %v, want -1000 and 100", r.ReleaseP50ms, r.ReleaseP99ms)
+	}
+	for _, want := range []string{`"lost" was held`, `"early" released`, `"expired" allowed`} {
+		if !strings.Contains(strings.Join(r.Problems, "\n"), want) {
+			t.Errorf("no problem mentions %s: %v", want, r.Problems)
+		}
 	}
 }

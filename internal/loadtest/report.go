@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -21,7 +23,13 @@ const (
 	RoleAllowed = "allowed"
 	RoleCapped  = "capped"
 	RoleDLQ     = "dlq"
+	RoleHeld    = "held" // audit records of holds: not a final topic
 )
+
+// ReleaseGrace is how late after its due time a held job may be released
+// before the report counts it as lost; a job due later than the report's
+// end plus this is pending, not lost.
+const ReleaseGrace = 30 * time.Second
 
 // Output is one message read from an output topic.
 type Output struct {
@@ -32,6 +40,21 @@ type Output struct {
 	Cap        string // capper-cap
 	Time       time.Time
 	ProducedAt time.Time
+	// DecidedAt is capper-decided-at (zero on older outputs and dead letters).
+	DecidedAt time.Time
+	// HoldCount and DueAt: on a held record, this hold; on a final output,
+	// how often the job was held and its last due time.
+	HoldCount int
+	DueAt     time.Time
+	Reason    string // capper-reason: why a capped job was not held
+}
+
+// at is when o was decided: capper-decided-at, else its write time.
+func (o *Output) at() time.Time {
+	if !o.DecidedAt.IsZero() {
+		return o.DecidedAt
+	}
+	return o.Time
 }
 
 // Result is the report's verdict. The JSON field names are the report's last line.
@@ -43,11 +66,17 @@ type Result struct {
 	Duplicates  int     `json:"duplicates"`
 	Exempt      int     `json:"exempt"`
 	Unchecked   int     `json:"unchecked"` // forwarded without a check under a fail-open rule
+	Held        int     `json:"held"`      // hold records (a job held twice counts twice)
+	Released    int     `json:"released"`  // final outputs of jobs that were held
+	Pending     int     `json:"pending"`   // jobs still held, due after the report
 	Unaccounted int     `json:"unaccounted"`
 	Violations  int     `json:"violations"`
 	JobsPerSec  float64 `json:"jobs_per_sec"`
 	P50ms       float64 `json:"p50_ms"`
 	P99ms       float64 `json:"p99_ms"`
+	// Release lag: from a held job's due time to its release decision.
+	ReleaseP50ms float64 `json:"release_p50_ms"`
+	ReleaseP99ms float64 `json:"release_p99_ms"`
 
 	ByCap     map[string]int            `json:"-"`
 	BySegment map[string]map[string]int `json:"-"` // segment -> decision -> outputs
@@ -76,23 +105,28 @@ type Policy struct {
 //
 //   - Every produced message (by HeaderID) must reach an output topic, and every
 //     job id must reach exactly one of allowed, capped and dead-letter;
-//     otherwise it is unaccounted.
+//     otherwise it is unaccounted. A job that was held (a record on the held
+//     topic) and has no final output yet is pending while its due time is
+//     later than now minus ReleaseGrace, else unaccounted (its release was lost).
+//   - A released job must not be decided before its due time; an allowed job
+//     not at or after its expires_at. Release lag is decided-at minus due.
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
 //   - Every allowed send of a user (by unique job id; not exempt, not count-only,
 //     not unchecked) must have been within every cap of the user's rules that
 //     applies to it: fewer sends of the cap's scope than its limit before it in
 //     its window (rolling, or the calendar period in the job's time zone).
 //     Counted sends are the allowed, count-only sends (exempt and unchecked ones
-//     are not counted). A send's time is the time of its first allowed output; a
-//     violation is counted once per user and cap. Shadow caps never block.
-func Check(sent []Sent, outs []Output, p Policy) Result {
+//     are not counted). A send's time is its decision time (capper-decided-at)
+//     of its first allowed output; a violation is counted once per user and
+//     cap. Shadow caps never block.
+func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c := newChecker(sent, p)
 	for i := range outs {
 		c.r.tally(&outs[i])
 		c.timing(&outs[i])
 		c.account(&outs[i])
 	}
-	c.unaccounted()
+	c.unaccounted(now)
 	c.caps()
 	c.finish()
 	return c.r
@@ -108,7 +142,9 @@ type checker struct {
 	seen        map[string]bool                // message ids that reached a topic
 	jobRoles    map[string]map[string]bool     // job id -> roles it reached
 	allowed     map[uint32]map[string]sentSend // user -> job id -> its first allowed output
+	heldDue     map[string]time.Time           // job id -> the latest due time of its holds
 	lat         []float64
+	releaseLag  []float64
 	first, last time.Time
 }
 
@@ -122,7 +158,7 @@ func newChecker(sent []Sent, p Policy) *checker {
 	c := &checker{
 		r: Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
 		p: p, sent: sent, byID: make(map[string]*Sent, len(sent)), seen: make(map[string]bool, len(sent)),
-		jobRoles: map[string]map[string]bool{}, allowed: map[uint32]map[string]sentSend{},
+		jobRoles: map[string]map[string]bool{}, allowed: map[uint32]map[string]sentSend{}, heldDue: map[string]time.Time{},
 	}
 	c.seq = make(map[string]int, len(sent))
 	for i := range sent {
@@ -148,6 +184,11 @@ func (r *Result) tally(o *Output) {
 		r.ByCap[o.Cap]++
 	case consumer.DecisionDLQ:
 		r.DLQ++
+	case consumer.DecisionHeld:
+		r.Held++
+	}
+	if o.HoldCount > 0 && o.Role != RoleHeld {
+		r.Released++
 	}
 	if o.Segment != "" {
 		if r.BySegment[o.Segment] == nil {
@@ -157,9 +198,10 @@ func (r *Result) tally(o *Output) {
 	}
 }
 
-// timing records o's latency and the span of the run.
+// timing records o's latency and the span of the run: a held record and a
+// released job's output are not latency, they measure the hold.
 func (c *checker) timing(o *Output) {
-	if !o.ProducedAt.IsZero() {
+	if !o.ProducedAt.IsZero() && o.HoldCount == 0 {
 		c.lat = append(c.lat, float64(o.Time.Sub(o.ProducedAt).Microseconds())/1000)
 		if c.first.IsZero() || o.ProducedAt.Before(c.first) {
 			c.first = o.ProducedAt
@@ -177,6 +219,24 @@ func (c *checker) account(o *Output) {
 		return // not part of this blast
 	}
 	c.seen[o.ID] = true
+	if o.Role == RoleHeld {
+		if s.Kind == KindMalformed {
+			c.r.Violations++
+			c.r.problem("malformed message %s was held", o.ID)
+		}
+		if o.DueAt.After(c.heldDue[s.JobID]) {
+			c.heldDue[s.JobID] = o.DueAt
+		}
+		return
+	}
+	if o.HoldCount > 0 {
+		lag := o.at().Sub(o.DueAt)
+		c.releaseLag = append(c.releaseLag, float64(lag.Microseconds())/1000)
+		if lag < 0 {
+			c.r.Violations++
+			c.r.problem("job %q released at %s, %v before its due time", s.JobID, o.at().Format(time.RFC3339Nano), -lag)
+		}
+	}
 	if s.Kind == KindMalformed {
 		if o.Role != RoleDLQ {
 			c.r.Violations++
@@ -188,19 +248,36 @@ func (c *checker) account(o *Output) {
 		c.jobRoles[s.JobID] = map[string]bool{}
 	}
 	c.jobRoles[s.JobID][o.Role] = true
+	if o.Role == RoleAllowed && o.Decision != consumer.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
+		c.r.Violations++
+		c.r.problem("job %q allowed at %s, at or after its expires_at %s", s.JobID, o.at().Format(time.RFC3339Nano), s.ExpiresAt.Format(time.RFC3339Nano))
+	}
 	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.p.Rules.IsExempt(s.Category) {
 		return
 	}
 	if c.allowed[s.UserID] == nil {
 		c.allowed[s.UserID] = map[string]sentSend{}
 	}
-	if prev, ok := c.allowed[s.UserID][s.JobID]; !ok || o.Time.Before(prev.t) {
-		c.allowed[s.UserID][s.JobID] = sentSend{t: o.Time, sent: s, seq: c.seq[o.ID]}
+	if prev, ok := c.allowed[s.UserID][s.JobID]; !ok || o.at().Before(prev.t) {
+		c.allowed[s.UserID][s.JobID] = sentSend{t: o.at(), sent: s, seq: c.seq[o.ID]}
 	}
 }
 
-// unaccounted counts the messages that reached no topic and the jobs that reached several.
-func (c *checker) unaccounted() {
+// unaccounted counts the messages that reached no topic, the jobs that
+// reached several, and the held jobs never released though due; it counts
+// the held jobs due later as pending.
+func (c *checker) unaccounted(now time.Time) {
+	for job, due := range c.heldDue {
+		if len(c.jobRoles[job]) > 0 {
+			continue
+		}
+		if due.After(now.Add(-ReleaseGrace)) {
+			c.r.Pending++
+			continue
+		}
+		c.r.Unaccounted++
+		c.r.problem("job %q was held until %s and never released", job, due.Format(time.RFC3339Nano))
+	}
 	for _, s := range c.sent {
 		if !c.seen[s.ID] {
 			c.r.Unaccounted++
@@ -279,6 +356,8 @@ func (c *checker) finish() {
 	}
 	sort.Float64s(c.lat)
 	c.r.P50ms, c.r.P99ms = percentile(c.lat, 0.50), percentile(c.lat, 0.99)
+	sort.Float64s(c.releaseLag)
+	c.r.ReleaseP50ms, c.r.ReleaseP99ms = percentile(c.releaseLag, 0.50), percentile(c.releaseLag, 0.99)
 }
 
 // percentile is the nearest-rank percentile of sorted values.
@@ -294,24 +373,30 @@ func percentile(sorted []float64, p float64) float64 {
 type ReadConfig struct {
 	Dialer  *kafka.Dialer     // TLS and SASL; nil for plain connections
 	Brokers []string          // (Required)
-	Topics  map[string]string // role (RoleAllowed, RoleCapped, RoleDLQ) -> topic (Required)
+	Topics  map[string]string // role (RoleAllowed, RoleCapped, RoleDLQ, RoleHeld) -> topic (Required)
 	Want    map[string]bool   // message ids to wait for
 	Idle    time.Duration     // stop when nothing new arrived for this long
+	// HoldWait: a held message due within this is waited for (until its due
+	// time plus ReleaseGrace); one due later is not. Defaults to 1m.
+	HoldWait time.Duration
 	// Progress, when set, is called now and then with the count read so far.
 	Progress func(read int)
 }
 
 // ReadOutputs reads the output topics from their beginning with a fresh
-// consumer group, until every id in c.Want has been seen, nothing new arrived
-// for c.Idle, or ctx ends.
+// consumer group, until every id in c.Want has a final output (or is held
+// until after c.HoldWait), nothing new arrived for c.Idle while no held
+// message is due soon, or ctx ends.
 func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 	dialer, brokers, topics, want, idle, progress := c.Dialer, c.Brokers, c.Topics, c.Want, c.Idle, c.Progress
+	holdWait := cmp.Or(c.HoldWait, time.Minute)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var mu sync.Mutex
 	var outs []Output
-	seen := map[string]bool{}
-	found := 0 // ids of want seen so far
+	seen := map[string]bool{}      // ids with a final output
+	held := map[string]time.Time{} // ids of want held (latest due) without a final output yet
+	found := 0                     // ids of want with a final output
 	lastNew := time.Now()
 	group := fmt.Sprintf("capper-report-%d", time.Now().UnixNano())
 	var wg sync.WaitGroup
@@ -334,9 +419,16 @@ func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 				o := parseOutput(role, m)
 				mu.Lock()
 				outs = append(outs, o)
-				if !seen[o.ID] {
+				switch {
+				case role == RoleHeld:
+					lastNew = time.Now()
+					if want[o.ID] && !seen[o.ID] && o.DueAt.After(held[o.ID]) {
+						held[o.ID] = o.DueAt
+					}
+				case !seen[o.ID]:
 					seen[o.ID] = true
 					lastNew = time.Now()
+					delete(held, o.ID)
 					if want[o.ID] {
 						found++
 					}
@@ -359,13 +451,22 @@ loop:
 			return nil, err
 		case <-tick.C:
 			mu.Lock()
-			done, n, quiet := found, len(outs), time.Since(lastNew)
+			now := time.Now()
+			done, n, quiet := found, len(outs), now.Sub(lastNew)
+			soon := 0 // held messages due within holdWait, or due and not yet past the grace
+			for _, due := range held {
+				if due.After(now.Add(holdWait)) {
+					done++
+				} else if due.After(now.Add(-ReleaseGrace)) {
+					soon++
+				}
+			}
 			mu.Unlock()
 			if progress != nil && time.Since(lastProgress) >= 2*time.Second {
 				progress(n)
 				lastProgress = time.Now()
 			}
-			if done == len(want) || quiet > idle {
+			if done == len(want) || (quiet > idle && soon == 0) {
 				break loop
 			}
 		}
@@ -392,6 +493,14 @@ func parseOutput(role string, m kafka.Message) Output {
 			o.Segment = v
 		case consumer.HeaderCap:
 			o.Cap = v
+		case consumer.HeaderReason:
+			o.Reason = v
+		case consumer.HeaderDecidedAt:
+			o.DecidedAt, _ = time.Parse(time.RFC3339Nano, v)
+		case hold.HeaderDue:
+			o.DueAt, _ = time.Parse(time.RFC3339Nano, v)
+		case hold.HeaderCount:
+			o.HoldCount, _ = strconv.Atoi(v)
 		}
 	}
 	return o
