@@ -56,7 +56,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at) or quiet_hours.",
 	}, []string{"reason"})
 	m.notHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_not_held_total", Help: "Capped jobs whose policy is hold but that could not be held, by reason: never (a limit of 0), expired, beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
+		Name: "capper_not_held_total", Help: "Capped jobs that were not held, by reason: never (a limit of 0), expired (on arrival, or its slot comes after expires_at), beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
 	}, []string{"reason"})
 	m.heldNow = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "capper_held_jobs", Help: "Messages waiting in a delay tier's partitions assigned to this replica, by tier (the tier reader's lag).",

@@ -61,7 +61,6 @@ func (w *Worker) holdOrRefuse(it *item, p rules.Policy, due time.Time, cause str
 	case !p.Hold || w.cfg.Wheel == nil:
 		if cause == ReasonQuietHours {
 			it.reason = ReasonQuietHours
-			w.m.notHeld.WithLabelValues("quiet_hours").Inc()
 		}
 		return false
 	case due.IsZero():
@@ -82,19 +81,25 @@ func (w *Worker) holdOrRefuse(it *item, p rules.Policy, due time.Time, cause str
 		w.m.held.WithLabelValues(label).Inc()
 		return true
 	}
-	w.m.notHeld.WithLabelValues(strings.ReplaceAll(it.reason, " ", "_")).Inc()
 	return false
 }
 
 // capped applies the policy to a job that Redis refused.
 func (w *Worker) capped(rs *rules.Rules, it *item) {
-	if it.refuse != "" {
+	switch {
+	case it.refuse != "":
 		it.cap, it.reason, it.retryAt = it.refuseCap, it.refuse, time.Time{}
+	case w.holdOrRefuse(it, rs.OnCapped(it.segment, it.inSegment, it.job.Category, it.cap), it.retryAt, it.cap, it.at):
+		it.retryAt = time.Time{}
 		return
 	}
-	p := rs.OnCapped(it.segment, it.inSegment, it.job.Category, it.cap)
-	if w.holdOrRefuse(it, p, it.retryAt, it.cap, it.at) {
-		it.retryAt = time.Time{}
+	w.countNotHeld(it)
+}
+
+// countNotHeld counts a capped job by the reason it was not held, if any.
+func (w *Worker) countNotHeld(it *item) {
+	if it.reason != "" {
+		w.m.notHeld.WithLabelValues(strings.ReplaceAll(it.reason, " ", "_")).Inc()
 	}
 }
 

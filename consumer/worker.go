@@ -420,6 +420,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		switch {
 		case expired && exempt: // never logged, so there is no earlier send to recognise
 			it.decision, it.cap, it.reason = DecisionCapped, ReasonExpired, ReasonExpired
+			w.countNotHeld(it)
 			continue
 		case expired:
 			it.refuse, it.refuseCap = ReasonExpired, ReasonExpired

@@ -1,9 +1,12 @@
 package main_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -154,6 +157,22 @@ func TestHoldAndRelease(t *testing.T) {
 	lags := checkReleases(t, final, 2*time.Second)
 	t.Logf("%d released jobs, release lag %s", len(lags), summarize(lags))
 	checkWindow(t, final, 100, 110, 3*time.Second, 2)
+	// What an operator sees.
+	for series, want := range map[string]func(float64) bool{
+		`capper_held_total{reason="cap"}`:                 func(v float64) bool { return v >= 31 }, // re-holds add more
+		`capper_held_total{reason="quiet_hours"}`:         func(v float64) bool { return v == 1 },
+		`capper_not_held_total{reason="never"}`:           func(v float64) bool { return v == 1 },
+		`capper_not_held_total{reason="expired"}`:         func(v float64) bool { return v == 2 },
+		`capper_not_held_total{reason="beyond_max_hold"}`: func(v float64) bool { return v == 1 },
+		`capper_not_held_total{reason="quiet_hours"}`:     func(v float64) bool { return v == 1 },
+		`capper_release_lag_seconds_count`:                func(v float64) bool { return v >= 32 },
+		`capper_held_jobs{tier="5s"}`:                     func(v float64) bool { return v == 0 },
+		`capper_jobs_total{decision="allowed"}`:           func(v float64) bool { return v == 59 },
+	} {
+		if v, ok := metric(t, w.metrics, series); !ok || !want(v) {
+			t.Errorf("%s = %v (present %v)", series, v, ok)
+		}
+	}
 	// Every hold has its audit record on the held topic.
 	audits := s.CollectFrom([]string{s.Held}, 1<<30, 3*time.Second)
 	holds := map[string]int{}
@@ -176,6 +195,24 @@ func TestHoldAndRelease(t *testing.T) {
 			t.Errorf("user %d: %d sends logged, want 5", u, n)
 		}
 	}
+}
+
+// metric returns the value of one series on addr's /metrics.
+func metric(t *testing.T, addr, series string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("scrape %s: %v", addr, err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			v, err := strconv.ParseFloat(rest, 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
 }
 
 // summarize returns the median and the largest of lags.
