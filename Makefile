@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e
+.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-hold
 
 GO ?= go
 
@@ -36,3 +36,7 @@ bench-segments:
 ## bench-e2e: 1,000,000 jobs end to end vs a pass-through baseline and the Redis ceiling, with ratios
 bench-e2e:
 	scripts/bench-e2e.sh
+
+## bench-hold: the throughput cost of holding capped sends: the same blast under drop and under hold, alternated, medians and the ratio
+bench-hold:
+	scripts/bench-hold.sh

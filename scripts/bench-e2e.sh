@@ -10,16 +10,19 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 JOBS=${BENCH_JOBS:-1000000}
+work=$(mktemp -d)
+# The drop path, as in the figures before holding existed: config.example.yaml without its hold policy.
+grep -v "on_capped: {policy: hold" config.example.yaml >"$work/drop.yaml"
 USERS=${BENCH_USERS:-250000}
 
 started=0
 if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
-trap '((started)) && scripts/stack.sh down >/dev/null' EXIT
+trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 
 run() { # run LABEL PASSTHROUGH(0|1) -> prints "jobs_per_sec p99_ms cpu_us rt"
   local out
   local rc=0
-  out=$(DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" scripts/demo.sh 2>&1) || rc=$?
+  out=$(DEMO_CONFIG="$work/drop.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" scripts/demo.sh 2>&1) || rc=$?
   # The baseline forwards everything, so its report finds cap violations; it must still lose nothing.
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1

@@ -3,11 +3,13 @@
 #   1. brings the local stack up (Redis Cluster, Kafka-protocol broker, S3 endpoint) unless it runs already;
 #   2. builds segment bitmaps for users 1..DEMO_USERS (new 20%, active 40%, dormant 20%, the rest in no
 #      segment) and uploads them to the local S3 endpoint;
-#   3. starts `capper run` with config.example.yaml (topics, group, key prefix and segment prefix unique to
-#      this run, through CAPPER_* overrides);
+#   3. starts `capper run` with config.example.yaml (or DEMO_CONFIG; topics, delay tiers, group, key prefix
+#      and segment prefix unique to this run, through CAPPER_* overrides);
 #   4. `capper loadgen` sends DEMO_JOBS jobs (default 200,000) for DEMO_USERS users (default 50,000) with
 #      repeat sends, redeliveries, exempt and malformed jobs;
-#   5. `capper report` waits for the worker to drain and checks every job and every cap; its last line is JSON;
+#   5. `capper report` waits for the worker to drain and checks every job and every cap; jobs held for longer
+#      than the run (config.example.yaml holds the capped sends of new users for their slot, about a day
+#      later) are reported as pending; its last line is JSON;
 #   6. stops the worker, and the stack if this script started it. Exits with the report's status.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -17,6 +19,7 @@ USERS=${DEMO_USERS:-50000}
 PARTITIONS=${DEMO_PARTITIONS:-6}
 METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
 PASSTHROUGH=${DEMO_PASSTHROUGH:-0}  # 1: run capper-passthrough (capping skipped), bench-e2e.sh's baseline
+CONFIG=${DEMO_CONFIG:-config.example.yaml}
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -54,6 +57,7 @@ export CAPPER_SEGMENTS_S3_ENDPOINT=$CAPPER_TEST_S3_ENDPOINT CAPPER_SEGMENTS_S3_P
 export CAPPER_KAFKA_BROKERS=$CAPPER_TEST_KAFKA_BROKERS CAPPER_KAFKA_GROUP_ID=$run
 export CAPPER_KAFKA_TOPICS_INPUT=$run.sends CAPPER_KAFKA_TOPICS_ALLOWED=$run.sends.allowed
 export CAPPER_KAFKA_TOPICS_CAPPED=$run.sends.capped CAPPER_KAFKA_TOPICS_DLQ=$run.sends.dlq
+export CAPPER_KAFKA_TOPICS_HELD=$run.sends.held CAPPER_KAFKA_TOPICS_DELAY_PREFIX=$run.sends.delay.
 export CAPPER_REDIS_ADDRS=$CAPPER_TEST_REDIS_ADDRS CAPPER_REDIS_KEY_PREFIX=$run
 export CAPPER_SEGMENTS_SOURCE="s3://$CAPPER_TEST_S3_BUCKET/$run" CAPPER_METRICS_ADDR=$METRICS
 export CAPPER_LOG_LEVEL=${CAPPER_LOG_LEVEL:-warn}
@@ -66,11 +70,11 @@ seq $((a + 1)) "$b" | "$capper" segments build --name active --out "$work/segmen
 seq $((b + 1)) "$c" | "$capper" segments build --name dormant --out "$work/segments/dormant.roaring"
 "$capper" segments upload "$work/segments" "s3://$CAPPER_TEST_S3_BUCKET/$run"
 
-say "topics $run.sends{,.allowed,.capped,.dlq} with $PARTITIONS partitions"
-"$capper" loadgen --config config.example.yaml --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
+say "topics $run.sends{,.allowed,.capped,.dlq,.held,.delay.*} with $PARTITIONS partitions"
+"$capper" loadgen --config "$CONFIG" --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
 
 say "starting capper run (metrics on http://$METRICS/metrics)"
-"${worker[@]}" --config config.example.yaml 2>"$work/worker.log" &
+"${worker[@]}" --config "$CONFIG" 2>"$work/worker.log" &
 worker_pid=$!
 for _ in $(seq 300); do
   curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
@@ -80,7 +84,7 @@ done
 curl -fsS "http://$METRICS/readyz" >/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper not ready after 30 s" >&2; exit 1; }
 
 say "loadgen: $JOBS jobs for $USERS users"
-"$capper" loadgen --config config.example.yaml --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
+"$capper" loadgen --config "$CONFIG" --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
 
 say "waiting for capper to drain"
 for _ in $(seq 1800); do
@@ -93,7 +97,7 @@ echo "capper handled $handled of $JOBS jobs" >&2
 
 say "report"
 status=0
-"$capper" report --config config.example.yaml --manifest "$work/manifest.csv" --idle 30s || status=$?
+"$capper" report --config "$CONFIG" --manifest "$work/manifest.csv" --idle 30s || status=$?
 
 # The worker's own cost: CPU time from /proc, batches and Redis round trips from its metrics.
 ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat")

@@ -89,6 +89,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, s := range d.Shadow {
 		fmt.Fprintf(stdout, "shadow cap %s would cap this send\n", s)
 	}
+	if until := b.Rules.QuietUntil(segment, ok, *category, zone, d.At); !until.IsZero() {
+		fmt.Fprintf(stdout, "a %s send now: in quiet hours until %s; %s\n", *channel, until.In(zone).Format(time.RFC3339),
+			policy(b.Rules.OnCapped(segment, ok, *category, "")))
+		return nil
+	}
 	if d.Allowed || b.Rules.IsCountOnly(*category) {
 		fmt.Fprintf(stdout, "a %s send now: allowed\n", *channel)
 		return nil
@@ -97,6 +102,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !d.RetryAt.IsZero() {
 		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.In(zone).Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
 	}
-	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s\n", *channel, d.Cap, retry)
+	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", *channel, d.Cap, retry, policy(b.Rules.OnCapped(segment, ok, *category, d.Cap)))
 	return nil
+}
+
+// policy says what happens to a refused send under p.
+func policy(p rules.Policy) string {
+	if !p.Hold {
+		return "policy drop: it would go to the capped topic"
+	}
+	return fmt.Sprintf("policy hold: it would wait for its slot, at most %v after it was submitted", p.MaxHold)
 }

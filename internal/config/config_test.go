@@ -81,6 +81,10 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"cap without limit", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nrules: {default_caps: [{window: 24h}]}\n", "rules.default_caps[0]: limit is required"},
 		{"zero window", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nrules: {default_caps: [{window: 0s, limit: 1}]}\n", "window"},
 		{"no default caps", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\n", "default_caps"},
+		{"bad tier", map[string]string{"CAPPER_HOLD_TIERS": "1s,soon"}, "", "hold.tiers"},
+		{"tier too short", map[string]string{"CAPPER_HOLD_TIERS": "10ms"}, "", "hold.tiers"},
+		{"holding rules without tiers", map[string]string{"CAPPER_HOLD_TIERS": ""}, "", "CAPPER_HOLD_TIERS"},
+		{"delay topic is the input", map[string]string{"CAPPER_KAFKA_TOPICS_INPUT": "sends.delay.1s"}, "", "kafka.topics.delay_prefix"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,5 +97,25 @@ func TestValidationNamesTheField(t *testing.T) {
 				t.Fatalf("err = %v, want one naming %q", err, tt.want)
 			}
 		})
+	}
+}
+
+func TestHoldTiers(t *testing.T) {
+	base, _ := os.ReadFile("../../config.example.yaml")
+	c, err := config.Parse(base, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Wheel()
+	if err != nil || w == nil || len(w.Tiers()) != 6 || w.Tiers()[5].Topic != "sends.delay.6h" {
+		t.Fatalf("the example's wheel: %v, %v", w, err)
+	}
+	noHold := strings.Replace(string(base), "on_capped: {policy: hold, max_hold: 48h}", "", 1)
+	c, err = config.Parse([]byte(noHold), env(map[string]string{"CAPPER_HOLD_TIERS": ""}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w, err := c.Wheel(); w != nil || err != nil {
+		t.Errorf("CAPPER_HOLD_TIERS= gives wheel %v, %v; want holding disabled", w, err)
 	}
 }
