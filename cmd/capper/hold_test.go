@@ -115,7 +115,7 @@ func TestHoldAndRelease(t *testing.T) {
 		testenv.JobSpec{ID: "receipt", User: 123, Channel: "push", Category: "transactional"},
 	)
 	s.Produce(jobs)
-	outs := s.Collect(len(jobs), 60*time.Second)
+	outs := s.CollectJobs(jobs, 60*time.Second)
 	final := finals(t, outs)
 	if len(final) != len(jobs) {
 		t.Fatalf("%d of %d jobs reached a final topic", len(final), len(jobs))
@@ -251,7 +251,9 @@ func checkWindow(t *testing.T, final map[string]testenv.Output, from, to uint32,
 }
 
 // TestHeldJobsSurviveWorkerCrashes holds jobs on three tiers and SIGKILLs
-// the worker twice while they wait: every job is released once, none early.
+// replicas while they wait: two replicas share the groups, one is killed
+// (its partitions move to the other), a third starts, and the second is
+// killed too. Every job is released once, none early, none over the cap.
 func TestHeldJobsSurviveWorkerCrashes(t *testing.T) {
 	s := testenv.NewStack(t, 3, nil)
 	s.EnableHold(3, "1s", "4s", "10s")
@@ -263,8 +265,9 @@ rules:
       caps: [{name: slow, window: 12s, limit: 1}]
   default_caps: [{name: slow, window: 12s, limit: 1}]
 `)
-	w := start(s, true)
-	w.waitReady(t)
+	a, b := start(s, true), start(s, true)
+	a.waitReady(t)
+	b.waitReady(t)
 	var jobs []testenv.JobSpec
 	for u := uint32(100); u < 160; u++ { // 3 sends each: at 0, held to 12 s, held to 24 s
 		for i := 0; i < 3; i++ {
@@ -283,12 +286,11 @@ rules:
 	if n := len(s.CollectFrom([]string{s.Held}, 60, 5*time.Second)); n < 60 {
 		t.Fatalf("%d held records before the crash, want the 60 second sends held", n)
 	}
-	kill(w)
-	w = start(s, false)
-	time.Sleep(9 * time.Second) // the first releases are due; the second holds move through the tiers
-	kill(w)
+	kill(a)
 	start(s, false)
-	outs := s.Collect(len(jobs), 90*time.Second)
+	time.Sleep(9 * time.Second) // the first releases are due; the second holds move through the tiers
+	kill(b)
+	outs := s.CollectJobs(jobs, 90*time.Second)
 	final := finals(t, outs)
 	allowed := 0
 	for _, o := range final {

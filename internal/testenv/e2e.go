@@ -195,6 +195,30 @@ func (s *Stack) Collect(want int, timeout time.Duration) []Output {
 // CollectFrom reads topics until want messages arrived or the timeout passes.
 func (s *Stack) CollectFrom(topics []string, want int, timeout time.Duration) []Output {
 	s.T.Helper()
+	return s.collect(topics, func(outs []Output) bool { return len(outs) >= want }, timeout)
+}
+
+// CollectJobs reads the three output topics until every job has an output
+// (redelivered jobs may have more) or the timeout passes.
+func (s *Stack) CollectJobs(jobs []JobSpec, timeout time.Duration) []Output {
+	s.T.Helper()
+	missing := map[string]bool{}
+	for _, j := range jobs {
+		missing[j.ID] = true
+	}
+	seen := 0 // outputs already looked at
+	return s.collect(s.Topics[1:], func(outs []Output) bool {
+		for _, o := range outs[seen:] {
+			delete(missing, o.JobID)
+		}
+		seen = len(outs)
+		return len(missing) == 0
+	}, timeout)
+}
+
+// collect reads topics until done (called with everything read so far,
+// under a lock) returns true or the timeout passes.
+func (s *Stack) collect(topics []string, done func([]Output) bool, timeout time.Duration) []Output {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var mu sync.Mutex
@@ -246,11 +270,10 @@ func (s *Stack) CollectFrom(topics []string, want int, timeout time.Duration) []
 				o.JobID, o.User = j.JobID, j.UserID
 				mu.Lock()
 				outs = append(outs, o)
-				n := len(outs)
-				mu.Unlock()
-				if n >= want {
+				if done(outs) {
 					cancel()
 				}
+				mu.Unlock()
 			}
 		}(topic)
 	}
