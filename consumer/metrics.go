@@ -43,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.roundTrips = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "capper_redis_round_trips_per_batch", Help: "Redis round trips (pipelines sent to a node) per batch.", Buckets: []float64{0, 1, 2, 3, 4, 6, 8, 12, 16, 32},
 	})
-	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_consumer_lag", Help: "Messages behind the end of the input topic's partitions, as the reader last saw it."})
+	m.lag = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_consumer_lag", Help: "Messages of the input topic the consumer group has not committed, over all its partitions (every replica reports the group's figure)."})
 	m.redisOutage = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "capper_redis_outage_seconds", Help: "How long decisions kept failing before the next successful attempt (a node crash: about the failover time).",
 		Buckets: []float64{0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300},
@@ -59,7 +59,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "capper_not_held_total", Help: "Capped jobs that were not held, by reason: never (a limit of 0), expired (on arrival, or its slot comes after expires_at), beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
 	}, []string{"reason"})
 	m.heldNow = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "capper_held_jobs", Help: "Messages waiting in a delay tier's partitions assigned to this replica, by tier (the tier reader's lag).",
+		Name: "capper_held_jobs", Help: "Held jobs waiting on a delay tier: messages its consumer group has not committed, over all partitions (every replica reports the group's figure), by tier.",
 	}, []string{"tier"})
 	m.moves = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_hold_moves_total", Help: "Held jobs moved to a shorter delay tier (not due yet when their tier returned them), by the tier they moved to.",
@@ -88,3 +88,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	return m, nil
 }
+
+// SetConsumerLag sets the input group's lag (measured by the process).
+func (m *Metrics) SetConsumerLag(n int64) { m.lag.Set(float64(n)) }
+
+// SetHeld sets how many held jobs wait on tier (its group's lag).
+func (m *Metrics) SetHeld(tier string, n int64) { m.heldNow.WithLabelValues(tier).Set(float64(n)) }

@@ -75,7 +75,6 @@ const (
 type Reader interface {
 	FetchMessage(ctx context.Context) (kafka.Message, error)
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
-	Stats() kafka.ReaderStats
 }
 
 // Writer is what the Worker needs of a producer (*kafka.Writer with no Topic
@@ -494,11 +493,6 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	w.ready.Store(true)
 	w.m.batchSize.Observe(float64(len(d.batch)))
 	w.m.batchSeconds.Observe(time.Since(d.start).Seconds())
-	if w.cfg.Tier != "" {
-		w.m.heldNow.WithLabelValues(w.cfg.Tier).Set(float64(w.cfg.Reader.Stats().Lag))
-	} else {
-		w.m.lag.Set(float64(w.cfg.Reader.Stats().Lag))
-	}
 	return nil
 }
 

@@ -11,7 +11,6 @@ import (
 type Source interface {
 	FetchMessage(ctx context.Context) (kafka.Message, error)
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
-	Stats() kafka.ReaderStats
 }
 
 // Reader reads one tier and returns each message no earlier than its wake
@@ -62,6 +61,3 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
 	return r.src.CommitMessages(ctx, msgs...)
 }
-
-// Stats are the source's.
-func (r *Reader) Stats() kafka.ReaderStats { return r.src.Stats() }

@@ -290,3 +290,33 @@ rules:
 	t.Logf("%d released jobs after two crashes (%d outputs for %d jobs), release lag %s", len(lags), len(outs), len(jobs), summarize(lags))
 	checkWindow(t, final, 100, 160, 12*time.Second, 1)
 }
+
+// TestHeldJobsGauge: capper_held_jobs{tier} counts the jobs waiting on a tier
+// (its group's uncommitted messages), capper_consumer_lag the input's.
+func TestHeldJobsGauge(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	s.EnableHold(3, "1s", "5s")
+	s.EditConfig(testenv.TestRules, `
+rules:
+  on_capped: {policy: hold, max_hold: 2h}
+  segments:
+    - name: new
+      caps: [{name: hourly, window: 1h, limit: 1}]
+  default_caps: [{name: hourly, window: 1h, limit: 1}]
+`)
+	w := start(s, true)
+	w.waitReady(t)
+	var jobs []testenv.JobSpec
+	for u := uint32(100); u < 120; u++ { // the second send of each user waits an hour
+		jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("a-%d", u), User: u, Channel: "email"}, testenv.JobSpec{ID: fmt.Sprintf("b-%d", u), User: u, Channel: "email"})
+	}
+	s.Produce(jobs)
+	var held, lag float64
+	for end := time.Now().Add(40 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		held, lag = scrapeMetric(t, w.metrics, `capper_held_jobs{tier="5s"}`), scrapeMetric(t, w.metrics, "capper_consumer_lag")
+		if held == 20 && lag == 0 {
+			return
+		}
+	}
+	t.Errorf("capper_held_jobs{tier=\"5s\"} = %v, capper_consumer_lag = %v; want the 20 held jobs and 0", held, lag)
+}

@@ -146,6 +146,8 @@ type Daemon struct {
 	readers []*kafka.Reader // the input topic's, then each delay tier's
 	writer  *kafka.Writer
 	workers []*consumer.Worker // in the order of readers
+	wheel   *hold.Wheel        // nil when holding is disabled
+	metrics *consumer.Metrics
 	srv     *http.Server
 	addr    string
 
@@ -183,6 +185,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		d.Close()
 		return nil, err
 	}
+	d.wheel = wheel
 	if wheel != nil {
 		if err := checkTopics(ctx, cfg.Kafka, wheel); err != nil {
 			d.Close()
@@ -194,6 +197,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		d.Close()
 		return nil, err
 	}
+	d.metrics = metrics
 	wc := consumer.Config{
 		Reader: input, Writer: d.writer, Decider: decider,
 		Segments: func() consumer.Segmenter { return d.Store.Snapshot() },
@@ -269,6 +273,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	defer stopBG()
 	go d.Store.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
+	go d.watchLag(bg, cfg.Kafka)
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
 		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),
 		"delay_tiers", len(d.workers)-1, "metrics_addr", d.addr)

@@ -1,0 +1,125 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/internal/config"
+)
+
+// lagInterval is how often the consumer groups' lag is measured.
+const lagInterval = 10 * time.Second
+
+// groupLag returns the messages of topic that group has not committed yet:
+// over its partitions, the last offset minus the committed one (minus the
+// first retained one where nothing is committed).
+func groupLag(ctx context.Context, c *kafka.Client, group, topic string) (int64, error) {
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return 0, err
+	}
+	var parts []int
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return 0, fmt.Errorf("topic %s: %w", topic, t.Error)
+		}
+		for _, p := range t.Partitions {
+			parts = append(parts, p.ID)
+		}
+	}
+	reqs := make([]kafka.OffsetRequest, 0, 2*len(parts))
+	for _, p := range parts {
+		reqs = append(reqs, kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+	}
+	offs, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return 0, err
+	}
+	first, last := map[int]int64{}, map[int]int64{}
+	for _, po := range offs.Topics[topic] {
+		if po.Error != nil {
+			return 0, fmt.Errorf("topic %s partition %d: %w", topic, po.Partition, po.Error)
+		}
+		if po.FirstOffset >= 0 {
+			first[po.Partition] = po.FirstOffset
+		}
+		if po.LastOffset >= 0 {
+			last[po.Partition] = po.LastOffset
+		}
+	}
+	committed, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	if err != nil {
+		return 0, err
+	}
+	if committed.Error != nil {
+		return 0, committed.Error
+	}
+	done := map[int]int64{}
+	for _, p := range committed.Topics[topic] {
+		if p.CommittedOffset >= 0 {
+			done[p.Partition] = p.CommittedOffset
+		}
+	}
+	var lag int64
+	for _, p := range parts {
+		from, ok := done[p]
+		if !ok || from < first[p] {
+			from = first[p]
+		}
+		lag += max(0, last[p]-from)
+	}
+	return lag, nil
+}
+
+// watchLag measures, every lagInterval, the input group's lag and each delay
+// tier group's (the jobs held on that tier) for the whole group, not only
+// the partitions of this replica: every replica reports the same figures.
+func (d *Daemon) watchLag(ctx context.Context, c config.Kafka) {
+	_, transport, err := KafkaClients(c)
+	if err != nil {
+		return // New already built the same clients
+	}
+	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport, Timeout: lagInterval / 2}
+	t := time.NewTicker(lagInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		err := d.measureLag(ctx, client, c)
+		if err != nil && !failing && ctx.Err() == nil {
+			d.Log.Warn("measuring consumer group lag failed", "err", err)
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (d *Daemon) measureLag(ctx context.Context, client *kafka.Client, c config.Kafka) error {
+	ctx, cancel := context.WithTimeout(ctx, lagInterval/2)
+	defer cancel()
+	n, err := groupLag(ctx, client, c.GroupID, c.Topics.Input)
+	if err != nil {
+		return fmt.Errorf("input %s: %w", c.Topics.Input, err)
+	}
+	d.metrics.SetConsumerLag(n)
+	if d.wheel == nil {
+		return nil
+	}
+	for _, t := range d.wheel.Tiers() {
+		n, err := groupLag(ctx, client, c.GroupID+".delay."+t.Name, t.Topic)
+		if err != nil {
+			return fmt.Errorf("delay tier %s: %w", t.Topic, err)
+		}
+		d.metrics.SetHeld(t.Name, n)
+	}
+	return nil
+}
