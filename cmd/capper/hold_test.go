@@ -167,7 +167,6 @@ func TestHoldAndRelease(t *testing.T) {
 		`capper_not_held_total{reason="beyond_max_hold"}`: func(v float64) bool { return v == 1 },
 		`capper_not_held_total{reason="quiet_hours"}`:     func(v float64) bool { return v == 1 },
 		`capper_release_lag_seconds_count`:                func(v float64) bool { return v >= 32 },
-		`capper_held_jobs{tier="5s"}`:                     func(v float64) bool { return v == 0 },
 		`capper_jobs_total{decision="allowed"}`:           func(v float64) bool { return v == 59 },
 	} {
 		if v := scrapeMetric(t, w.metrics, series); v < 0 || !want(v) {
