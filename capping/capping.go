@@ -214,6 +214,10 @@ type Decision struct {
 	Counts []int
 	// At is the clock reading the decision was taken at.
 	At time.Time
+	// Recorded is, for a duplicate, when the job was recorded: when it was
+	// first allowed (an earlier attempt may have recorded it and failed to
+	// answer, so this can be before any output of the job).
+	Recorded time.Time
 }
 
 // RequestErrors lines up one error per request of a batch, nil where the

@@ -22,7 +22,8 @@
 --   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
---   retry_at  ms at which every exceeded cap passes again; 0 unless capped, or never (a limit of 0)
+--   retry_at  ms at which every exceeded cap passes again; 0 unless capped, or never (a limit of 0);
+--             for a duplicate, the ms at which the job was recorded
 --   count_i   entries of cap i's scope in its window before this decision
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -65,7 +66,8 @@ if record then
 end
 
 local status = 1
-if redis.call('ZSCORE', key, member) then
+local recorded = redis.call('ZSCORE', key, member)
+if recorded then
   status = 2
 end
 
@@ -143,6 +145,9 @@ for n, c in ipairs(caps) do
 end
 if never then
   retry_at = 0
+end
+if status == 2 then
+  retry_at = tonumber(recorded)
 end
 
 if record and status ~= 0 then

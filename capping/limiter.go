@@ -505,6 +505,7 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, erro
 		d.Allowed = true
 	case 2:
 		d.Allowed, d.Duplicate = true, true
+		d.Recorded = time.UnixMilli(ints[2])
 	case 0:
 		if ints[1] < 1 || int(ints[1]) > ncaps {
 			return Decision{}, fmt.Errorf("unexpected script reply %v: cap index %d out of range", ints, ints[1])

@@ -86,7 +86,7 @@ func TestParseReply(t *testing.T) {
 		err   string
 	}{
 		{"allowed", []any{int64(1), int64(0), int64(0), int64(0), int64(1)}, Decision{Allowed: true, Counts: []int{0, 1}}, ""},
-		{"duplicate", []any{int64(2), int64(0), int64(0), int64(1), int64(1)}, Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}}, ""},
+		{"duplicate", []any{int64(2), int64(0), int64(1_795_000_000_123), int64(1), int64(1)}, Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}, Recorded: time.UnixMilli(1_795_000_000_123)}, ""},
 		{"capped by a named cap", []any{int64(0), int64(1), now.UnixMilli() + 5000, int64(1), int64(1)},
 			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, ""},
 		{"capped by an unnamed cap, for good", []any{int64(0), int64(2), int64(0), int64(0), int64(2)},
@@ -111,7 +111,7 @@ func TestParseReply(t *testing.T) {
 				t.Fatal(err)
 			}
 			if got.Allowed != tt.want.Allowed || got.Duplicate != tt.want.Duplicate || got.Cap != tt.want.Cap ||
-				!got.RetryAt.Equal(tt.want.RetryAt) || !got.At.Equal(now) || len(got.Counts) != len(tt.want.Counts) {
+				!got.RetryAt.Equal(tt.want.RetryAt) || !got.Recorded.Equal(tt.want.Recorded) || !got.At.Equal(now) || len(got.Counts) != len(tt.want.Counts) {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
 			for i := range got.Counts {

@@ -537,6 +537,9 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 			switch {
 			case d.Duplicate:
 				it.decision = DecisionDuplicate
+				if !d.Recorded.IsZero() { // decided when it was first allowed
+					it.at = d.Recorded
+				}
 			case d.Allowed:
 				it.decision = DecisionAllowed
 			default:

@@ -229,7 +229,7 @@ func (c *checker) account(o *Output) {
 		}
 		return
 	}
-	if o.HoldCount > 0 {
+	if o.HoldCount > 0 && o.Decision != consumer.DecisionDuplicate { // a duplicate's time is its first decision's
 		lag := o.at().Sub(o.DueAt)
 		c.releaseLag = append(c.releaseLag, float64(lag.Microseconds())/1000)
 		if lag < 0 {
