@@ -1,0 +1,392 @@
+// Package budget enforces global send-rate budgets shared by every replica:
+// "at most 300 SMS per second", "at most 10,000 sends of campaign X per
+// minute". A budget is a bucketed rolling window in Redis (budget.lua: a few
+// counters per window, never one entry per send), and each process leases
+// tokens in batches and serves jobs from its local reserve, with at most one
+// Redis call in flight per budget key (the others wait for it), as in
+// Rockset's batched token reservation.
+//
+// Tokens are counted in Redis in the bucket that is current when they are
+// leased, and a lease expires when that bucket ends, so every send happens
+// inside the bucket it was counted in: the sends in any window never exceed
+// the limit (with synchronised clocks; a clock that runs ahead by d moves a
+// replica's sends by d at most). The cost is underuse: tokens leased and not
+// used before their bucket ends lapse, and stay counted until they leave the
+// window; Close gives the unused tokens of live leases back.
+package budget
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed budget.lua
+var source string
+
+var script = redis.NewScript(source)
+
+// Spec is one budget: at most Limit sends in any Window.
+type Spec struct {
+	Name   string // identifies it in metrics and holds
+	Limit  int    // (>= 1)
+	Window time.Duration
+}
+
+// Want asks for one token of a budget key: the budget itself, or one
+// campaign's share of a per-campaign budget.
+type Want struct {
+	Spec *Spec
+	Key  string // Spec.Name, or Spec.Name + ":" + the campaign for a per-campaign budget
+}
+
+// Grant answers a Want.
+type Grant struct {
+	OK bool
+	// RetryAt, when not OK, is when a token is expected back for this job:
+	// the window's oldest bucket leaves it, and each job already refused before
+	// it in this process waits one more 1/Limit of the window, so released jobs
+	// arrive at the budget's rate instead of all at once.
+	RetryAt time.Time
+}
+
+// Config configures Budgets.
+type Config struct {
+	// Client runs the script (a *redis.ClusterClient or *redis.Client). (Required)
+	Client redis.Scripter
+	// KeyPrefix of the budget keys: PREFIX:b:{KEY}. Defaults to "fc".
+	KeyPrefix string
+	// Buckets per window. More buckets return tokens sooner after a burst
+	// (a bucket leaves the window whole) and make leases shorter. Defaults to 10.
+	Buckets int
+	// NoLease asks Redis for exactly the tokens a batch needs, never more
+	// (one call per batch and key): the baseline of the leasing benchmark.
+	NoLease bool
+	// Clock defaults to time.Now.
+	Clock func() time.Time
+	// Registerer receives the budgets' metrics. Optional.
+	Registerer prometheus.Registerer
+}
+
+// Budgets leases tokens of many budget keys. Safe for concurrent use.
+type Budgets struct {
+	cfg  Config
+	mu   sync.Mutex
+	keys map[string]*state
+	m    metrics
+}
+
+// state is one budget key's local reserve.
+type state struct {
+	mu       sync.Mutex
+	spec     *Spec
+	reserve  int       // leased tokens not used yet
+	bucket   int64     // the bucket (ms) the reserve is counted in
+	expires  time.Time // the reserve lapses at its bucket's end
+	size     int       // the next lease's extra tokens, adapted to demand
+	used     int       // tokens of the current lease used so far
+	leased   int       // size of the current lease
+	inflight chan struct{}
+	next     time.Time // when tokens come back, from the last refused call
+	queue    time.Time // the retry-at handed to the last refused job
+}
+
+// New returns Budgets.
+func New(cfg Config) (*Budgets, error) {
+	if cfg.Client == nil {
+		return nil, errors.New("budget: a Redis client is required")
+	}
+	if cfg.KeyPrefix == "" {
+		cfg.KeyPrefix = "fc"
+	}
+	if cfg.Buckets == 0 {
+		cfg.Buckets = 10
+	}
+	if cfg.Buckets < 1 || cfg.Buckets > 1000 {
+		return nil, fmt.Errorf("budget: %d buckets per window, want 1..1000", cfg.Buckets)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	b := &Budgets{cfg: cfg, keys: map[string]*state{}}
+	if err := b.m.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Validate reports whether s is usable with buckets per window.
+func (s *Spec) Validate(buckets int) error {
+	switch {
+	case s.Name == "":
+		return errors.New("budget: a name is required")
+	case s.Limit < 1:
+		return fmt.Errorf("budget %q: limit %d must be at least 1", s.Name, s.Limit)
+	case s.Window < time.Duration(buckets)*time.Millisecond || s.Window%(time.Duration(buckets)*time.Millisecond) != 0:
+		return fmt.Errorf("budget %q: window %v must be whole milliseconds, a multiple of %d ms (one per bucket)", s.Name, s.Window, buckets)
+	}
+	return nil
+}
+
+// RedisKey returns the Redis key of a budget key.
+func (b *Budgets) RedisKey(key string) string { return b.cfg.KeyPrefix + ":b:{" + key + "}" }
+
+func (b *Budgets) state(w Want) *state {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := b.keys[w.Key]
+	if st == nil || st.spec != w.Spec { // a rules reload may change the spec
+		st = &state{spec: w.Spec, size: 1}
+		b.keys[w.Key] = st
+	}
+	return st
+}
+
+// Take answers each want in order: one token each, from the local reserve of
+// its key, refilled from Redis when it runs short (one call per key at a
+// time; concurrent callers of the same key wait for it). Keys are served
+// concurrently. The tokens of wants that are not needed after all (their
+// job was capped) go back with Return. An error means Redis could not be
+// asked: no want of that key was granted.
+func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
+	grants := make([]Grant, len(wants))
+	byKey := map[string][]int{}
+	var order []string
+	for i, w := range wants {
+		if byKey[w.Key] == nil {
+			order = append(order, w.Key)
+		}
+		byKey[w.Key] = append(byKey[w.Key], i)
+	}
+	errs := make([]error, len(order))
+	var wg sync.WaitGroup
+	for k, key := range order {
+		idx := byKey[key]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[k] = b.take(ctx, b.state(wants[idx[0]]), key, idx, grants)
+		}()
+	}
+	wg.Wait()
+	return grants, errors.Join(errs...)
+}
+
+// take serves the wants idx of one key.
+func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, grants []Grant) error {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for len(idx) > 0 {
+		now := b.cfg.Clock()
+		if st.reserve > 0 && !now.Before(st.expires) {
+			b.m.tokens.WithLabelValues(st.spec.Name, "lapsed").Add(float64(st.reserve))
+			st.reserve = 0
+			st.size = max(1, st.size/2) // leased more than was used in time
+		}
+		for st.reserve > 0 && len(idx) > 0 { // the reserve first
+			grants[idx[0]].OK = true
+			st.reserve--
+			st.used++
+			idx = idx[1:]
+			b.m.tokens.WithLabelValues(st.spec.Name, "used").Inc()
+		}
+		if len(idx) == 0 {
+			return nil
+		}
+		if !st.next.IsZero() && now.Before(st.next) { // Redis said none are left until next
+			b.refuse(st, now, idx, grants)
+			return nil
+		}
+		if st.inflight != nil { // another caller is asking Redis: wait for its answer
+			ch := st.inflight
+			st.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				st.mu.Lock()
+				return ctx.Err()
+			}
+			st.mu.Lock()
+			continue
+		}
+		if st.leased > 0 && st.used >= st.leased { // the last lease was used up in time: lease more
+			st.size = min(2*st.size, maxLease(st.spec, b.cfg.Buckets))
+		}
+		ask := len(idx)
+		if !b.cfg.NoLease {
+			ask = max(ask, st.size)
+		}
+		ask = min(ask, st.spec.Limit)
+		ch := make(chan struct{})
+		st.inflight = ch
+		st.mu.Unlock()
+		granted, bucket, next, err := b.call(ctx, key, st.spec, now, ask, 0)
+		st.mu.Lock()
+		st.inflight = nil
+		close(ch)
+		if err != nil {
+			return err
+		}
+		b.m.tokens.WithLabelValues(st.spec.Name, "granted").Add(float64(granted))
+		width := st.spec.Window / time.Duration(b.cfg.Buckets)
+		st.reserve, st.bucket, st.expires = granted, bucket, time.UnixMilli(bucket).Add(width)
+		st.leased, st.used = granted, 0
+		if granted < ask {
+			st.next = time.UnixMilli(next)
+		} else {
+			st.next = time.Time{}
+		}
+		if granted == 0 {
+			b.refuse(st, now, idx, grants)
+			return nil
+		}
+	}
+	return nil
+}
+
+// maxLease bounds a lease: one bucket's share of the limit.
+func maxLease(s *Spec, buckets int) int { return max(1, s.Limit/buckets) }
+
+// refuse answers the wants idx with retry-at times spread at the budget's rate.
+func (b *Budgets) refuse(st *state, now time.Time, idx []int, grants []Grant) {
+	step := st.spec.Window / time.Duration(st.spec.Limit)
+	at := st.next
+	if at.Before(now) {
+		at = now
+	}
+	if st.queue.After(at) {
+		at = st.queue
+	}
+	for _, i := range idx {
+		at = at.Add(step)
+		grants[i] = Grant{RetryAt: at}
+	}
+	st.queue = at
+	b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
+}
+
+// Return puts back n tokens of key that Take granted and were not used (the
+// job was capped after all): the next Take of the key uses them first.
+func (b *Budgets) Return(w Want, n int) {
+	st := b.state(w)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if b.cfg.Clock().Before(st.expires) {
+		st.reserve += n
+		st.used -= n
+		b.m.tokens.WithLabelValues(w.Spec.Name, "put_back").Add(float64(n))
+	}
+}
+
+// Close gives the unused tokens of every live lease back to Redis, so that
+// a replica that stops does not hold tokens until they age out.
+func (b *Budgets) Close(ctx context.Context) error {
+	b.mu.Lock()
+	keys := make(map[string]*state, len(b.keys))
+	for k, st := range b.keys {
+		keys[k] = st
+	}
+	b.mu.Unlock()
+	var errs []error
+	for key, st := range keys {
+		st.mu.Lock()
+		n, bucket, live := st.reserve, st.bucket, b.cfg.Clock().Before(st.expires)
+		st.reserve = 0
+		st.mu.Unlock()
+		if n == 0 || !live {
+			continue
+		}
+		if _, _, _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		b.m.tokens.WithLabelValues(st.spec.Name, "returned").Add(float64(n))
+	}
+	return errors.Join(errs...)
+}
+
+// Usage is a budget key's state in Redis.
+type Usage struct {
+	Used int       // tokens counted in the window now
+	Next time.Time // when the oldest counted bucket leaves the window; zero when none
+}
+
+// Peek reads a budget key's usage without taking a token.
+func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
+	u, err := b.script(ctx, w.Key, w.Spec, b.cfg.Clock(), 0, 0)
+	if err != nil {
+		return Usage{}, err
+	}
+	var next time.Time
+	if u[3] > 0 {
+		next = time.UnixMilli(u[3])
+	}
+	return Usage{Used: int(u[1]), Next: next}, nil
+}
+
+// call runs the script for delta tokens; it returns the tokens granted, the
+// bucket they are counted in and when tokens come back.
+func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) (granted int, at int64, next int64, err error) {
+	r, err := b.script(ctx, key, s, now, delta, bucket)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return int(r[0]), r[2], r[3], nil
+}
+
+func (b *Budgets) script(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) ([4]int64, error) {
+	var out [4]int64
+	width := s.Window.Milliseconds() / int64(b.cfg.Buckets)
+	b.m.calls.WithLabelValues(s.Name).Inc()
+	v, err := script.Run(ctx, b.cfg.Client, []string{b.RedisKey(key)},
+		now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10)).Result()
+	if err != nil {
+		return out, fmt.Errorf("budget %s: %w", key, err)
+	}
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 4 {
+		return out, fmt.Errorf("budget %s: unexpected script reply %#v", key, v)
+	}
+	for i, x := range arr {
+		n, ok := x.(int64)
+		if !ok {
+			return out, fmt.Errorf("budget %s: unexpected script reply %#v", key, v)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+type metrics struct {
+	tokens  *prometheus.CounterVec
+	calls   *prometheus.CounterVec
+	refused *prometheus.CounterVec
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	m.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped, back in the reserve: used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown).",
+	}, []string{"budget", "kind"})
+	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_budget_redis_calls_total", Help: "Redis calls for budgets, by budget.",
+	}, []string{"budget"})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_budget_refused_total", Help: "Jobs that found a budget exhausted (and were held), by budget.",
+	}, []string{"budget"})
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.tokens, m.calls, m.refused} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("budget: register metrics: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,70 @@
+-- budget.lua: a global send-rate budget as a bucketed rolling window (Istio's Redis quota algorithm): the
+-- window is kept as a few time buckets, each a count, so a high limit costs a handful of counters, not one
+-- log entry per send.
+--
+-- KEYS[1]  the budget's hash, e.g. fc:b:{sms}: field = a bucket's start (ms), value = tokens granted in it
+-- ARGV[1]  now (ms since the epoch, from the worker's clock)
+-- ARGV[2]  window (ms)
+-- ARGV[3]  bucket width (ms); a bucket counts while its end is after now - window
+-- ARGV[4]  limit: most tokens granted in any window
+-- ARGV[5]  delta: > 0 take up to delta tokens (as many as the window has left); < 0 give -delta tokens back
+--          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts); 0 only look
+-- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
+-- Reply: {granted, used, bucket, next}
+--   granted  tokens taken now (0 when giving back or looking)
+--   used     tokens counted in the window after this call
+--   bucket   the bucket the granted tokens are counted in: they must be used before bucket + width
+--   next     ms at which the oldest counted bucket leaves the window (tokens come back); 0 when none
+local key = KEYS[1]
+local now = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local width = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local delta = tonumber(ARGV[5])
+local cur = now - now % width
+
+if delta < 0 then
+  local b = ARGV[6]
+  local n = tonumber(redis.call('HGET', key, b) or '0')
+  if n > 0 then
+    local back = math.min(n, -delta)
+    if back == n then
+      redis.call('HDEL', key, b)
+    else
+      redis.call('HINCRBY', key, b, -back)
+    end
+  end
+end
+
+local used, oldest = 0, nil
+local h = redis.call('HGETALL', key)
+for i = 1, #h, 2 do
+  local b = tonumber(h[i])
+  if b + width <= now - window then
+    redis.call('HDEL', key, h[i])
+  else
+    used = used + tonumber(h[i + 1])
+    if not oldest or b < oldest then
+      oldest = b
+    end
+  end
+end
+
+local granted = 0
+if delta > 0 then
+  granted = math.max(0, math.min(delta, limit - used))
+  if granted > 0 then
+    redis.call('HINCRBY', key, string.format('%d', cur), granted)
+    used = used + granted
+    if not oldest or cur < oldest then
+      oldest = cur
+    end
+    redis.call('PEXPIRE', key, window + width)
+  end
+end
+
+local next = 0
+if oldest then
+  next = oldest + width + window
+end
+return {granted, used, cur, next}

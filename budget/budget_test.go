@@ -1,0 +1,257 @@
+package budget
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time     { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
+
+func newBudgets(t *testing.T, c *clock, noLease bool) (*Budgets, *redis.ClusterClient) {
+	t.Helper()
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	t.Cleanup(func() { rdb.Close() })
+	cfg := Config{Client: rdb, KeyPrefix: testenv.Unique("bt"), NoLease: noLease}
+	if c != nil {
+		cfg.Clock = c.now
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, rdb
+}
+
+func wants(spec *Spec, key string, n int) []Want {
+	ws := make([]Want, n)
+	for i := range ws {
+		ws[i] = Want{Spec: spec, Key: key}
+	}
+	return ws
+}
+
+func granted(gs []Grant) int {
+	n := 0
+	for _, g := range gs {
+		if g.OK {
+			n++
+		}
+	}
+	return n
+}
+
+// TestBucketArithmetic: with a fixed clock, a window of 1 s in 10 buckets of
+// 100 ms: tokens come back when their bucket leaves the window, not before.
+func TestBucketArithmetic(t *testing.T) {
+	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket boundary
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "b", Limit: 10, Window: time.Second}
+	ctx := context.Background()
+	take := func(n int) []Grant {
+		t.Helper()
+		gs, err := b.Take(ctx, wants(spec, "b", n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gs
+	}
+	if got := granted(take(4)); got != 4 { // bucket 0 ms
+		t.Fatalf("granted %d of 4", got)
+	}
+	c.add(250 * time.Millisecond) // bucket 200 ms
+	gs := take(8)
+	if got := granted(gs); got != 6 {
+		t.Fatalf("granted %d, want the 6 left", got)
+	}
+	// The first bucket (0-100 ms) counts until its end leaves the window: at 1100 ms.
+	if want := c.t.Add(-250 * time.Millisecond).Add(1100 * time.Millisecond); !gs[6].RetryAt.After(want.Add(-time.Millisecond)) {
+		t.Errorf("refused job retries at %v, before the first bucket leaves the window (%v)", gs[6].RetryAt, want)
+	}
+	c.t = time.UnixMilli(1_800_000_001_099) // the first bucket still counts
+	b.keys["b"].next = time.Time{}          // ask Redis, not the cached answer
+	if got := granted(take(1)); got != 0 {
+		t.Errorf("at 1099 ms granted %d, want 0", got)
+	}
+	c.t = time.UnixMilli(1_800_000_001_100) // now it has left: its 4 tokens are back
+	b.keys["b"].next = time.Time{}
+	if got := granted(take(5)); got != 4 {
+		t.Errorf("at 1100 ms granted %d, want the 4 of the first bucket", got)
+	}
+	u, err := b.Peek(ctx, Want{Spec: spec, Key: "b"})
+	if err != nil || u.Used != 10 {
+		t.Errorf("Peek: %+v, %v; want 10 used", u, err)
+	}
+}
+
+// TestRefusedJobsSpreadAtTheRate: refused jobs get retry-at times one
+// Window/Limit apart, continuing across calls.
+func TestRefusedJobsSpreadAtTheRate(t *testing.T) {
+	c := &clock{t: time.UnixMilli(1_800_000_000_000)}
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "r", Limit: 100, Window: time.Second}
+	gs, _ := b.Take(context.Background(), wants(spec, "r", 150))
+	gs2, _ := b.Take(context.Background(), wants(spec, "r", 10))
+	gs = append(gs, gs2...)
+	for i := 101; i < len(gs); i++ {
+		if d := gs[i].RetryAt.Sub(gs[i-1].RetryAt); d != 10*time.Millisecond {
+			t.Fatalf("job %d retries %v after the one before, want 10ms", i, d)
+		}
+	}
+}
+
+// TestLeaseSizing: a lease grows while it is used up and shrinks when it lapses.
+func TestLeaseSizing(t *testing.T) {
+	c := &clock{t: time.UnixMilli(1_800_000_000_000)}
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "l", Limit: 10_000, Window: 10 * time.Second} // at most 1,000 per lease
+	ctx := context.Background()
+	for i := 0; i < 12; i++ {
+		if _, err := b.Take(ctx, wants(spec, "l", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := b.keys["l"]
+	if st.size < 8 {
+		t.Errorf("after a run of used-up leases the lease size is %d, want it grown", st.size)
+	}
+	grown := st.size
+	c.add(2 * time.Second) // the lease's bucket ends unused
+	if _, err := b.Take(ctx, wants(spec, "l", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if st.size >= grown {
+		t.Errorf("after a lapsed lease the size is %d, want it below %d", st.size, grown)
+	}
+	if lapsed := testutil.ToFloat64(b.m.tokens.WithLabelValues("l", "lapsed")); lapsed == 0 {
+		t.Error("no lapsed tokens counted")
+	}
+}
+
+// TestSingleFlight: many goroutines taking tokens of one key at once share
+// Redis calls: at most one in flight, and far fewer calls than takes.
+func TestSingleFlight(t *testing.T) {
+	b, _ := newBudgets(t, nil, false)
+	spec := &Spec{Name: "s", Limit: 1_000_000, Window: time.Minute}
+	var inflight, most atomic.Int32
+	b.cfg.Client = countingScripter{b.cfg.Client, &inflight, &most}
+	var wg sync.WaitGroup
+	var got atomic.Int64
+	for g := 0; g < 50; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 200; i++ {
+				gs, err := b.Take(context.Background(), wants(spec, "s", 1))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				got.Add(int64(granted(gs)))
+			}
+		}()
+	}
+	wg.Wait()
+	calls := testutil.ToFloat64(b.m.calls.WithLabelValues("s"))
+	if got.Load() != 10_000 || most.Load() != 1 || calls > 500 {
+		t.Errorf("%d of 10000 granted with %v Redis calls, at most %d in flight; want all, <= 500 calls, 1 in flight", got.Load(), calls, most.Load())
+	}
+	t.Logf("10,000 tokens taken by 50 goroutines one at a time: %v Redis calls", calls)
+}
+
+// countingScripter tracks how many script calls run at once.
+type countingScripter struct {
+	redis.Scripter
+	inflight, most *atomic.Int32
+}
+
+func (c countingScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	n := c.inflight.Add(1)
+	defer c.inflight.Add(-1)
+	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
+	}
+	time.Sleep(time.Millisecond) // hold the call open so that overlaps would show
+	return c.Scripter.EvalSha(ctx, sha, keys, args...)
+}
+
+// TestThreeReplicasShareABudget: three Budgets (three replicas) with more
+// demand than a budget of 1,000 per second for 10 s: no second-long window
+// gets more than 1,000 tokens, and leasing keeps Redis calls few.
+func TestThreeReplicasShareABudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10 s of real time")
+	}
+	spec := &Spec{Name: "shared", Limit: 1000, Window: time.Second}
+	prefix := testenv.Unique("bt3")
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	defer rdb.Close()
+	var mu sync.Mutex
+	var stamps []time.Time // every granted token's use time
+	var replicas []*Budgets
+	var wg sync.WaitGroup
+	end := time.Now().Add(10 * time.Second)
+	for r := 0; r < 3; r++ {
+		b, err := New(Config{Client: rdb, KeyPrefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replicas = append(replicas, b)
+		for g := 0; g < 4; g++ { // four workers per replica, batches of 50
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(end) {
+					gs, err := b.Take(context.Background(), wants(spec, "shared", 50))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					now := time.Now()
+					mu.Lock()
+					for _, g := range gs {
+						if g.OK {
+							stamps = append(stamps, now)
+						}
+					}
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond)
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	calls := 0.0
+	for _, b := range replicas {
+		calls += testutil.ToFloat64(b.m.calls.WithLabelValues("shared"))
+	}
+	slices.SortFunc(stamps, func(a, b time.Time) int { return a.Compare(b) })
+	worst := 0
+	for i, j := 0, 0; i < len(stamps); i++ { // the most tokens used in any 1 s window starting at a use
+		for j < len(stamps) && stamps[j].Sub(stamps[i]) < time.Second {
+			j++
+		}
+		worst = max(worst, j-i)
+	}
+	if len(stamps) > 11_000 || worst > spec.Limit {
+		t.Errorf("%d tokens in 10 s (at most 11,000: 10 windows and one more being counted), %d in the busiest second (limit %d)", len(stamps), worst, spec.Limit)
+	}
+	if len(stamps) < 7_000 {
+		t.Errorf("only %d tokens in 10 s under more demand than 1,000/s: leases lapse too much", len(stamps))
+	}
+	t.Logf("%d tokens granted in 10 s, %d in the busiest second; Redis calls per 1,000 tokens: %.1f", len(stamps), worst, 1000*calls/float64(len(stamps)))
+}
