@@ -214,9 +214,11 @@ type Decision struct {
 	Counts []int
 	// At is the clock reading the decision was taken at.
 	At time.Time
-	// Recorded is, for a duplicate, when the job was recorded: when it was
-	// first allowed (an earlier attempt may have recorded it and failed to
-	// answer, so this can be before any output of the job).
+	// Recorded is when the send is in the log: for an allowed send, At or,
+	// if another decision for the user ran first with a later clock reading,
+	// that one's time, so a user's log keeps the order of its decisions; for
+	// a duplicate, when the job was first allowed (an earlier attempt may have
+	// recorded it and failed to answer, so this can be before any output).
 	Recorded time.Time
 }
 

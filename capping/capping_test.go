@@ -286,3 +286,26 @@ func TestInvalidRequestsFailAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestLogKeepsDecisionOrder: two workers decide for one user with clocks
+// read in the opposite order of their scripts (a released job and a new one):
+// the later script records at the earlier script's time, not before it, and
+// says so; a redelivery reports when the job was recorded.
+func TestLogKeepsDecisionOrder(t *testing.T) {
+	e := newEnv(t)
+	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: 5}}
+	e.clock.Set(base.Add(time.Second))
+	first := job(12, "push", caps...)
+	if d := e.decide(t, first)[0]; !d.Allowed || !d.Recorded.Equal(base.Add(time.Second)) {
+		t.Fatalf("first: %+v, want allowed and recorded at its clock", d)
+	}
+	e.clock.Set(base) // the second worker read its clock a second earlier
+	d := e.decide(t, job(12, "push", caps...))[0]
+	if !d.Allowed || !d.Recorded.Equal(base.Add(time.Second)) || !d.At.Equal(base) {
+		t.Fatalf("second: %+v, want allowed, taken at base, recorded with the first at +1s", d)
+	}
+	e.clock.Set(base.Add(time.Hour))
+	if d := e.decide(t, first)[0]; !d.Duplicate || !d.Recorded.Equal(base.Add(time.Second)) {
+		t.Fatalf("redelivery: %+v, want a duplicate recorded at +1s", d)
+	}
+}

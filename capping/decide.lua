@@ -22,8 +22,10 @@
 --   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
---   retry_at  ms at which every exceeded cap passes again; 0 unless capped, or never (a limit of 0);
---             for a duplicate, the ms at which the job was recorded
+--   retry_at  ms at which every exceeded cap passes again; 0 when capped for good (a limit of 0);
+--             for a duplicate, the ms at which the job was recorded; for an allowed send, the ms it is
+--             recorded at: now, or the log's latest entry if that is later (another worker's clock read
+--             later but its script ran first), so a user's log is in the order its decisions were taken
 --   count_i   entries of cap i's scope in its window before this decision
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
@@ -150,6 +152,13 @@ if status == 2 then
   retry_at = tonumber(recorded)
 end
 
+if status == 1 then
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[2] and tonumber(last[2]) > now then
+    now = tonumber(last[2])
+  end
+  retry_at = now
+end
 if record and status ~= 0 then
   if status == 1 then
     redis.call('ZADD', key, now, member)

@@ -503,6 +503,9 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, erro
 	switch ints[0] {
 	case 1:
 		d.Allowed = true
+		if ints[2] > 0 {
+			d.Recorded = time.UnixMilli(ints[2])
+		}
 	case 2:
 		d.Allowed, d.Duplicate = true, true
 		d.Recorded = time.UnixMilli(ints[2])

@@ -86,6 +86,7 @@ func TestParseReply(t *testing.T) {
 		err   string
 	}{
 		{"allowed", []any{int64(1), int64(0), int64(0), int64(0), int64(1)}, Decision{Allowed: true, Counts: []int{0, 1}}, ""},
+		{"allowed, recorded later", []any{int64(1), int64(0), int64(1_795_000_000_200), int64(0), int64(1)}, Decision{Allowed: true, Counts: []int{0, 1}, Recorded: time.UnixMilli(1_795_000_000_200)}, ""},
 		{"duplicate", []any{int64(2), int64(0), int64(1_795_000_000_123), int64(1), int64(1)}, Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}, Recorded: time.UnixMilli(1_795_000_000_123)}, ""},
 		{"capped by a named cap", []any{int64(0), int64(1), now.UnixMilli() + 5000, int64(1), int64(1)},
 			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, ""},

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/backoff"
@@ -88,6 +89,12 @@ type Decider interface {
 	Decide(ctx context.Context, reqs []capping.Request) ([]capping.Decision, error)
 }
 
+// Budgeter hands out tokens of global send-rate budgets (*budget.Budgets).
+type Budgeter interface {
+	Take(ctx context.Context, wants []budget.Want) ([]budget.Grant, error)
+	Return(w budget.Want, n int)
+}
+
 // Segmenter resolves a user's segment (*segments.Snapshot).
 type Segmenter interface {
 	Lookup(user uint32) (segment string, ok bool)
@@ -107,6 +114,9 @@ type Config struct {
 	Reader  Reader  // (Required)
 	Writer  Writer  // (Required)
 	Decider Decider // (Required)
+	// Budgets hands out the tokens of the rules' budgets; nil: budgets are not
+	// enforced (the daemon always sets it).
+	Budgets Budgeter
 	// Segments returns the current segment snapshot. (Required)
 	Segments func() Segmenter
 	// Rules are the initial rules. (Required)
@@ -355,6 +365,14 @@ type item struct {
 	// refuse, when set, is decided by Redis only to recognise a duplicate,
 	// and otherwise capped by refuseCap with this reason (expired, quiet hours).
 	refuse, refuseCap string
+	// req is its request to Redis when decide is set.
+	req    capping.Request
+	decide bool
+	// wants are the budget tokens it needs, taken is how many of them it got
+	// (given back if it is not allowed after all); byBudget: held for a token.
+	wants    []budget.Want
+	taken    bool
+	byBudget bool
 }
 
 // decisionMove is a held job that is not due yet and moves to a shorter
@@ -386,7 +404,8 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	items := make([]item, len(batch))
 	var reqs []capping.Request
 	var reqItems []int
-	var caps []capping.Cap // one backing array for the batch's caps
+	var caps []capping.Cap  // one backing array for the batch's caps
+	var wants []budget.Want // and for its budget wants
 	for i := range batch {
 		it := &items[i]
 		it.msg, it.at = &batch[i], start
@@ -445,12 +464,28 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 			caps = rs.Caps(caps, it.segment, it.inSegment, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, start)
 			req.Caps = caps[n:len(caps):len(caps)]
 		}
-		reqs = append(reqs, req)
-		reqItems = append(reqItems, i)
+		if it.refuse == "" && w.cfg.Budgets != nil {
+			n := len(wants)
+			wants = rs.Budgets(wants, job.Channel, req.Tags, job.CampaignID)
+			it.wants = wants[n:len(wants):len(wants)]
+		}
+		it.req, it.decide = req, true
+	}
+	if len(wants) > 0 {
+		if err := w.takeBudgets(ctx, rs, items, start); err != nil {
+			return nil, err
+		}
+	}
+	for i := range items {
+		if items[i].decide {
+			reqs = append(reqs, items[i].req)
+			reqItems = append(reqItems, i)
+		}
 	}
 	if err := w.decide(ctx, reqs, reqItems, items); err != nil {
 		return nil, err
 	}
+	w.returnBudgets(items)
 	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
 		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}
@@ -542,6 +577,9 @@ func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []
 				}
 			case d.Allowed:
 				it.decision = DecisionAllowed
+				if !d.Recorded.IsZero() {
+					it.at = d.Recorded
+				}
 			default:
 				it.decision = DecisionCapped
 				it.cap = d.Cap
