@@ -63,9 +63,6 @@ type Config struct {
 	Client redis.Scripter
 	// KeyPrefix of the budget keys: PREFIX:b:{KEY}. Defaults to "fc".
 	KeyPrefix string
-	// Buckets per window. More buckets return tokens sooner after a burst
-	// (a bucket leaves the window whole) and make leases shorter. Defaults to 10.
-	Buckets int
 	// NoLease asks Redis for exactly the tokens a batch needs, never more
 	// (one call per batch and key): the baseline of the leasing benchmark.
 	NoLease bool
@@ -106,12 +103,6 @@ func New(cfg Config) (*Budgets, error) {
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = "fc"
 	}
-	if cfg.Buckets == 0 {
-		cfg.Buckets = 10
-	}
-	if cfg.Buckets < 1 || cfg.Buckets > 1000 {
-		return nil, fmt.Errorf("budget: %d buckets per window, want 1..1000", cfg.Buckets)
-	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
@@ -122,8 +113,20 @@ func New(cfg Config) (*Budgets, error) {
 	return b, nil
 }
 
-// Validate reports whether s is usable with buckets per window.
-func (s *Spec) Validate(buckets int) error {
+// Buckets is how many buckets a window has: a bucket leaves the window
+// whole, so tokens come back at most a tenth of the window late, and a lease
+// lasts at most a tenth of the window.
+const Buckets = 10
+
+// Bound is the most sends of the budget's scope in any window as measured by
+// their decision times: the limit, plus one bucket's share, since a job is
+// decided a moment after it took its token (by token time the limit holds
+// exactly).
+func (s *Spec) Bound() int { return s.Limit + s.Limit/Buckets }
+
+// Validate reports whether s is usable.
+func (s *Spec) Validate() error {
+	const buckets = Buckets
 	switch {
 	case s.Name == "":
 		return errors.New("budget: a name is required")
@@ -217,7 +220,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 			continue
 		}
 		if st.leased > 0 && st.used >= st.leased { // the last lease was used up in time: lease more
-			st.size = min(2*st.size, maxLease(st.spec, b.cfg.Buckets))
+			st.size = min(2*st.size, maxLease(st.spec))
 		}
 		ask := len(idx)
 		if !b.cfg.NoLease {
@@ -235,7 +238,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 			return err
 		}
 		b.m.tokens.WithLabelValues(st.spec.Name, "granted").Add(float64(granted))
-		width := st.spec.Window / time.Duration(b.cfg.Buckets)
+		width := st.spec.Window / Buckets
 		st.reserve, st.bucket, st.expires = granted, bucket, time.UnixMilli(bucket).Add(width)
 		st.leased, st.used = granted, 0
 		if granted < ask {
@@ -252,7 +255,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 }
 
 // maxLease bounds a lease: one bucket's share of the limit.
-func maxLease(s *Spec, buckets int) int { return max(1, s.Limit/buckets) }
+func maxLease(s *Spec) int { return max(1, s.Limit/Buckets) }
 
 // refuse answers the wants idx with retry-at times spread at the budget's rate.
 func (b *Budgets) refuse(st *state, now time.Time, idx []int, grants []Grant) {
@@ -343,7 +346,7 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 
 func (b *Budgets) script(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) ([4]int64, error) {
 	var out [4]int64
-	width := s.Window.Milliseconds() / int64(b.cfg.Buckets)
+	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()
 	v, err := script.Run(ctx, b.cfg.Client, []string{b.RedisKey(key)},
 		now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10)).Result()

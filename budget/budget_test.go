@@ -1,4 +1,4 @@
-package budget
+package budget_test
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	. "github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -20,7 +20,7 @@ type clock struct {
 	t  time.Time
 }
 
-func (c *clock) now() time.Time     { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
 
 func newBudgets(t *testing.T, c *clock, noLease bool) (*Budgets, *redis.ClusterClient) {
@@ -84,12 +84,12 @@ func TestBucketArithmetic(t *testing.T) {
 		t.Errorf("refused job retries at %v, before the first bucket leaves the window (%v)", gs[6].RetryAt, want)
 	}
 	c.t = time.UnixMilli(1_800_000_001_099) // the first bucket still counts
-	b.keys["b"].next = time.Time{}          // ask Redis, not the cached answer
+	ForgetRefusal(b, "b")                   // ask Redis, not the cached answer
 	if got := granted(take(1)); got != 0 {
 		t.Errorf("at 1099 ms granted %d, want 0", got)
 	}
 	c.t = time.UnixMilli(1_800_000_001_100) // now it has left: its 4 tokens are back
-	b.keys["b"].next = time.Time{}
+	ForgetRefusal(b, "b")
 	if got := granted(take(5)); got != 4 {
 		t.Errorf("at 1100 ms granted %d, want the 4 of the first bucket", got)
 	}
@@ -126,19 +126,18 @@ func TestLeaseSizing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st := b.keys["l"]
-	if st.size < 8 {
-		t.Errorf("after a run of used-up leases the lease size is %d, want it grown", st.size)
+	if LeaseSize(b, "l") < 8 {
+		t.Errorf("after a run of used-up leases the lease size is %d, want it grown", LeaseSize(b, "l"))
 	}
-	grown := st.size
+	grown := LeaseSize(b, "l")
 	c.add(2 * time.Second) // the lease's bucket ends unused
 	if _, err := b.Take(ctx, wants(spec, "l", 1)); err != nil {
 		t.Fatal(err)
 	}
-	if st.size >= grown {
-		t.Errorf("after a lapsed lease the size is %d, want it below %d", st.size, grown)
+	if LeaseSize(b, "l") >= grown {
+		t.Errorf("after a lapsed lease the size is %d, want it below %d", LeaseSize(b, "l"), grown)
 	}
-	if lapsed := testutil.ToFloat64(b.m.tokens.WithLabelValues("l", "lapsed")); lapsed == 0 {
+	if lapsed := Lapsed(b, "l"); lapsed == 0 {
 		t.Error("no lapsed tokens counted")
 	}
 }
@@ -149,7 +148,7 @@ func TestSingleFlight(t *testing.T) {
 	b, _ := newBudgets(t, nil, false)
 	spec := &Spec{Name: "s", Limit: 1_000_000, Window: time.Minute}
 	var inflight, most atomic.Int32
-	b.cfg.Client = countingScripter{b.cfg.Client, &inflight, &most}
+	SetScripter(b, countingScripter{Scripter(b), &inflight, &most})
 	var wg sync.WaitGroup
 	var got atomic.Int64
 	for g := 0; g < 50; g++ {
@@ -167,7 +166,7 @@ func TestSingleFlight(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	calls := testutil.ToFloat64(b.m.calls.WithLabelValues("s"))
+	calls := Calls(b, "s")
 	if got.Load() != 10_000 || most.Load() != 1 || calls > 500 {
 		t.Errorf("%d of 10000 granted with %v Redis calls, at most %d in flight; want all, <= 500 calls, 1 in flight", got.Load(), calls, most.Load())
 	}
@@ -193,9 +192,6 @@ func (c countingScripter) EvalSha(ctx context.Context, sha string, keys []string
 // demand than a budget of 1,000 per second for 10 s: no second-long window
 // gets more than 1,000 tokens, and leasing keeps Redis calls few.
 func TestThreeReplicasShareABudget(t *testing.T) {
-	if testing.Short() {
-		t.Skip("10 s of real time")
-	}
 	spec := &Spec{Name: "shared", Limit: 1000, Window: time.Second}
 	prefix := testenv.Unique("bt3")
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
@@ -237,7 +233,7 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	wg.Wait()
 	calls := 0.0
 	for _, b := range replicas {
-		calls += testutil.ToFloat64(b.m.calls.WithLabelValues("shared"))
+		calls += Calls(b, "shared")
 	}
 	slices.SortFunc(stamps, func(a, b time.Time) int { return a.Compare(b) })
 	worst := 0

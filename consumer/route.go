@@ -5,6 +5,7 @@ package consumer
 // carry it to its topics.
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/rules"
@@ -75,8 +77,11 @@ func (w *Worker) holdOrRefuse(it *item, p rules.Policy, due time.Time, cause str
 		it.hold = hold.State{Since: it.since, Due: due, Count: it.hold.Count + 1, Reason: cause}
 		it.tier, it.hold.Wake = w.cfg.Wheel.Route(now, due)
 		label := "cap"
-		if cause == ReasonQuietHours {
+		switch {
+		case cause == ReasonQuietHours:
 			label = "quiet_hours"
+		case it.byBudget:
+			label = "budget"
 		}
 		w.m.held.WithLabelValues(label).Inc()
 		return true
@@ -208,4 +213,87 @@ func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka
 	}
 	add(HeaderSegment, it.segment)
 	return append(outs, m)
+}
+
+// takeBudgets takes a token of every budget each job to be decided needs,
+// retrying while Redis fails. A job that finds a budget exhausted is held
+// until a token is expected back for it (the latest such time of its
+// budgets), up to the budget's max_hold, and gives back the tokens it got.
+func (w *Worker) takeBudgets(ctx context.Context, rs *rules.Rules, items []item, now time.Time) error {
+	var wants []budget.Want
+	var owners []int
+	for i := range items {
+		if items[i].decide {
+			for _, wt := range items[i].wants {
+				wants = append(wants, wt)
+				owners = append(owners, i)
+			}
+		}
+	}
+	retry := w.newRetry("redis_budget", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
+	var grants []budget.Grant
+	for {
+		var err error
+		if grants, err = w.cfg.Budgets.Take(ctx, wants); err == nil {
+			break
+		}
+		for j, g := range grants { // what was granted before the failure goes back
+			if g.OK {
+				w.cfg.Budgets.Return(wants[j], 1)
+			}
+		}
+		if !retry.wait(ctx, "budget tokens failed; retrying", len(wants), err) {
+			return fmt.Errorf("consumer: stopped waiting for budget tokens (batch left uncommitted): %w", ctx.Err())
+		}
+	}
+	short := map[int]int{} // item -> index of its want with the latest retry-at
+	for j, g := range grants {
+		i := owners[j]
+		if !g.OK {
+			if k, ok := short[i]; !ok || g.RetryAt.After(grants[k].RetryAt) {
+				short[i] = j
+			}
+		}
+	}
+	for j, g := range grants {
+		i := owners[j]
+		if _, refused := short[i]; refused && g.OK {
+			w.cfg.Budgets.Return(wants[j], 1)
+		}
+	}
+	for i := range items {
+		it := &items[i]
+		k, refused := short[i]
+		if !refused {
+			it.taken = len(it.wants) > 0
+			continue
+		}
+		name := wants[k].Spec.Name
+		it.byBudget = true
+		if w.holdOrRefuse(it, rules.Policy{Hold: true, MaxHold: rs.BudgetMaxHold(name)}, grants[k].RetryAt, name, now) {
+			it.decide = false
+			continue
+		}
+		// Not holdable (expired, beyond max_hold): refused, after a duplicate check.
+		it.refuse, it.refuseCap = it.reason, name
+		it.req.Caps = refuseCaps
+	}
+	return nil
+}
+
+// returnBudgets gives back the tokens of jobs that were not forwarded after all.
+func (w *Worker) returnBudgets(items []item) {
+	for i := range items {
+		it := &items[i]
+		if !it.taken {
+			continue
+		}
+		switch it.decision {
+		case DecisionAllowed, DecisionUnchecked:
+		default: // capped, duplicate (sent before), dead-lettered
+			for _, wt := range it.wants {
+				w.cfg.Budgets.Return(wt, 1)
+			}
+		}
+	}
 }

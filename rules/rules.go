@@ -54,6 +54,8 @@ type Config struct {
 	DefaultQuietHours *QuietHours `yaml:"default_quiet_hours"`
 	// Categories configure the policy and quiet hours of a category's sends.
 	Categories []Category `yaml:"categories"`
+	// Budgets are global send-rate budgets shared by every replica.
+	Budgets []Budget `yaml:"budgets"`
 	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
 	ReloadInterval Duration `yaml:"reload_interval"`
 }
@@ -151,18 +153,20 @@ type Rules struct {
 	// Version identifies the rules in logs and metrics.
 	Version int64
 
-	segments  []string
-	bySegment map[string][]compiled
-	def       []compiled
-	exempt    map[string]bool
-	countOnly map[string]bool
-	failCat   map[string]time.Duration
-	failSeg   map[string]time.Duration
-	zone      *time.Location
-	weekStart time.Weekday
-	retention time.Duration
-	hold      holdRules
-	periods   sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
+	segments   []string
+	bySegment  map[string][]compiled
+	def        []compiled
+	exempt     map[string]bool
+	countOnly  map[string]bool
+	failCat    map[string]time.Duration
+	failSeg    map[string]time.Duration
+	zone       *time.Location
+	weekStart  time.Weekday
+	retention  time.Duration
+	hold       holdRules
+	budgets    []compiledBudget
+	budgetHold map[string]time.Duration
+	periods    sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
 }
 
 type periodKey struct {
@@ -251,6 +255,10 @@ func Compile(c Config, version int64) (*Rules, error) {
 	if err := r.compileHold(c); err != nil {
 		return nil, err
 	}
+	if err := r.compileBudgets(c.Budgets); err != nil {
+		return nil, err
+	}
+	r.hold.anyHold = r.hold.anyHold || len(r.budgets) > 0 // a job short of a token waits for it
 	return r, nil
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
@@ -61,6 +62,7 @@ type Backends struct {
 	Log      *slog.Logger
 	Registry *prometheus.Registry
 	Limiter  *capping.Limiter
+	Budgets  *budget.Budgets
 	Store    *segments.Store
 	Rules    *rules.Rules
 
@@ -88,6 +90,10 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 	}
 	b.closes = append(b.closes, func() { _ = rdb.Close() })
 	if b.Limiter, err = connectRedis(ctx, rdb, cfg.Redis, b.Log); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry}); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -199,7 +205,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 	}
 	d.metrics = metrics
 	wc := consumer.Config{
-		Reader: input, Writer: d.writer, Decider: decider,
+		Reader: input, Writer: d.writer, Decider: decider, Budgets: d.Budgets,
 		Segments: func() consumer.Segmenter { return d.Store.Snapshot() },
 		Rules:    d.Rules,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
@@ -289,6 +295,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}()
 	}
 	wg.Wait()
+	// Unused budget tokens go back, so that they count for the other replicas at once.
+	bctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := d.Budgets.Close(bctx); err != nil {
+		d.Log.Warn("giving budget tokens back failed; they lapse when their bucket leaves the window", "err", err)
+	}
+	cancel()
 	// Leave the groups; a commit is never left to Close (it can hang).
 	closed := make(chan error, len(d.readers))
 	for _, r := range d.readers {

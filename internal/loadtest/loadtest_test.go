@@ -297,3 +297,35 @@ func TestCheckHeld(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckBudget: a budget's sends in any window beyond its limit plus one
+// bucket's share are a violation; the other campaign's are not counted in it.
+func TestCheckBudget(t *testing.T) {
+	limit := 5
+	rs, err := rules.Compile(rules.Config{
+		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: &limit}},
+		Budgets:     []rules.Budget{{Name: "speed", PerCampaign: true, Limit: &limit, Window: rules.Duration(time.Second)}},
+	}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := loadtest.Policy{Rules: rs, Segment: func(uint32) (string, bool) { return "", false }}
+	var sent []loadtest.Sent
+	var outs []loadtest.Output
+	add := func(campaign string, n int, gap time.Duration) {
+		for i := 0; i < n; i++ {
+			id := fmt.Sprintf("%s-%d", campaign, len(sent))
+			sent = append(sent, loadtest.Sent{ID: id, JobID: id, UserID: uint32(len(sent) + 1), Channel: "push", Category: "marketing", Kind: loadtest.KindJob, Campaign: campaign})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Decision: "allowed", DecidedAt: t0.Add(time.Duration(i) * gap)})
+		}
+	}
+	add("slow", 12, 200*time.Millisecond) // 5 per second
+	add("other", 5, time.Millisecond)     // its own budget key
+	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 0 {
+		t.Fatalf("within the budget: %v", r.Problems)
+	}
+	add("fast", 7, 100*time.Millisecond) // 7 in 0.7 s
+	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 1 || !strings.Contains(r.Problems[0], "budget speed:fast") {
+		t.Fatalf("violations %d %v, want one for speed:fast", r.Violations, r.Problems)
+	}
+}

@@ -110,6 +110,8 @@ type Policy struct {
 //     later than now minus ReleaseGrace, else unaccounted (its release was lost).
 //   - A released job must not be decided before its due time; an allowed job
 //     not at or after its expires_at. Release lag is decided-at minus due.
+//   - No budget gets more allowed sends of its scope in any window than its
+//     limit plus a tenth (one bucket), by decision time.
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
 //   - Every allowed send of a user (by unique job id; not exempt, not count-only,
 //     not unchecked) must have been within every cap of the user's rules that
@@ -128,6 +130,7 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	}
 	c.unaccounted(now)
 	c.caps()
+	c.budgets()
 	c.finish()
 	return c.r
 }
@@ -344,6 +347,38 @@ func (c *checker) caps() {
 					c.r.problem("user %d: send %s at %s had %d earlier sends in the window of cap %q, which allows %d",
 						u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.Name, cp.Limit)
 				}
+			}
+		}
+	}
+}
+
+// budgets checks every budget: in any window, at most its limit plus one
+// bucket's share (the documented bound by decision time: a job is decided a
+// moment after it took its token) of the allowed sends in its scope.
+func (c *checker) budgets() {
+	byKey := map[string][]time.Time{}
+	limits := map[string]int{}
+	windows := map[string]time.Duration{}
+	for _, sends := range c.allowed {
+		for _, s := range sends {
+			tags := (&consumer.Job{Category: s.sent.Category, Tags: s.sent.Tags}).AllTags()
+			for _, w := range c.p.Rules.Budgets(nil, s.sent.Channel, tags, s.sent.Campaign) {
+				byKey[w.Key] = append(byKey[w.Key], s.t)
+				limits[w.Key] = w.Spec.Bound()
+				windows[w.Key] = w.Spec.Window
+			}
+		}
+	}
+	for key, ts := range byKey {
+		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		for i, j := 0, 0; i < len(ts); i++ {
+			for j < len(ts) && ts[j].Sub(ts[i]) < windows[key] {
+				j++
+			}
+			if j-i > limits[key] {
+				c.r.Violations++
+				c.r.problem("budget %s: %d sends in the %v from %s, at most %d", key, j-i, windows[key], ts[i].Format(time.RFC3339Nano), limits[key])
+				break
 			}
 		}
 	}

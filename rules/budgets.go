@@ -1,0 +1,105 @@
+package rules
+
+// Global send-rate budgets: a name, a scope and a limit per rolling window,
+// shared by every replica (package budget enforces them).
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/capper-dev/capper/budget"
+)
+
+// Budget is one budget as configured.
+type Budget struct {
+	// Name identifies it in metrics, holds and keys. (Required)
+	Name string `yaml:"name"`
+	// Limit is the most sends of its scope in any Window. (Required, >= 1)
+	Limit *int `yaml:"limit"`
+	// Window is rolling, whole milliseconds, a multiple of 10 ms (one per bucket). (Required)
+	Window Duration `yaml:"window"`
+	// Scope, as for caps: channel/channels, tags (a job's category is one of
+	// its tags), per_campaign (one budget per campaign id). Empty: every send.
+	Channel     string   `yaml:"channel"`
+	Channels    []string `yaml:"channels"`
+	Tags        []string `yaml:"tags"`
+	PerCampaign bool     `yaml:"per_campaign"`
+	// MaxHold bounds how long after submission a job may wait for a token;
+	// later it is capped with reason "beyond max_hold". Defaults to 24h.
+	MaxHold Duration `yaml:"max_hold"`
+}
+
+type compiledBudget struct {
+	spec        *budget.Spec
+	channels    []string
+	tags        []string
+	perCampaign bool
+	maxHold     time.Duration
+}
+
+func (r *Rules) compileBudgets(bs []Budget) error {
+	r.budgetHold = map[string]time.Duration{}
+	for i, b := range bs {
+		f := fmt.Sprintf("rules.budgets[%d]", i)
+		switch {
+		case b.Name == "":
+			return fmt.Errorf("%s: name is required", f)
+		case r.budgetHold[b.Name] != 0:
+			return fmt.Errorf("%s: budget %q is listed twice", f, b.Name)
+		case b.Limit == nil:
+			return fmt.Errorf("%s (%s): limit is required", f, b.Name)
+		case b.Channel != "" && len(b.Channels) > 0:
+			return fmt.Errorf("%s (%s): set channel or channels, not both", f, b.Name)
+		case b.MaxHold < 0 || time.Duration(b.MaxHold) > maxHoldLimit:
+			return fmt.Errorf("%s (%s): max_hold %v is not between 0 and 30d", f, b.Name, time.Duration(b.MaxHold))
+		}
+		spec := &budget.Spec{Name: b.Name, Limit: *b.Limit, Window: time.Duration(b.Window)}
+		if err := spec.Validate(); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		cb := compiledBudget{spec: spec, channels: slices.Clone(b.Channels), tags: slices.Clone(b.Tags), perCampaign: b.PerCampaign, maxHold: time.Duration(b.MaxHold)}
+		if b.Channel != "" {
+			cb.channels = []string{b.Channel}
+		}
+		if cb.maxHold == 0 {
+			cb.maxHold = 24 * time.Hour
+		}
+		r.budgets = append(r.budgets, cb)
+		r.budgetHold[b.Name] = cb.maxHold
+	}
+	return nil
+}
+
+// Budgets appends to dst a want of every budget whose scope matches a send
+// of channel with tags (its category among them) in campaign.
+func (r *Rules) Budgets(dst []budget.Want, channel string, tags []string, campaign string) []budget.Want {
+	for i := range r.budgets {
+		b := &r.budgets[i]
+		if len(b.channels) > 0 && !slices.Contains(b.channels, channel) {
+			continue
+		}
+		if len(b.tags) > 0 && !slices.ContainsFunc(tags, func(t string) bool { return slices.Contains(b.tags, t) }) {
+			continue
+		}
+		key := b.spec.Name
+		if b.perCampaign {
+			key += ":" + campaign
+		}
+		dst = append(dst, budget.Want{Spec: b.spec, Key: key})
+	}
+	return dst
+}
+
+// BudgetMaxHold returns how long a job may wait for a token of the budget name.
+func (r *Rules) BudgetMaxHold(name string) time.Duration { return r.budgetHold[name] }
+
+// BudgetNamed returns the budget called name, for capper check.
+func (r *Rules) BudgetNamed(name string) (spec *budget.Spec, perCampaign bool, ok bool) {
+	for _, b := range r.budgets {
+		if b.spec.Name == name {
+			return b.spec, b.perCampaign, true
+		}
+	}
+	return nil, false, false
+}
