@@ -53,7 +53,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"cap"})
 	m.rulesVersion = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_rules_version", Help: "Version of the rules in force."})
 	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at) or quiet_hours.",
+		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at), quiet_hours, budget (a budget had no token).",
 	}, []string{"reason"})
 	m.notHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_not_held_total", Help: "Capped jobs that were not held, by reason: never (a limit of 0), expired (on arrival, or its slot comes after expires_at), beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
@@ -71,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
 		m.jobs.WithLabelValues(s)
 	}
-	for _, s := range []string{"cap", "quiet_hours"} {
+	for _, s := range []string{"cap", "quiet_hours", "budget"} {
 		m.held.WithLabelValues(s)
 	}
 	for _, s := range []string{"never", "expired", "beyond_max_hold", "quiet_hours"} {

@@ -2,7 +2,10 @@ package main_test
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,4 +79,15 @@ rules:
 		t.Errorf(`capper_held_total{reason="budget"} = %v, want at least %d`, v, held)
 	}
 	t.Logf("hot campaign: 100 sends over %v, %d held, at most %d in any second", hot[len(hot)-1].Sub(hot[0]), held, worst)
+	cmd := exec.Command(capperBin, "check", "--config", s.Config, "--budget", "campaign-speed", "--campaign", "hot")
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("capper check --budget: %v\n%s", err, out)
+	}
+	for _, want := range []string{"budget campaign-speed:hot  key " + s.Prefix + ":b:{campaign-speed:hot}", "limit 20 per 1s", " of 20 in the window now"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("capper check --budget lacks %q:\n%s", want, out)
+		}
+	}
 }

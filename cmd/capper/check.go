@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/daemon"
 	"github.com/capper-dev/capper/rules"
@@ -18,14 +19,18 @@ import (
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper check", flag.ContinueOnError)
 	path := configFlag(fs)
-	user := fs.Uint64("user", 1<<63, "user id (Required)")
+	user := fs.Uint64("user", 1<<63, "user id (Required unless --budget)")
+	budgetName := fs.String("budget", "", "show this budget's current use instead (with --campaign for a per-campaign budget)")
 	channel := fs.String("channel", "email", "channel of the hypothetical send")
 	category := fs.String("category", "marketing", "category of the hypothetical send")
 	tags := fs.String("tags", "", "comma-separated tags of the hypothetical send")
 	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
 	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
-	if err := parseFlags(fs, "capper check --config FILE --user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z]", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "capper check --config FILE (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
 		return err
+	}
+	if *budgetName != "" {
+		return checkBudget(ctx, *path, *budgetName, *campaign, stdout)
 	}
 	if *user > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")
@@ -112,4 +117,35 @@ func policy(p rules.Policy) string {
 		return "policy drop: it would go to the capped topic"
 	}
 	return fmt.Sprintf("policy hold: it would wait for its slot, at most %v after it was submitted", p.MaxHold)
+}
+
+// checkBudget prints one budget key's current use.
+func checkBudget(ctx context.Context, path, name, campaign string, stdout io.Writer) error {
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return err
+	}
+	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	spec, perCampaign, ok := b.Rules.BudgetNamed(name)
+	if !ok {
+		return fmt.Errorf("no budget %q in the rules", name)
+	}
+	key := name
+	if perCampaign {
+		key += ":" + campaign
+	}
+	u, err := b.Budgets.Peek(ctx, budget.Want{Spec: spec, Key: key})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "budget %s  key %s  limit %d per %v (rolling, %d buckets)\n", key, b.Budgets.RedisKey(key), spec.Limit, rules.Duration(spec.Window), budget.Buckets)
+	fmt.Fprintf(stdout, "  used %d of %d in the window now (leased tokens count, used or not)\n", u.Used, spec.Limit)
+	if !u.Next.IsZero() {
+		fmt.Fprintf(stdout, "  the oldest counted bucket leaves the window at %s (in %v)\n", u.Next.UTC().Format(time.RFC3339Nano), time.Until(u.Next).Round(time.Millisecond))
+	}
+	return nil
 }

@@ -297,7 +297,7 @@ func TestCheckCommand(t *testing.T) {
 		"cap daily                  1 of   5", "(rolling 24h0m0s)",
 		"cap promo-today            1 of   1", "(calendar, until ", " EST)",
 		"cap two-today              1 of   2", "[shadow: never blocks]",
-		"a push send now: capped by promo-today; retry after ",
+		"a push send now: capped by promo-today; retry after ", "; policy drop: it would go to the capped topic",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("capper check output lacks %q:\n%s", want, out)
