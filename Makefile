@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-hold
+.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-hold bench-budget
 
 GO ?= go
 
@@ -40,3 +40,7 @@ bench-e2e:
 ## bench-hold: the throughput cost of holding capped sends: the same blast under drop and under hold, alternated, medians and the ratio
 bench-hold:
 	scripts/bench-hold.sh
+
+## bench-budget: the cost of a global budget that never binds, end to end, side by side with none, and its Redis calls per 1,000 jobs
+bench-budget:
+	scripts/bench-budget.sh

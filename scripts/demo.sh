@@ -104,8 +104,9 @@ ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat")
 curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" '
   /^capper_batch_size_count/ {batches=$2} /^capper_batch_size_sum/ {handled=$2}
   /^capper_redis_round_trips_per_batch_sum/ {rt=$2} /^capper_redis_round_trips_per_batch_count/ {rtn=$2}
-  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch\n",
-        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0) }'
+  /^capper_budget_redis_calls_total\{/ {bc+=$2}
+  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %d budget redis calls\n",
+        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), bc }'
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2
