@@ -93,6 +93,8 @@ type state struct {
 	inflight chan struct{}
 	next     time.Time // when tokens come back, from the last refused call
 	queue    time.Time // the retry-at handed to the last refused job
+	// the budget's token counters, resolved once
+	usedC, putBackC, lapsedC, grantedC prometheus.Counter
 }
 
 // New returns Budgets.
@@ -146,7 +148,10 @@ func (b *Budgets) state(w Want) *state {
 	defer b.mu.Unlock()
 	st := b.keys[w.Key]
 	if st == nil || st.spec != w.Spec { // a rules reload may change the spec
-		st = &state{spec: w.Spec, size: 1}
+		t := b.m.tokens
+		n := w.Spec.Name
+		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
+			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted")}
 		b.keys[w.Key] = st
 	}
 	return st
@@ -167,6 +172,9 @@ func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
 			order = append(order, w.Key)
 		}
 		byKey[w.Key] = append(byKey[w.Key], i)
+	}
+	if len(order) == 1 { // the usual case: one budget key in the batch, no goroutine
+		return grants, b.take(ctx, b.state(wants[0]), order[0], byKey[order[0]], grants)
 	}
 	errs := make([]error, len(order))
 	var wg sync.WaitGroup
@@ -189,16 +197,18 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 	for len(idx) > 0 {
 		now := b.cfg.Clock()
 		if st.reserve > 0 && !now.Before(st.expires) {
-			b.m.tokens.WithLabelValues(st.spec.Name, "lapsed").Add(float64(st.reserve))
+			st.lapsedC.Add(float64(st.reserve))
 			st.reserve = 0
 			st.size = max(1, st.size/2) // leased more than was used in time
 		}
-		for st.reserve > 0 && len(idx) > 0 { // the reserve first
-			grants[idx[0]].OK = true
-			st.reserve--
-			st.used++
-			idx = idx[1:]
-			b.m.tokens.WithLabelValues(st.spec.Name, "used").Inc()
+		if n := min(st.reserve, len(idx)); n > 0 { // the reserve first
+			for _, i := range idx[:n] {
+				grants[i].OK = true
+			}
+			st.reserve -= n
+			st.used += n
+			idx = idx[n:]
+			st.usedC.Add(float64(n))
 		}
 		if len(idx) == 0 {
 			return nil
@@ -237,7 +247,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 		if err != nil {
 			return err
 		}
-		b.m.tokens.WithLabelValues(st.spec.Name, "granted").Add(float64(granted))
+		st.grantedC.Add(float64(granted))
 		width := st.spec.Window / Buckets
 		st.reserve, st.bucket, st.expires = granted, bucket, time.UnixMilli(bucket).Add(width)
 		st.leased, st.used = granted, 0
@@ -284,7 +294,7 @@ func (b *Budgets) Return(w Want, n int) {
 	if b.cfg.Clock().Before(st.expires) {
 		st.reserve += n
 		st.used -= n
-		b.m.tokens.WithLabelValues(w.Spec.Name, "put_back").Add(float64(n))
+		st.putBackC.Add(float64(n))
 	}
 }
 

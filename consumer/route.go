@@ -281,19 +281,25 @@ func (w *Worker) takeBudgets(ctx context.Context, rs *rules.Rules, items []item,
 	return nil
 }
 
-// returnBudgets gives back the tokens of jobs that were not forwarded after all.
+// returnBudgets gives back the tokens of jobs that were not forwarded after
+// all, once per budget key.
 func (w *Worker) returnBudgets(items []item) {
+	var back map[string]int
+	var wants map[string]budget.Want
 	for i := range items {
 		it := &items[i]
-		if !it.taken {
-			continue
+		if !it.taken || it.decision == DecisionAllowed || it.decision == DecisionUnchecked {
+			continue // forwarded: the tokens are used
 		}
-		switch it.decision {
-		case DecisionAllowed, DecisionUnchecked:
-		default: // capped, duplicate (sent before), dead-lettered
-			for _, wt := range it.wants {
-				w.cfg.Budgets.Return(wt, 1)
-			}
+		if back == nil { // capped, duplicate (sent before), dead-lettered
+			back, wants = map[string]int{}, map[string]budget.Want{}
 		}
+		for _, wt := range it.wants {
+			back[wt.Key]++
+			wants[wt.Key] = wt
+		}
+	}
+	for key, n := range back {
+		w.cfg.Budgets.Return(wants[key], n)
 	}
 }
