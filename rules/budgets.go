@@ -19,12 +19,8 @@ type Budget struct {
 	Limit *int `yaml:"limit"`
 	// Window is rolling, whole milliseconds, a multiple of 10 ms (one per bucket). (Required)
 	Window Duration `yaml:"window"`
-	// Scope, as for caps: channel/channels, tags (a job's category is one of
-	// its tags), per_campaign (one budget per campaign id). Empty: every send.
-	Channel     string   `yaml:"channel"`
-	Channels    []string `yaml:"channels"`
-	Tags        []string `yaml:"tags"`
-	PerCampaign bool     `yaml:"per_campaign"`
+	// Scope, as for caps; per_campaign makes one budget per campaign id. Empty: every send.
+	Scope `yaml:",inline"`
 	// MaxHold bounds how long after submission a job may wait for a token;
 	// later it is capped with reason "beyond max_hold". Defaults to 24h.
 	MaxHold Duration `yaml:"max_hold"`
@@ -49,8 +45,6 @@ func (r *Rules) compileBudgets(bs []Budget) error {
 			return fmt.Errorf("%s: budget %q is listed twice", f, b.Name)
 		case b.Limit == nil:
 			return fmt.Errorf("%s (%s): limit is required", f, b.Name)
-		case b.Channel != "" && len(b.Channels) > 0:
-			return fmt.Errorf("%s (%s): set channel or channels, not both", f, b.Name)
 		case b.MaxHold < 0 || time.Duration(b.MaxHold) > maxHoldLimit:
 			return fmt.Errorf("%s (%s): max_hold %v is not between 0 and 30d", f, b.Name, time.Duration(b.MaxHold))
 		}
@@ -58,10 +52,11 @@ func (r *Rules) compileBudgets(bs []Budget) error {
 		if err := spec.Validate(); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		cb := compiledBudget{spec: spec, channels: slices.Clone(b.Channels), tags: slices.Clone(b.Tags), perCampaign: b.PerCampaign, maxHold: time.Duration(b.MaxHold)}
-		if b.Channel != "" {
-			cb.channels = []string{b.Channel}
+		channels, err := b.Scope.compile(fmt.Sprintf("%s (%s)", f, b.Name))
+		if err != nil {
+			return err
 		}
+		cb := compiledBudget{spec: spec, channels: channels, tags: slices.Clone(b.Tags), perCampaign: b.PerCampaign, maxHold: time.Duration(b.MaxHold)}
 		if cb.maxHold == 0 {
 			cb.maxHold = 24 * time.Hour
 		}

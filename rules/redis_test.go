@@ -62,8 +62,8 @@ func TestCapsOfEveryKindOnOneUser(t *testing.T) {
 	kolkata := zone(t, "Asia/Kolkata")
 	r := compile(t, rules.Config{DefaultCaps: []rules.Cap{
 		{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(4)},
-		{Name: "promo-today", Calendar: "day", Limit: limit(1), Tags: []string{"promotional"}},
-		{Name: "campaign-week", Calendar: "week", Limit: limit(1), PerCampaign: true, Channels: []string{"push", "sms"}},
+		{Name: "promo-today", Calendar: "day", Limit: limit(1), Scope: rules.Scope{Tags: []string{"promotional"}}},
+		{Name: "campaign-week", Calendar: "week", Limit: limit(1), Scope: rules.Scope{PerCampaign: true, Channels: []string{"push", "sms"}}},
 		{Name: "today-shadow", Calendar: "day", Limit: limit(1), Shadow: true},
 	}})
 	start := time.Date(2026, 11, 22, 20, 0, 0, 0, kolkata) // a Sunday evening
@@ -118,7 +118,7 @@ func TestReloadedRulesCountEarlierHistory(t *testing.T) {
 	}
 	v2, err := rules.Compile(rules.Config{DefaultCaps: []rules.Cap{
 		{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(10)},
-		{Name: "newsletter-today", Calendar: "day", Limit: limit(2), Tags: []string{"newsletter"}},
+		{Name: "newsletter-today", Calendar: "day", Limit: limit(2), Scope: rules.Scope{Tags: []string{"newsletter"}}},
 	}}, 2)
 	if err != nil {
 		t.Fatal(err)

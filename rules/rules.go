@@ -82,18 +82,44 @@ type Cap struct {
 	// Calendar makes a calendar cap: day, week or month, in the user's time zone.
 	// (Exactly one of Window and Calendar.)
 	Calendar string `yaml:"calendar"`
+	// Scope: the sends it applies to and counts.
+	Scope `yaml:",inline"`
+	// Shadow caps are evaluated and reported but never block.
+	Shadow bool `yaml:"shadow"`
+	// OnCapped overrides every other policy for the sends this cap refuses.
+	OnCapped *OnCapped `yaml:"on_capped"`
+}
+
+// Scope selects sends, for a cap or a budget.
+type Scope struct {
 	// Channel and Channels restrict the scope to these channels; empty: every channel.
 	Channel  string   `yaml:"channel"`
 	Channels []string `yaml:"channels"`
 	// Tags restrict the scope to sends with one of these tags (a job's category
 	// is one of its tags); empty: any.
 	Tags []string `yaml:"tags"`
-	// PerCampaign counts only the sends of the job's own campaign.
+	// PerCampaign: only the sends of the job's own campaign (a budget: one per campaign).
 	PerCampaign bool `yaml:"per_campaign"`
-	// Shadow caps are evaluated and reported but never block.
-	Shadow bool `yaml:"shadow"`
-	// OnCapped overrides every other policy for the sends this cap refuses.
-	OnCapped *OnCapped `yaml:"on_capped"`
+}
+
+// compile validates the scope and returns its channels.
+func (s Scope) compile(field string) ([]string, error) {
+	switch {
+	case s.Channel != "" && len(s.Channels) > 0:
+		return nil, fmt.Errorf("%s: set channel or channels, not both", field)
+	case len(s.Channels) > 100 || len(s.Tags) > 100:
+		return nil, fmt.Errorf("%s: at most 100 channels and 100 tags", field)
+	}
+	channels := slices.Clone(s.Channels)
+	if s.Channel != "" {
+		channels = []string{s.Channel}
+	}
+	for _, v := range append(slices.Clone(channels), s.Tags...) {
+		if v == "" {
+			return nil, fmt.Errorf("%s: an empty channel or tag", field)
+		}
+	}
+	return channels, nil
 }
 
 // FailOpen chooses availability over caps for one category or one segment
@@ -285,10 +311,6 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 			return nil, fmt.Errorf("%s: set exactly one of window (rolling) and calendar (day, week or month)", f)
 		case c.Window != 0 && (cc.window < time.Millisecond || cc.window%time.Millisecond != 0):
 			return nil, fmt.Errorf("%s: window %v must be whole milliseconds, at least 1ms", f, cc.window)
-		case c.Channel != "" && len(c.Channels) > 0:
-			return nil, fmt.Errorf("%s: set channel or channels, not both", f)
-		case len(c.Channels) > 100 || len(c.Tags) > 100:
-			return nil, fmt.Errorf("%s: at most 100 channels and 100 tags", f)
 		}
 		cc.limit = *c.Limit
 		switch c.Calendar {
@@ -302,14 +324,9 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 		default:
 			return nil, fmt.Errorf("%s: calendar %q is not day, week or month", f, c.Calendar)
 		}
-		channels := c.Channels
-		if c.Channel != "" {
-			channels = []string{c.Channel}
-		}
-		for _, v := range append(slices.Clone(channels), c.Tags...) {
-			if v == "" {
-				return nil, fmt.Errorf("%s: an empty channel or tag", f)
-			}
+		channels, err := c.Scope.compile(f)
+		if err != nil {
+			return nil, err
 		}
 		cc.scope = capping.NewScope(channels, c.Tags)
 		cc.name = c.Name

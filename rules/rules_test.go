@@ -102,11 +102,11 @@ func TestScopes(t *testing.T) {
 	r := compile(t, rules.Config{
 		Segments: []rules.Segment{{Name: "vip", Caps: []rules.Cap{
 			{Name: "all", Window: rules.Duration(time.Hour), Limit: limit(9)},
-			{Name: "push-or-sms", Window: rules.Duration(time.Hour), Limit: limit(9), Channels: []string{"push", "sms"}},
-			{Name: "promo", Window: rules.Duration(time.Hour), Limit: limit(9), Tags: []string{"promotional", "sale"}},
-			{Name: "promo-push", Window: rules.Duration(time.Hour), Limit: limit(9), Channel: "push", Tags: []string{"promotional"}},
-			{Name: "campaign", Window: rules.Duration(time.Hour), Limit: limit(9), PerCampaign: true},
-			{Name: "campaign-sms", Window: rules.Duration(time.Hour), Limit: limit(9), PerCampaign: true, Channel: "sms"},
+			{Name: "push-or-sms", Window: rules.Duration(time.Hour), Limit: limit(9), Scope: rules.Scope{Channels: []string{"push", "sms"}}},
+			{Name: "promo", Window: rules.Duration(time.Hour), Limit: limit(9), Scope: rules.Scope{Tags: []string{"promotional", "sale"}}},
+			{Name: "promo-push", Window: rules.Duration(time.Hour), Limit: limit(9), Scope: rules.Scope{Channel: "push", Tags: []string{"promotional"}}},
+			{Name: "campaign", Window: rules.Duration(time.Hour), Limit: limit(9), Scope: rules.Scope{PerCampaign: true}},
+			{Name: "campaign-sms", Window: rules.Duration(time.Hour), Limit: limit(9), Scope: rules.Scope{PerCampaign: true, Channel: "sms"}},
 		}}},
 	})
 	caps := r.Caps(nil, "vip", true, rules.Send{Campaign: "c1"}, time.Now())
@@ -175,7 +175,7 @@ func TestCompileErrors(t *testing.T) {
 		{"unknown calendar", rules.Config{DefaultCaps: []rules.Cap{{Calendar: "fortnight", Limit: limit(1)}}}, `"fortnight" is not day, week or month`},
 		{"no limit", rules.Config{DefaultCaps: []rules.Cap{{Window: day}}}, "limit is required"},
 		{"negative limit", rules.Config{DefaultCaps: []rules.Cap{{Window: day, Limit: limit(-1)}}}, "must not be negative"},
-		{"channel and channels", rules.Config{DefaultCaps: []rules.Cap{{Window: day, Limit: limit(1), Channel: "a", Channels: []string{"b"}}}}, "not both"},
+		{"channel and channels", rules.Config{DefaultCaps: []rules.Cap{{Window: day, Limit: limit(1), Scope: rules.Scope{Channel: "a", Channels: []string{"b"}}}}}, "not both"},
 		{"two caps of one name", rules.Config{DefaultCaps: []rules.Cap{{Name: "x", Window: day, Limit: limit(1)}, {Name: "x", Window: day, Limit: limit(2)}}}, `a second cap named "x"`},
 		{"unknown zone", rules.Config{DefaultTimezone: "Mars/Olympus"}, `unknown time zone "Mars/Olympus"`},
 		{"bad week start", rules.Config{WeekStart: "someday"}, "not a day of the week"},

@@ -29,7 +29,7 @@ func limit(n int) *int { return &n }
 // policy: daily 2, push daily 1; the "transactional" category is exempt.
 var policy = compile(nil, []string{"transactional"},
 	rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
-	rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Channel: "push"})
+	rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Scope: rules.Scope{Channel: "push"}})
 
 // scenario: user 1 gets j1 allowed, j2 allowed, j3 capped, j1 redelivered;
 // user 2 an exempt job; one malformed message dead-lettered.
@@ -195,7 +195,7 @@ func TestCheckExemptionComesFromTheRules(t *testing.T) {
 	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Decision: "exempt", Time: t0.Add(time.Second), ProducedAt: t0})
 	receipts := compile(t, []string{"receipts"},
 		rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
-		rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Channel: "push"})
+		rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Scope: rules.Scope{Channel: "push"}})
 	if r := loadtest.Check(sent, outs, receipts, t0.Add(time.Hour)); !r.OK() {
 		t.Fatalf("receipts exempt: %v, want no violation", r.Problems)
 	}
@@ -212,8 +212,8 @@ func TestCheckCalendarAndScopedCaps(t *testing.T) {
 		CountOnlyCategories: []string{"receipt"},
 		DefaultCaps: []rules.Cap{
 			{Name: "today", Calendar: "day", Limit: limit(2)},
-			{Name: "promo-today", Calendar: "day", Limit: limit(1), Tags: []string{"promotional"}},
-			{Name: "campaign-week", Calendar: "week", Limit: limit(1), PerCampaign: true, Channel: "push"},
+			{Name: "promo-today", Calendar: "day", Limit: limit(1), Scope: rules.Scope{Tags: []string{"promotional"}}},
+			{Name: "campaign-week", Calendar: "week", Limit: limit(1), Scope: rules.Scope{PerCampaign: true, Channel: "push"}},
 			{Name: "shadow-hour", Window: rules.Duration(time.Hour), Limit: limit(0), Shadow: true},
 		}}, 1)
 	if err != nil {
@@ -304,7 +304,7 @@ func TestCheckBudget(t *testing.T) {
 	limit := 5
 	rs, err := rules.Compile(rules.Config{
 		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: &limit}},
-		Budgets:     []rules.Budget{{Name: "speed", PerCampaign: true, Limit: &limit, Window: rules.Duration(time.Second)}},
+		Budgets:     []rules.Budget{{Name: "speed", Scope: rules.Scope{PerCampaign: true}, Limit: &limit, Window: rules.Duration(time.Second)}},
 	}, 1)
 	if err != nil {
 		t.Fatal(err)
