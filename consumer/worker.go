@@ -390,9 +390,10 @@ type decided struct {
 
 // prepare decodes and decides one batch and builds its outputs. It returns an
 // error only when ctx ends before the batch is decided. The path of a job:
-// decode -> segment -> (a tier's job not due yet: move on) -> expiry ->
-// exempt -> quiet hours -> the caps that apply -> Redis -> allowed, or capped
-// and then held or refused by its policy -> outputs.
+// decode -> segment -> (a tier's job not due yet: move on) -> classify
+// (expiry, exempt, quiet hours, the caps and budgets that apply) -> budget
+// tokens (short of one: held) -> Redis -> allowed, or capped and then held or
+// refused by its policy (tokens of jobs not forwarded go back) -> outputs.
 func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, error) {
 	start := w.cfg.Now()
 	var trips0 uint64
@@ -433,43 +434,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		if it.decision == decisionMove {
 			continue
 		}
-		exempt := rs.IsExempt(job.Category)
-		expired := !job.ExpiresAt.IsZero() && !start.Before(job.ExpiresAt)
-		switch {
-		case expired && exempt: // never logged, so there is no earlier send to recognise
-			it.decision, it.cap, it.reason = DecisionCapped, ReasonExpired, ReasonExpired
-			w.countNotHeld(it)
-			continue
-		case expired:
-			it.refuse, it.refuseCap = ReasonExpired, ReasonExpired
-		case exempt:
-			it.decision = DecisionExempt
-			continue
-		default:
-			if until := rs.QuietUntil(it.segment, it.inSegment, job.Category, job.Zone, start); !until.IsZero() {
-				p := rs.OnCapped(it.segment, it.inSegment, job.Category, "")
-				if w.holdOrRefuse(it, p, until, ReasonQuietHours, start) {
-					continue
-				}
-				it.refuse, it.refuseCap = it.reason, ReasonQuietHours
-			}
-		}
-		req := capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Campaign: job.CampaignID,
-			Tags: job.AllTags(), Retention: rs.Retention()}
-		switch {
-		case it.refuse != "":
-			req.Caps = refuseCaps
-		case !rs.IsCountOnly(job.Category): // a count-only send is recorded without a check
-			n := len(caps)
-			caps = rs.Caps(caps, it.segment, it.inSegment, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, start)
-			req.Caps = caps[n:len(caps):len(caps)]
-		}
-		if it.refuse == "" && w.cfg.Budgets != nil {
-			n := len(wants)
-			wants = rs.Budgets(wants, job.Channel, req.Tags, job.CampaignID)
-			it.wants = wants[n:len(wants):len(wants)]
-		}
-		it.req, it.decide = req, true
+		caps, wants = w.classify(rs, it, start, caps, wants)
 	}
 	if len(wants) > 0 {
 		if err := w.takeBudgets(ctx, rs, items, start); err != nil {
@@ -508,6 +473,51 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		}
 	}
 	return &decided{batch: batch, outs: outs, decisions: decisions, shadow: shadow, start: start}, nil
+}
+
+// classify decides what a decoded job needs before Redis: expired, exempt,
+// held for quiet hours, or to be decided (it.decide) with its caps and budget
+// wants, appended to the batch's backing arrays caps and wants.
+func (w *Worker) classify(rs *rules.Rules, it *item, now time.Time, caps []capping.Cap, wants []budget.Want) ([]capping.Cap, []budget.Want) {
+	job := &it.job
+	exempt := rs.IsExempt(job.Category)
+	expired := !job.ExpiresAt.IsZero() && !now.Before(job.ExpiresAt)
+	switch {
+	case expired && exempt: // never logged, so there is no earlier send to recognise
+		it.decision, it.cap, it.reason = DecisionCapped, ReasonExpired, ReasonExpired
+		w.countNotHeld(it)
+		return caps, wants
+	case expired:
+		it.refuse, it.refuseCap = ReasonExpired, ReasonExpired
+	case exempt:
+		it.decision = DecisionExempt
+		return caps, wants
+	default:
+		if until := rs.QuietUntil(it.segment, it.inSegment, job.Category, job.Zone, now); !until.IsZero() {
+			p := rs.OnCapped(it.segment, it.inSegment, job.Category, "")
+			if w.holdOrRefuse(it, p, until, ReasonQuietHours, now) {
+				return caps, wants
+			}
+			it.refuse, it.refuseCap = it.reason, ReasonQuietHours
+		}
+	}
+	req := capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Campaign: job.CampaignID,
+		Tags: job.AllTags(), Retention: rs.Retention()}
+	switch {
+	case it.refuse != "":
+		req.Caps = refuseCaps
+	case !rs.IsCountOnly(job.Category): // a count-only send is recorded without a check
+		n := len(caps)
+		caps = rs.Caps(caps, it.segment, it.inSegment, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, now)
+		req.Caps = caps[n:len(caps):len(caps)]
+	}
+	if it.refuse == "" && w.cfg.Budgets != nil {
+		n := len(wants)
+		wants = rs.Budgets(wants, job.Channel, req.Tags, job.CampaignID)
+		it.wants = wants[n:len(wants):len(wants)]
+	}
+	it.req, it.decide = req, true
+	return caps, wants
 }
 
 // deliver writes a decided batch's outputs and then commits its offsets. It
