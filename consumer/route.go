@@ -143,7 +143,7 @@ func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka
 	if w.cfg.Tier != "" {
 		orig = make([]kafka.Header, 0, len(it.msg.Headers))
 		for _, h := range it.msg.Headers {
-			if !strings.HasPrefix(h.Key, "capper-hold-") && h.Key != hold.HeaderSince && h.Key != hold.HeaderDue && h.Key != hold.HeaderWake {
+			if !hold.IsHeader(h.Key) {
 				orig = append(orig, h)
 			}
 		}

@@ -112,6 +112,16 @@ const (
 	HeaderReason = "capper-hold-reason"
 )
 
+// IsHeader reports whether key is one of the hold headers, which a delay
+// tier's message carries and its job's outputs replace.
+func IsHeader(key string) bool {
+	switch key {
+	case HeaderSince, HeaderDue, HeaderWake, HeaderCount, HeaderReason:
+		return true
+	}
+	return false
+}
+
 // AppendHeaders appends s's headers to h.
 func (s State) AppendHeaders(h []kafka.Header) []kafka.Header {
 	return append(h,

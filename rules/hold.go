@@ -256,16 +256,18 @@ func (r *Rules) compileHold(c Config) error {
 			return err
 		}
 	}
+	seen := map[string]bool{}
 	for i, cat := range c.Categories {
 		field := fmt.Sprintf("rules.categories[%d]", i)
 		switch {
 		case cat.Name == "":
 			return fmt.Errorf("%s: name is required", field)
-		case h.catPolicy[cat.Name] != nil || h.catQuiet[cat.Name] != nil:
+		case seen[cat.Name]:
 			return fmt.Errorf("%s: category %q is listed twice", field, cat.Name)
 		case r.exempt[cat.Name] && (cat.OnCapped != nil || cat.QuietHours != nil):
 			return fmt.Errorf("%s: category %q is exempt: it is never capped nor held", field, cat.Name)
 		}
+		seen[cat.Name] = true
 		if h.catPolicy[cat.Name], err = compilePolicy(field+".on_capped", cat.OnCapped); err != nil {
 			return err
 		}
@@ -274,23 +276,9 @@ func (r *Rules) compileHold(c Config) error {
 			return err
 		}
 	}
-	for _, m := range []map[string]*quiet{h.segQuiet, h.catQuiet} {
-		for k, q := range m {
-			if q == nil {
-				delete(m, k)
-				continue
-			}
-			h.anyHold = true
-		}
-	}
-	for k, p := range h.segPolicy {
-		if p == nil {
-			delete(h.segPolicy, k)
-		}
-	}
-	for k, p := range h.catPolicy {
-		if p == nil {
-			delete(h.catPolicy, k)
+	for _, m := range []map[string]*quiet{h.segQuiet, h.catQuiet} { // unset entries are nil: no quiet hours
+		for _, q := range m {
+			h.anyHold = h.anyHold || q != nil
 		}
 	}
 	return nil

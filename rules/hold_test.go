@@ -148,6 +148,7 @@ func TestHoldRulesRejected(t *testing.T) {
 		{"25:00", `default_quiet_hours: {from: "25:00", to: "08:00"}`, "not a time of day"},
 		{"empty range", `default_quiet_hours: {from: "08:00", to: "08:00"}`, "empty range"},
 		{"category twice", "categories: [{name: a, on_capped: {policy: drop}}, {name: a, on_capped: {policy: drop}}]", "listed twice"},
+		{"category twice, neither setting anything", "categories: [{name: a}, {name: a}]", "listed twice"},
 		{"exempt category", "categories: [{name: transactional, quiet_hours: {from: '21:00', to: '08:00'}}]", "is exempt"},
 		{"cap policy", "default_caps: [{name: d, window: 1h, limit: 1, on_capped: {policy: hold}}]", "default_caps[0].on_capped"},
 	} {

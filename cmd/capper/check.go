@@ -40,11 +40,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("--timezone: %w", err)
 	}
-	cfg, err := loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	b, err := connect(ctx, *path)
 	if err != nil {
 		return err
 	}
@@ -121,11 +117,7 @@ func policy(p rules.Policy) string {
 
 // checkBudget prints one budget key's current use.
 func checkBudget(ctx context.Context, path, name, campaign string, stdout io.Writer) error {
-	cfg, err := loadConfig(path)
-	if err != nil {
-		return err
-	}
-	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	b, err := connect(ctx, path)
 	if err != nil {
 		return err
 	}
@@ -148,4 +140,13 @@ func checkBudget(ctx context.Context, path, name, campaign string, stdout io.Wri
 		fmt.Fprintf(stdout, "  the oldest counted bucket leaves the window at %s (in %v)\n", u.Next.UTC().Format(time.RFC3339Nano), time.Until(u.Next).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// connect opens the backends of the config at path, read-only use.
+func connect(ctx context.Context, path string) (*daemon.Backends, error) {
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	return daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
 }
