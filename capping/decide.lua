@@ -8,7 +8,9 @@
 -- ARGV[3]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
 --          "0": look only, write nothing
 -- ARGV[4]  retention (ms): entries this old are evicted, the key expires after it
--- ARGV[5..] four values per cap:
+-- ARGV[5]  most log entries to return (0: never) when, after this decision, a cap that blocks is full
+--          (its count has reached its limit): the caller's near cache keeps that copy of the log
+-- ARGV[6..] four values per cap:
 --   since    first ms that counts (rolling: now - window + 1; calendar: the period's start)
 --   limit    most sends allowed in the window
 --   reset    rolling: the window's length in ms (a send counts until score + window);
@@ -18,7 +20,7 @@
 --            then a 4-byte campaign digest or nothing
 --
 -- A cap applies to this send when the send's member matches its scope, and counts the entries that match.
--- Reply: {status, cap, retry_at, count_1, ..., count_n}
+-- Reply: {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
 --   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
@@ -27,11 +29,17 @@
 --             recorded at: now, or the log's latest entry if that is later (another worker's clock read
 --             later but its script ran first), so a user's log is in the order its decisions were taken
 --   count_i   entries of cap i's scope in its window before this decision
+--   then, only when ARGV[5] allows it and a cap that blocks is full after this decision: the whole log
+--   after it (this send included when recorded), oldest first, as member and score pairs
+--
+-- Cost: one ZRANGE of the log serves the duplicate check and every cap; ZREMRANGEBYSCORE only when an
+-- entry has aged out; ZADD and PEXPIRE only when something is recorded.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local member = ARGV[2]
 local record = ARGV[3] == '1'
 local retention = tonumber(ARGV[4])
+local maxlog = tonumber(ARGV[5])
 
 local function has(set, d)
   for i = 1, #set, #d do
@@ -63,14 +71,27 @@ local function matches(m, channels, tags, campaign)
   return true
 end
 
-if record then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - retention))
+-- The log, oldest first. Recording evicts what is older than the retention first.
+local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+local members, scores, n = {}, {}, 0
+local horizon = now - retention
+for i = 1, #raw, 2 do
+  local s = tonumber(raw[i + 1])
+  if not record or s > horizon then
+    n = n + 1
+    members[n], scores[n] = raw[i], s
+  end
+end
+if n * 2 < #raw then
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
 end
 
-local status = 1
-local recorded = redis.call('ZSCORE', key, member)
-if recorded then
-  status = 2
+local status, recorded = 1, nil
+for i = 1, n do
+  if members[i] == member then -- Lua strings are interned: a pointer comparison
+    status, recorded = 2, scores[i]
+    break
+  end
 end
 
 -- parse unpacks a filter: shadow, channels, tags, campaign, and whether it selects at all.
@@ -87,61 +108,34 @@ local function parse(f)
   return string.byte(f, 1) % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= ''
 end
 
--- The entries a scoped cap looks at, fetched once from the earliest bound.
-local caps = {}
-local earliest
-for i = 5, #ARGV - 3, 4 do
+local caps, counts = {}, {}
+local hit, retry_at, never = 0, 0, false
+for i = 6, #ARGV - 3, 4 do
   local c = {since = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), reset = tonumber(ARGV[i + 2])}
   c.shadow, c.channels, c.tags, c.campaign, c.scoped = parse(ARGV[i + 3])
-  if c.scoped and (not earliest or c.since < earliest) then
-    earliest = c.since
+  c.applies = not c.scoped or matches(member, c.channels, c.tags, c.campaign)
+  -- count the entries of its scope in its window, and find the (count - limit + 1)-th oldest:
+  -- the entry that must leave the window before a send passes again
+  local count, picked = 0, {}
+  for j = 1, n do
+    if scores[j] >= c.since and (not c.scoped or matches(members[j], c.channels, c.tags, c.campaign)) then
+      count = count + 1
+      picked[count] = scores[j]
+    end
   end
-  caps[#caps + 1] = c
-end
-local entries
-if earliest then
-  entries = redis.call('ZRANGEBYSCORE', key, string.format('%d', earliest), '+inf', 'WITHSCORES')
-end
-
-local counts = {}
-local hit, retry_at, never = 0, 0, false
-for n, c in ipairs(caps) do
   local limit = c.limit
-  local min = string.format('%d', c.since)
-  local count, oldest
-  if not c.scoped then
-    count = redis.call('ZCOUNT', key, min, '+inf')
-    if count >= limit and limit > 0 and c.reset > 0 then
-      -- the (count - limit + 1)-th oldest entry in the window must leave it
-      local e = redis.call('ZRANGEBYSCORE', key, min, '+inf', 'WITHSCORES', 'LIMIT', count - limit, 1)
-      oldest = tonumber(e[2])
-    end
-  else
-    local scores = {}
-    count = 0
-    for j = 1, #entries, 2 do
-      local score = tonumber(entries[j + 1])
-      if score >= c.since and matches(entries[j], c.channels, c.tags, c.campaign) then
-        count = count + 1
-        scores[count] = score
-      end
-    end
-    if count >= limit and limit > 0 and c.reset > 0 then
-      oldest = scores[count - limit + 1]
-    end
-  end
-  counts[n] = count
-  if not c.shadow and status ~= 2 and count >= limit and (not c.scoped or matches(member, c.channels, c.tags, c.campaign)) then
+  caps[#caps + 1], counts[#caps + 1] = c, count
+  if not c.shadow and status ~= 2 and count >= limit and c.applies then
     status = 0
     local at = -c.reset
     if c.reset > 0 then
-      at = (oldest or 0) + c.reset -- no oldest only with a limit of 0, which never passes
+      at = (picked[count - limit + 1] or 0) + c.reset -- none only with a limit of 0, which never passes
     end
     if limit == 0 then
-      if not never then hit = n end
+      if not never then hit = #caps end
       never = true
     elseif not never and at > retry_at then
-      hit, retry_at = n, at
+      hit, retry_at = #caps, at
     end
   end
 end
@@ -149,19 +143,20 @@ if never then
   retry_at = 0
 end
 if status == 2 then
-  retry_at = tonumber(recorded)
+  retry_at = recorded
 end
 
 if status == 1 then
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last[2] and tonumber(last[2]) > now then
-    now = tonumber(last[2])
+  if n > 0 and scores[n] > now then
+    now = scores[n]
   end
   retry_at = now
 end
 if record and status ~= 0 then
   if status == 1 then
     redis.call('ZADD', key, now, member)
+    n = n + 1
+    members[n], scores[n] = member, now
   end
   -- Also on a duplicate: the write advances this connection's replication offset
   -- past the earlier write of the same job, so a WAIT after the script waits for that too.
@@ -171,5 +166,27 @@ end
 local reply = {status, hit, retry_at}
 for i = 1, #caps do
   reply[3 + i] = counts[i]
+end
+
+-- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
+-- capped, and the cache can tell so without a call until the log changes.
+if record and maxlog > 0 and n <= maxlog then
+  local full = status == 0
+  for i = 1, #caps do
+    local c = caps[i]
+    if not full and not c.shadow then
+      local count = counts[i]
+      if status == 1 and c.applies then
+        count = count + 1
+      end
+      full = count >= c.limit
+    end
+  end
+  if full then
+    for j = 1, n do
+      reply[#reply + 1] = members[j]
+      reply[#reply + 1] = scores[j]
+    end
+  end
 end
 return reply

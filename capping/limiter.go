@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -69,6 +70,11 @@ type Config struct {
 	MinReplicasAcked int
 	// ReplicaTimeout bounds the WAIT when MinReplicasAcked is set. Defaults to 500ms.
 	ReplicaTimeout time.Duration
+	// NearCache is how many users' logs the near cache may keep (see the
+	// package doc): copies of the logs of users whom a cap blocks, from which
+	// their next sends are answered "capped" without a call, exactly as the
+	// script would answer. Least recently used copies go first. 0: no cache.
+	NearCache int
 }
 
 // Validate reports whether the configuration is usable.
@@ -81,6 +87,9 @@ func (c Config) Validate() error {
 	}
 	if c.Pipelines < 0 || c.Pipelines > 64 {
 		return fmt.Errorf("capping: pipelines %d is not in 0..64", c.Pipelines)
+	}
+	if c.NearCache < 0 {
+		return fmt.Errorf("capping: near cache size %d must not be negative", c.NearCache)
 	}
 	if c.MinReplicasAcked < 0 || c.ReplicaTimeout < 0 {
 		return fmt.Errorf("capping: min replicas acked %d and replica timeout %v must not be negative", c.MinReplicasAcked, c.ReplicaTimeout)
@@ -115,6 +124,8 @@ type Limiter struct {
 	client  Client
 	cluster *redis.ClusterClient // nil for a single node
 	cfg     Config
+	cache   *nearCache // nil when off
+	calls   atomic.Uint64
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -124,6 +135,9 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{client: client, cfg: cfg.withDefaults()}
 	l.cluster, _ = client.(*redis.ClusterClient)
+	if cfg.NearCache > 0 {
+		l.cache = newNearCache(cfg.NearCache)
+	}
 	if err := l.LoadScripts(ctx); err != nil {
 		return nil, err
 	}
@@ -234,22 +248,47 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	decs := make([]Decision, len(reqs))
 	errs := make(RequestErrors, len(reqs))
 	failed := 0
+	cache := l.cache
+	if !record {
+		cache = nil // a look is never cached, nor answered from the cache
+	}
+	var gen uint64
+	if cache != nil {
+		gen = cache.gen.Load()
+	}
 	fail := func(i int, err error) {
 		errs[i] = fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, err)
 		failed++
+		if cache != nil { // it may have been recorded: the copy is no longer the log
+			cache.drop(reqs[i].UserID)
+		}
+	}
+	b := &batch{l: l, reqs: reqs, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs)),
+		args: newArgs(reqs, now)}
+	if cache != nil {
+		b.maxLog = cacheMaxLog
 	}
 	pending := make([]int, 0, len(reqs))
+	var sent map[uint32]bool // users with a request for Redis in this batch
 	for i := range reqs {
 		if err := reqs[i].validate(); err != nil {
 			errs[i] = fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err)
 			failed++
 			continue
 		}
+		if cache != nil {
+			// A later request of a user whose earlier one goes to Redis must
+			// see that one's outcome, so it goes too.
+			if len(reqs[i].Caps) > 0 && len(reqs[i].Caps) <= maxCaps && !sent[reqs[i].UserID] &&
+				cache.decide(&reqs[i], &b.args[i], &decs[i]) {
+				continue
+			}
+			if sent == nil {
+				sent = make(map[uint32]bool, len(reqs))
+			}
+			sent[reqs[i].UserID] = true
+		}
 		pending = append(pending, i)
-	}
-	b := &batch{l: l, reqs: reqs, now: now, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs)), members: make([]string, len(reqs))}
-	for _, i := range pending {
-		b.members[i] = Member(reqs[i].JobID, reqs[i].Channel, reqs[i].Campaign, reqs[i].Tags)
 	}
 	for reloads := 0; len(pending) > 0; reloads++ {
 		// After a reload, a node flushed again (or restarted) could answer
@@ -267,9 +306,17 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			}
 			v, err := b.cmds[i].Result()
 			if err == nil {
-				decs[i], err = parseReply(v, reqs[i].Caps, b.members[i], now)
+				var tail []any
+				decs[i], tail, err = parseReply(v, reqs[i].Caps, b.args[i].member, now)
 				if err == nil && (decs[i].Allowed && record) && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
+				}
+				if err == nil && cache != nil {
+					if len(tail) > 0 {
+						cache.install(&reqs[i], &b.args[i], gen, tail)
+					} else {
+						cache.drop(reqs[i].UserID)
+					}
 				}
 			} else if redis.HasErrorPrefix(err, "NOSCRIPT") {
 				noscript[b.nodes[i]] = append(noscript[b.nodes[i]], i)
@@ -306,6 +353,81 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	return decs, nil
 }
 
+// reqArgs are one request's values for the script (and the cache), computed
+// once per call.
+type reqArgs struct {
+	at        time.Time // the clock reading of the call
+	now       int64     // at in ms
+	member    string
+	retention int64   // ms
+	since     []int64 // per cap: the first ms that counts
+	reset     []int64 // per cap: a rolling window's ms, or minus a calendar period's end
+}
+
+// newArgs computes the arguments of every request, on two backing arrays.
+func newArgs(reqs []Request, now time.Time) []reqArgs {
+	ncaps := 0
+	for i := range reqs {
+		ncaps += len(reqs[i].Caps)
+	}
+	ints := make([]int64, 2*ncaps)
+	args := make([]reqArgs, len(reqs))
+	nowMs := now.UnixMilli()
+	for i := range reqs {
+		r := &reqs[i]
+		a := &args[i]
+		a.at, a.now = now, nowMs
+		a.member = Member(r.JobID, r.Channel, r.Campaign, r.Tags)
+		n := len(r.Caps)
+		a.since, a.reset, ints = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
+		retention := r.Retention
+		for j := range r.Caps {
+			c := &r.Caps[j]
+			if c.Window > 0 {
+				a.reset[j] = c.Window.Milliseconds()
+				a.since[j] = nowMs - a.reset[j] + 1
+				retention = max(retention, c.Window)
+			} else {
+				a.since[j], a.reset[j] = c.Since.UnixMilli(), -c.Until.UnixMilli()
+				retention = max(retention, c.Until.Sub(c.Since))
+			}
+		}
+		a.retention = retention.Milliseconds()
+	}
+	return args
+}
+
+// Stats are a Limiter's running counts.
+type Stats struct {
+	// ScriptCalls counts the script calls sent (EVALSHA and EVAL, retries included).
+	ScriptCalls uint64
+	// CacheHits counts decisions answered by the near cache, CacheMisses the
+	// requests it looked up and sent to Redis, CacheEvictions the copies it
+	// dropped to make room.
+	CacheHits, CacheMisses, CacheEvictions uint64
+	// CacheEntries and CacheBytes are the copies it keeps and their size.
+	CacheEntries, CacheBytes int
+}
+
+// Stats returns the Limiter's counts so far.
+func (l *Limiter) Stats() Stats {
+	s := Stats{ScriptCalls: l.calls.Load()}
+	if c := l.cache; c != nil {
+		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
+		s.CacheEntries, s.CacheBytes = c.stats()
+	}
+	return s
+}
+
+// InvalidateCache drops every copy of the near cache (and those of decisions
+// in flight). Call it when the caps a user gets may have changed: a rules
+// reload, a new segment snapshot.
+func (l *Limiter) InvalidateCache() {
+	if l.cache != nil {
+		l.cache.clear()
+	}
+}
+
 // ErrNotReplicated marks a decision that recorded a send on a master (or
 // found it recorded) whose WAIT for Config.MinReplicasAcked replicas fell
 // short. It is transient: retry the request.
@@ -315,10 +437,10 @@ var ErrNotReplicated = errors.New("recorded send not acknowledged by enough repl
 type batch struct {
 	l        *Limiter
 	reqs     []Request
-	now      time.Time
+	args     []reqArgs // by request
+	maxLog   int       // ARGV[5]: the longest log the script returns for the cache
 	record   bool
 	cmds     []*redis.Cmd // by request
-	members  []string     // by request
 	nodes    []node       // by request: where it was sent; nil when it could not be routed
 	routeErr error
 	eval     bool                     // send EVAL with the script's body instead of EVALSHA
@@ -355,13 +477,14 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			p = nd.Pipeline()
 			pipes[k] = p
 		}
-		args := scriptArgs(r, b.members[i], b.now, b.record)
+		args := scriptArgs(r, &b.args[i], b.record, b.maxLog)
 		if b.eval {
 			b.cmds[i] = decideScript.Eval(ctx, p, []string{key}, args...)
 		} else {
 			b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, args...)
 		}
 	}
+	l.calls.Add(uint64(len(pending)))
 	var wg sync.WaitGroup
 	for k, p := range pipes {
 		if l.cfg.MinReplicasAcked > 0 && b.record {
@@ -448,49 +571,48 @@ func nodeName(n node) string {
 	return "redis"
 }
 
-// scriptArgs builds decide.lua's ARGV for r (see the script's header).
-func scriptArgs(r *Request, member string, now time.Time, record bool) []any {
-	nowMs := now.UnixMilli()
-	args := make([]any, 4, 4+4*len(r.Caps))
-	retention := r.Retention
-	for _, c := range r.Caps {
-		var since, reset int64
-		if c.Window > 0 {
-			reset = c.Window.Milliseconds()
-			since = nowMs - reset + 1
-			retention = max(retention, c.Window)
-		} else {
-			since, reset = c.Since.UnixMilli(), -c.Until.UnixMilli()
-			retention = max(retention, c.Until.Sub(c.Since))
-		}
-		args = append(args, since, c.Limit, reset, c.filter())
-	}
-	args[0] = nowMs
-	args[1] = member
-	args[2] = 0
+// scriptArgs builds decide.lua's ARGV from a request's arguments (see the script's header).
+func scriptArgs(r *Request, a *reqArgs, record bool, maxLog int) []any {
+	args := make([]any, 5, 5+4*len(r.Caps))
+	args[0], args[1], args[2], args[3], args[4] = a.now, a.member, 0, a.retention, maxLog
 	if record {
 		args[2] = 1
 	}
-	args[3] = retention.Milliseconds()
+	for i := range r.Caps {
+		c := &r.Caps[i]
+		args = append(args, a.since[i], c.Limit, a.reset[i], c.filter())
+	}
 	return args
 }
 
-// parseReply checks the script's reply shape against the request's caps; it
-// never panics on a bad reply. member is the send's, to tell which shadow caps apply.
-func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, error) {
+// parseReply checks the script's reply shape against the request's caps and
+// returns its decision and the log that follows it, if any; it never panics
+// on a bad reply. member is the send's, to tell which shadow caps apply.
+func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []any, error) {
 	ncaps := len(caps)
 	arr, ok := v.([]any)
-	if !ok || len(arr) != 3+ncaps {
-		return Decision{}, fmt.Errorf("unexpected script reply %#v: want an array of %d integers", v, 3+ncaps)
+	if !ok || len(arr) < 3+ncaps || (len(arr)-3-ncaps)%2 != 0 {
+		return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: want an array of %d integers and a log", v, 3+ncaps)
 	}
-	ints := make([]int64, len(arr))
-	for i, x := range arr {
-		n, ok := x.(int64)
+	ints := make([]int64, 3+ncaps)
+	for i := range ints {
+		n, ok := arr[i].(int64)
 		if !ok {
-			return Decision{}, fmt.Errorf("unexpected script reply %#v: element %d is %T, want an integer", v, i, x)
+			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: element %d is %T, want an integer", v, i, arr[i])
 		}
 		ints[i] = n
 	}
+	d, err := decisionOf(ints, caps, member, now)
+	if err != nil {
+		return Decision{}, nil, fmt.Errorf("unexpected script reply %v: %w", ints, err)
+	}
+	return d, arr[3+ncaps:], nil
+}
+
+// decisionOf turns a script's answer (status, cap, retry_at, counts...),
+// from Redis or the near cache, into a Decision.
+func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decision, error) {
+	ncaps := len(caps)
 	d := Decision{At: now, Counts: make([]int, ncaps)}
 	for i := range d.Counts {
 		d.Counts[i] = int(ints[3+i])
@@ -511,7 +633,7 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, erro
 		d.Recorded = time.UnixMilli(ints[2])
 	case 0:
 		if ints[1] < 1 || int(ints[1]) > ncaps {
-			return Decision{}, fmt.Errorf("unexpected script reply %v: cap index %d out of range", ints, ints[1])
+			return Decision{}, fmt.Errorf("cap index %d out of range", ints[1])
 		}
 		i := int(ints[1]) - 1
 		d.Cap = caps[i].label(i)
@@ -519,7 +641,7 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, erro
 			d.RetryAt = time.UnixMilli(ints[2])
 		}
 	default:
-		return Decision{}, fmt.Errorf("unexpected script reply %v: status %d", ints, ints[0])
+		return Decision{}, fmt.Errorf("status %d", ints[0])
 	}
 	return d, nil
 }

@@ -19,9 +19,10 @@ func TestScriptArgs(t *testing.T) {
 			Scope: NewScope([]string{"push", "sms"}, []string{"promotional"}).Campaign("c9"), Shadow: true},
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
-	args := scriptArgs(&r, member, now, true)
+	a := &newArgs([]Request{r}, now)[0]
+	args := scriptArgs(&r, a, true, 64)
 	ms := int64(time.Hour / time.Millisecond)
-	want := []any{now.UnixMilli(), member, 1, 48 * ms,
+	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64,
 		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, "",
 		day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(),
 		"\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}
@@ -33,11 +34,11 @@ func TestScriptArgs(t *testing.T) {
 			t.Errorf("ARGV[%d] = %#v, want %#v", i+1, args[i], want[i])
 		}
 	}
-	if got := scriptArgs(&r, member, now, false)[2]; got != 0 {
+	if got := scriptArgs(&r, a, false, 0)[2]; got != 0 {
 		t.Errorf("look-only ARGV[3] = %v, want 0", got)
 	}
 	r.Retention = 0
-	if got := scriptArgs(&r, member, now, true)[3]; got != 24*ms {
+	if got := scriptArgs(&r, &newArgs([]Request{r}, now)[0], true, 0)[3]; got != 24*ms {
 		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", got)
 	}
 }
@@ -92,8 +93,10 @@ func TestParseReply(t *testing.T) {
 			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, ""},
 		{"capped by an unnamed cap, for good", []any{int64(0), int64(2), int64(0), int64(0), int64(2)},
 			Decision{Cap: "cap1", Counts: []int{0, 2}}, ""},
+		{"allowed, with the log for the cache", []any{int64(1), int64(0), int64(0), int64(0), int64(1), member, now.UnixMilli()}, Decision{Allowed: true, Counts: []int{0, 1}}, ""},
 		{"not an array", "OK", Decision{}, "want an array of 5 integers"},
 		{"too short", []any{int64(1), int64(0), int64(0)}, Decision{}, "want an array of 5 integers"},
+		{"a log of odd length", []any{int64(1), int64(0), int64(0), int64(0), int64(1), member}, Decision{}, "want an array of 5 integers"},
 		{"not an integer", []any{int64(1), "x", int64(0), int64(0), int64(0)}, Decision{}, "element 1 is string"},
 		{"cap index out of range", []any{int64(0), int64(3), int64(0), int64(0), int64(0)}, Decision{}, "cap index 3 out of range"},
 		{"cap index zero when capped", []any{int64(0), int64(0), int64(0), int64(0), int64(0)}, Decision{}, "cap index 0 out of range"},
@@ -101,7 +104,7 @@ func TestParseReply(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseReply(tt.reply, caps, member, now)
+			got, _, err := parseReply(tt.reply, caps, member, now)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.err)
@@ -146,7 +149,7 @@ func TestShadowCapsAreReported(t *testing.T) {
 	}
 	// Allowed with 2 sends counted by both shadow caps: new-daily would have
 	// capped; push-shadow does not apply to an email send.
-	d, err := parseReply([]any{int64(1), int64(0), int64(0), int64(2), int64(2), int64(3)}, caps, Member("j", "email", "c", nil), now)
+	d, _, err := parseReply([]any{int64(1), int64(0), int64(0), int64(2), int64(2), int64(3)}, caps, Member("j", "email", "c", nil), now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,389 @@
+package capping
+
+import (
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// The near cache keeps, for users whom a cap blocks, a copy of their log as
+// decide.lua returned it with the decision that filled the cap. Until the log
+// changes, the next send of that user is decided from the copy exactly as the
+// script would decide it: the same counts, the same cap and retry-at. It
+// answers only "capped"; a send the copy would allow, or finds already
+// logged, goes to Redis (which records it), and every answer from Redis
+// replaces or drops the copy.
+//
+// Why a copy answers exactly: the log only grows by sends that a decision
+// allowed, and every decision this process takes for the user refreshes the
+// copy. A send allowed by another process (after the user's partition moved,
+// or by a delay tier's worker of another replica) makes the copy a subset of
+// the log: every window counts at most what Redis counts, so a cap full in the
+// copy is full in Redis too (a capped answer is still right) and its retry-at
+// can only be earlier than Redis's (a held job is decided again sooner). A
+// failover that loses entries can only make the copy stricter than Redis,
+// until the next decision through Redis replaces it. One case is not exact:
+// a job allowed by another process under other caps (a replica that runs
+// other rules or another segment snapshot) and delivered again here while
+// the copy is older than it: the copy may cap what Redis would answer
+// duplicate. The copies are dropped when this process's rules or segments
+// change (Limiter.InvalidateCache), so that needs two processes with
+// different caps for one user within one block.
+
+// cacheShards spreads the cache's lock; a power of two.
+const cacheShards = 16
+
+// cacheMaxLog is the longest log the cache keeps a copy of; a longer one is
+// always decided by Redis.
+const cacheMaxLog = 64
+
+// entryOverhead approximates what one entry costs besides its members and
+// scores: the slot and its index entry.
+const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 16
+
+type nearCache struct {
+	shards                  [cacheShards]cacheShard
+	gen                     atomic.Uint64 // bumped by clear: installs of decisions taken before are dropped
+	hits, misses, evictions atomic.Uint64
+	perShard                int
+}
+
+type cacheShard struct {
+	mu    sync.Mutex
+	index map[uint32]int32 // user -> slot
+	slots []cacheEntry
+	hand  int
+	bytes int
+}
+
+// cacheEntry is a copy of one user's log, oldest first.
+type cacheEntry struct {
+	user    uint32
+	live    bool
+	ref     bool  // looked up since the clock hand last passed
+	expires int64 // ms: no cap of the decision that made it is full after this
+	latest  int64 // the log's latest score, and how many entries have it:
+	nLatest int32 // the copy's version (a log only grows, at its end)
+	scores  []int64
+	members string // each member after its length byte
+}
+
+func newNearCache(size int) *nearCache {
+	c := &nearCache{perShard: max(1, size/cacheShards)}
+	for i := range c.shards {
+		c.shards[i].index = map[uint32]int32{}
+	}
+	return c
+}
+
+func (c *nearCache) shard(user uint32) *cacheShard {
+	return &c.shards[(user*0x9E3779B1)>>28]
+}
+
+// logItem is one entry of a log being evaluated.
+type logItem struct {
+	member string
+	score  int64
+}
+
+// items decodes e into buf (members are substrings of e.members: no allocation).
+func (e *cacheEntry) items(buf []logItem) []logItem {
+	buf = buf[:0]
+	p := 0
+	for _, s := range e.scores {
+		n := int(e.members[p])
+		buf = append(buf, logItem{e.members[p+1 : p+1+n], s})
+		p += 1 + n
+	}
+	return buf
+}
+
+// decide answers r from the user's copy when the script would cap it: it
+// fills d and returns true. Otherwise (no copy, an expired one, or a send the
+// copy would allow or finds logged) it returns false and r goes to Redis.
+func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
+	sh := c.shard(r.UserID)
+	sh.mu.Lock()
+	slot, ok := sh.index[r.UserID]
+	if !ok {
+		sh.mu.Unlock()
+		c.misses.Add(1)
+		return false
+	}
+	e := &sh.slots[slot]
+	if a.now >= e.expires {
+		sh.remove(slot)
+		sh.mu.Unlock()
+		c.misses.Add(1)
+		return false
+	}
+	e.ref = true
+	var buf [cacheMaxLog]logItem
+	log := e.items(buf[:0])
+	var head [3 + maxCaps]int64
+	h := evaluate(log, r.Caps, a, head[:3+len(r.Caps)])
+	sh.mu.Unlock()
+	if h[0] != 0 {
+		c.misses.Add(1)
+		return false
+	}
+	var err error
+	*d, err = decisionOf(h, r.Caps, a.member, a.at)
+	if err != nil { // cannot happen: evaluate returns a valid head
+		c.misses.Add(1)
+		return false
+	}
+	c.hits.Add(1)
+	return true
+}
+
+// maxCaps bounds the caps of a request the cache decides on the stack; a
+// request with more goes to Redis.
+const maxCaps = 32
+
+// evaluate is decide.lua's decision in record mode over a copy of the log
+// (oldest first), written into head: status, cap, retry_at, then the counts.
+// It must stay line for line what the script does; TestCacheMatchesScript
+// and the property test hold them together.
+func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
+	horizon := a.now - a.retention
+	first := 0
+	for first < len(log) && log[first].score <= horizon {
+		first++
+	}
+	log = log[first:]
+	status, recorded := int64(1), int64(0)
+	for _, it := range log {
+		if it.member == a.member {
+			status, recorded = 2, it.score
+			break
+		}
+	}
+	hit, retryAt, never := int64(0), int64(0), false
+	for i := range caps {
+		c := &caps[i]
+		since, reset := a.since[i], a.reset[i]
+		scoped := c.Scope != (Scope{})
+		count, oldest := int64(0), int64(0)
+		limit := int64(c.Limit)
+		for _, it := range log {
+			if it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
+				count++
+			}
+		}
+		if count >= limit && limit > 0 && reset > 0 {
+			oldest = nth(log, c, scoped, since, count-limit+1)
+		}
+		head[3+i] = count
+		if !c.Shadow && status != 2 && count >= limit && (!scoped || c.Scope.Matches(a.member)) {
+			status = 0
+			at := -reset
+			if reset > 0 {
+				at = oldest + reset
+			}
+			if limit == 0 {
+				if !never {
+					hit = int64(i + 1)
+				}
+				never = true
+			} else if !never && at > retryAt {
+				hit, retryAt = int64(i+1), at
+			}
+		}
+	}
+	if never {
+		retryAt = 0
+	}
+	if status == 2 {
+		retryAt = recorded
+	}
+	if status == 1 {
+		retryAt = a.now
+		if len(log) > 0 && log[len(log)-1].score > a.now {
+			retryAt = log[len(log)-1].score
+		}
+	}
+	head[0], head[1], head[2] = status, hit, retryAt
+	return head
+}
+
+// nth returns the score of the k-th (1-based) entry of c's scope at or after since.
+func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
+	for _, it := range log {
+		if it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
+			if k--; k == 0 {
+				return it.score
+			}
+		}
+	}
+	return 0
+}
+
+// install keeps the log a Redis decision returned (member, score pairs) for
+// r's user, unless the cache was cleared since the decision's gen, or holds a
+// newer copy. The copy expires when the last of r's caps that are full
+// after the decision passes again.
+func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
+	n := len(tail) / 2
+	if n > cacheMaxLog || len(tail)%2 != 0 {
+		c.drop(r.UserID)
+		return
+	}
+	var buf [cacheMaxLog]logItem
+	log := buf[:n]
+	size := 0
+	for i := range log {
+		m, ok1 := tail[2*i].(string)
+		s, ok2 := tail[2*i+1].(int64)
+		if !ok1 || !ok2 || len(m) > 255 {
+			c.drop(r.UserID)
+			return
+		}
+		log[i] = logItem{m, s}
+		size += 1 + len(m)
+	}
+	expires := fullUntil(log, r.Caps, a)
+	if expires <= a.now {
+		c.drop(r.UserID)
+		return
+	}
+	e := cacheEntry{user: r.UserID, live: true, expires: expires, scores: make([]int64, n)}
+	mb := make([]byte, 0, size)
+	for i, it := range log {
+		e.scores[i] = it.score
+		mb = append(mb, byte(len(it.member)))
+		mb = append(mb, it.member...)
+	}
+	e.members = string(mb)
+	if n > 0 {
+		e.latest = log[n-1].score
+		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
+			e.nLatest++
+		}
+	}
+	sh := c.shard(r.UserID)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if c.gen.Load() != gen {
+		return
+	}
+	if slot, ok := sh.index[r.UserID]; ok {
+		old := &sh.slots[slot]
+		if old.latest > e.latest || (old.latest == e.latest && old.nLatest > e.nLatest) {
+			return // a decision that ran later in Redis already left a newer copy
+		}
+		sh.bytes += e.bytes() - old.bytes()
+		*old = e
+		return
+	}
+	slot := sh.free(c)
+	sh.slots[slot] = e
+	sh.index[r.UserID] = slot
+	sh.bytes += e.bytes()
+}
+
+// fullUntil returns when the last of caps that is full in log (a blocking
+// cap whose count has reached its limit) passes again; a.now or earlier when
+// none is full. A limit of 0 is full until the retention has passed.
+func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
+	until := int64(0)
+	horizon := a.now - a.retention
+	for i := range caps {
+		c := &caps[i]
+		if c.Shadow {
+			continue
+		}
+		since, reset := a.since[i], a.reset[i]
+		scoped := c.Scope != (Scope{})
+		count := int64(0)
+		for _, it := range log {
+			if it.score > horizon && it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
+				count++
+			}
+		}
+		limit := int64(c.Limit)
+		if count < limit {
+			continue
+		}
+		at := a.now + a.retention
+		switch {
+		case limit > 0 && reset > 0:
+			at = nth(log, c, scoped, max(since, horizon+1), count-limit+1) + reset
+		case limit > 0:
+			at = -reset
+		}
+		until = max(until, at)
+	}
+	return until
+}
+
+func (e *cacheEntry) bytes() int {
+	return entryOverhead + len(e.members) + 8*len(e.scores)
+}
+
+// free returns a slot for a new entry: a new one while the shard has room,
+// else the first the clock hand finds not looked up since its last pass.
+func (sh *cacheShard) free(c *nearCache) int32 {
+	if len(sh.slots) < c.perShard {
+		sh.slots = append(sh.slots, cacheEntry{})
+		return int32(len(sh.slots) - 1)
+	}
+	for {
+		sh.hand = (sh.hand + 1) % len(sh.slots)
+		e := &sh.slots[sh.hand]
+		if e.live && e.ref {
+			e.ref = false
+			continue
+		}
+		if e.live {
+			c.evictions.Add(1)
+			sh.remove(int32(sh.hand))
+		}
+		return int32(sh.hand)
+	}
+}
+
+// remove empties a slot (it stays allocated, for the clock to reuse).
+func (sh *cacheShard) remove(slot int32) {
+	e := &sh.slots[slot]
+	if !e.live {
+		return
+	}
+	delete(sh.index, e.user)
+	sh.bytes -= e.bytes()
+	*e = cacheEntry{}
+}
+
+// drop forgets user's copy: its log changed in a way the cache did not see.
+func (c *nearCache) drop(user uint32) {
+	sh := c.shard(user)
+	sh.mu.Lock()
+	if slot, ok := sh.index[user]; ok {
+		sh.remove(slot)
+	}
+	sh.mu.Unlock()
+}
+
+// clear forgets every copy, and the copies of decisions in flight.
+func (c *nearCache) clear() {
+	c.gen.Add(1)
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		sh.index = map[uint32]int32{}
+		sh.slots, sh.hand, sh.bytes = nil, 0, 0
+		sh.mu.Unlock()
+	}
+}
+
+// stats counts the cache's entries and their bytes.
+func (c *nearCache) stats() (entries, bytes int) {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		entries += len(sh.index)
+		bytes += sh.bytes
+		sh.mu.Unlock()
+	}
+	return entries, bytes
+}

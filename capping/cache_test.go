@@ -1,0 +1,157 @@
+package capping_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// capSets are the cap lists a user may get: one per "segment" and rules
+// version. They cover rolling and calendar windows, channel, tag and
+// per-campaign scopes, shadow caps and a limit of 0.
+func capSets(day time.Time, campaign string) [][]capping.Cap {
+	d := day.Truncate(24 * time.Hour)
+	push := capping.NewScope([]string{"push"}, nil)
+	promo := capping.NewScope(nil, []string{"promotional"})
+	return [][]capping.Cap{
+		{ // "active"
+			{Name: "hourly", Window: time.Hour, Limit: 2},
+			{Name: "daily", Window: capping.Daily, Limit: 3},
+			{Name: "push-daily", Window: capping.Daily, Limit: 1, Scope: push},
+			{Name: "promo-today", Since: d, Until: d.AddDate(0, 0, 1), Limit: 2, Scope: promo},
+			{Name: "campaign", Window: capping.Weekly, Limit: 1, Scope: capping.NewScope([]string{"push", "sms"}, nil).Campaign(campaign)},
+			{Name: "shadow", Window: time.Hour, Limit: 1, Shadow: true},
+		},
+		{ // "dormant"
+			{Name: "daily", Window: capping.Daily, Limit: 1},
+			{Name: "weekly", Window: capping.Weekly, Limit: 2},
+		},
+		{ // after a "rules reload": the daily cap is tighter, a new cap blocks sms
+			{Name: "daily", Window: capping.Daily, Limit: 2},
+			{Name: "sms-never", Window: time.Hour, Limit: 0, Scope: capping.NewScope([]string{"sms"}, nil)},
+			{Name: "shadow-push", Window: capping.Daily, Limit: 1, Scope: push, Shadow: true},
+		},
+	}
+}
+
+// TestNearCacheDecidesAsRedis is the property the near cache stands on: a
+// stream of random jobs decided with the cache on and off, against the real
+// cluster (two key prefixes, one clock), gives identical decisions: the same
+// outcome, cap, retry-at, counts, shadow caps and record time. The stream
+// has repeat sends of hot users (several in one batch), redeliveries of
+// allowed and capped jobs, count-only sends, clock jumps across windows and
+// days, and mid-stream "segment swaps" and "rules reloads" (users change cap
+// lists), half of them with the cache invalidated as the daemon does and half
+// without: the copies are exact either way within one process.
+func TestNearCacheDecidesAsRedis(t *testing.T) {
+	rdb := testenv.ClusterClient(t)
+	clk := &clock{t: base}
+	ctx := context.Background()
+	newLim := func(cache int) *capping.Limiter {
+		lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: testenv.Unique("nc"), Clock: clk.Now, NearCache: cache})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	cached, plain := newLim(1000), newLim(0)
+	rng := rand.New(rand.NewPCG(42, 7))
+	const users = 40
+	set := make([]int, users+1) // each user's cap list ("segment")
+	var sent []capping.Request  // for redeliveries
+	channels := []string{"email", "push", "sms"}
+	decisions, batches := 0, 400
+	if testing.Short() {
+		batches = 100
+	}
+	for b := 0; b < batches; b++ {
+		switch r := rng.Float64(); {
+		case r < 0.03: // a segment swap or a rules reload: some users change cap lists
+			for u := 1; u <= users; u++ {
+				if rng.Float64() < 0.3 {
+					set[u] = rng.IntN(3)
+				}
+			}
+			if rng.IntN(2) == 0 {
+				cached.InvalidateCache()
+			}
+		case r < 0.10:
+			clk.Add(time.Duration(rng.IntN(6*3600)) * time.Second) // hours: windows roll, days change
+		default:
+			clk.Add(time.Duration(rng.IntN(120_000)) * time.Millisecond)
+		}
+		now := clk.Now()
+		reqs := make([]capping.Request, 1+rng.IntN(12))
+		for i := range reqs {
+			if len(sent) > 0 && rng.Float64() < 0.1 {
+				reqs[i] = sent[rng.IntN(len(sent))] // a redelivery: same job, its caps as computed now
+				reqs[i].Caps = capSets(now, reqs[i].Campaign)[set[reqs[i].UserID]]
+				continue
+			}
+			u := uint32(1 + rng.IntN(users))
+			if rng.Float64() < 0.6 {
+				u = uint32(1 + rng.IntN(5)) // hot users: several sends in a batch
+			}
+			campaign := fmt.Sprint("c", rng.IntN(3))
+			r := capping.Request{UserID: u, JobID: fmt.Sprintf("j%d-%d", b, i), Channel: channels[rng.IntN(3)], Campaign: campaign,
+				Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour}
+			if rng.IntN(2) == 0 {
+				r.Tags = append(r.Tags, "promotional")
+			}
+			if rng.Float64() < 0.05 {
+				r.Tags[0] = "receipt" // count-only: recorded without a check
+			} else {
+				r.Caps = capSets(now, campaign)[set[u]]
+			}
+			reqs[i] = r
+			sent = append(sent, r)
+		}
+		want, err := plain.Decide(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := cached.Decide(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range reqs {
+			decisions++
+			if d := diff(got[i], want[i]); d != "" {
+				t.Fatalf("batch %d, request %d (user %d, job %s, %s, caps %d): cache on and off differ: %s",
+					b, i, reqs[i].UserID, reqs[i].JobID, reqs[i].Channel, set[reqs[i].UserID], d)
+			}
+		}
+	}
+	st := cached.Stats()
+	t.Logf("%d decisions: %d from the cache, %d script calls with it vs %d without; %d copies, %d bytes",
+		decisions, st.CacheHits, st.ScriptCalls, plain.Stats().ScriptCalls, st.CacheEntries, st.CacheBytes)
+	if st.CacheHits < uint64(decisions)/5 {
+		t.Fatalf("only %d of %d decisions came from the cache: the stream does not exercise it", st.CacheHits, decisions)
+	}
+	if st.ScriptCalls+st.CacheHits != plain.Stats().ScriptCalls {
+		t.Fatalf("%d script calls + %d cache hits, want the %d calls without the cache", st.ScriptCalls, st.CacheHits, plain.Stats().ScriptCalls)
+	}
+}
+
+// diff describes how two decisions differ, "" when they do not.
+func diff(a, b capping.Decision) string {
+	switch {
+	case a.Allowed != b.Allowed || a.Duplicate != b.Duplicate:
+		return fmt.Sprintf("allowed %v duplicate %v, want %v %v", a.Allowed, a.Duplicate, b.Allowed, b.Duplicate)
+	case a.Cap != b.Cap || !a.RetryAt.Equal(b.RetryAt):
+		return fmt.Sprintf("cap %q retry at %v, want %q %v", a.Cap, a.RetryAt, b.Cap, b.RetryAt)
+	case !slices.Equal(a.Counts, b.Counts):
+		return fmt.Sprintf("counts %v, want %v", a.Counts, b.Counts)
+	case !slices.Equal(a.Shadow, b.Shadow):
+		return fmt.Sprintf("shadow %v, want %v", a.Shadow, b.Shadow)
+	case !a.Recorded.Equal(b.Recorded) || !a.At.Equal(b.At):
+		return fmt.Sprintf("recorded %v at %v, want %v %v", a.Recorded, a.At, b.Recorded, b.At)
+	}
+	return ""
+}
