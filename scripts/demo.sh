@@ -105,8 +105,9 @@ curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK
   /^capper_batch_size_count/ {batches=$2} /^capper_batch_size_sum/ {handled=$2}
   /^capper_redis_round_trips_per_batch_sum/ {rt=$2} /^capper_redis_round_trips_per_batch_count/ {rtn=$2}
   /^capper_budget_redis_calls_total\{/ {bc+=$2}
-  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %d budget redis calls\n",
-        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), bc }'
+  /^capper_decide_script_calls_total / {sc=$2} /^capper_near_cache_hits_total / {hits=$2}
+  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f near cache hits/job, %d budget redis calls\n",
+        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, hits/jobs, bc }'
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2

@@ -20,6 +20,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,6 +94,10 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		b.Close()
 		return nil, err
 	}
+	if err := registerLimiter(b.Registry, b.Limiter); err != nil {
+		b.Close()
+		return nil, err
+	}
 	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry}); err != nil {
 		b.Close()
 		return nil, err
@@ -157,6 +162,8 @@ type Daemon struct {
 	srv     *http.Server
 	addr    string
 
+	snapshot atomic.Pointer[segments.Snapshot] // the last one a worker was given
+
 	reload     sync.Mutex // serialises rules reloads; guards the fields below
 	lastConfig []byte
 	version    int64
@@ -206,7 +213,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 	d.metrics = metrics
 	wc := consumer.Config{
 		Reader: input, Writer: d.writer, Decider: decider, Budgets: d.Budgets,
-		Segments: func() consumer.Segmenter { return d.Store.Snapshot() },
+		Segments: d.segments,
 		Rules:    d.Rules,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
 			Held: cfg.Kafka.Topics.Held},
@@ -239,6 +246,45 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		}
 	}
 	return d, nil
+}
+
+// segments returns the current segment snapshot to a worker; the first time
+// a new one is given out, the near cache is dropped (a user's caps may have changed).
+func (d *Daemon) segments() consumer.Segmenter {
+	snap := d.Store.Snapshot()
+	if old := d.snapshot.Swap(snap); old != nil && old != snap {
+		d.Limiter.InvalidateCache()
+	}
+	return snap
+}
+
+// registerLimiter exports the limiter's script calls and its near cache.
+func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
+	counter := func(name, help string, f func(capping.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(f(l.Stats())) })
+	}
+	gauge := func(name, help string, f func(capping.Stats) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(l.Stats())) })
+	}
+	for _, c := range []prometheus.Collector{
+		counter("capper_decide_script_calls_total", "Calls of the decision script sent to Redis (retries included).",
+			func(s capping.Stats) uint64 { return s.ScriptCalls }),
+		counter("capper_near_cache_hits_total", "Decisions answered capped by the near cache, without a script call.",
+			func(s capping.Stats) uint64 { return s.CacheHits }),
+		counter("capper_near_cache_misses_total", "Decisions the near cache looked up and sent to Redis.",
+			func(s capping.Stats) uint64 { return s.CacheMisses }),
+		counter("capper_near_cache_evictions_total", "Copies of logs the near cache dropped to make room (redis.near_cache_size).",
+			func(s capping.Stats) uint64 { return s.CacheEvictions }),
+		gauge("capper_near_cache_entries", "Copies of blocked users' logs the near cache keeps.",
+			func(s capping.Stats) int { return s.CacheEntries }),
+		gauge("capper_near_cache_bytes", "Approximate memory of the near cache's copies.",
+			func(s capping.Stats) int { return s.CacheBytes }),
+	} {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *Daemon) addWorker(c consumer.Config) error {
@@ -374,6 +420,7 @@ func (d *Daemon) reloadRules(force bool) error {
 	for _, w := range d.workers {
 		w.SetRules(next)
 	}
+	d.Limiter.InvalidateCache() // a user's caps may have changed
 	d.version++
 	d.Log.Info("rules reloaded", "rules_version", d.version)
 	return nil
