@@ -109,6 +109,7 @@ func (u *userID) UnmarshalJSON(b []byte) error {
 // DecodeJob parses and validates one message value. Errors wrap ErrMalformed
 // and say what is wrong; it never panics.
 func DecodeJob(value []byte, maxBytes int) (Job, error) {
+	var err error
 	bad := func(format string, args ...any) (Job, error) {
 		return Job{}, fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
 	}
@@ -116,7 +117,11 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 		return bad("message of %d bytes exceeds %d", len(value), maxBytes)
 	}
 	var r rawJob
-	if err := json.Unmarshal(value, &r); err != nil {
+	if !scanJob(value, &r) {
+		r = rawJob{}
+		err = json.Unmarshal(value, &r)
+	}
+	if err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
 			return bad("%s must be a %s, not %s", te.Field, jsonKind(te.Type.Kind()), te.Value)
