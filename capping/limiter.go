@@ -477,12 +477,8 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			p = nd.Pipeline()
 			pipes[k] = p
 		}
-		args := scriptArgs(r, &b.args[i], b.record, b.maxLog)
-		if b.eval {
-			b.cmds[i] = decideScript.Eval(ctx, p, []string{key}, args...)
-		} else {
-			b.cmds[i] = decideScript.EvalSha(ctx, p, []string{key}, args...)
-		}
+		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(b.eval, key, r, &b.args[i], b.record, b.maxLog)...)
+		_ = p.Process(ctx, b.cmds[i]) // queued; the result is read per command
 	}
 	l.calls.Add(uint64(len(pending)))
 	var wg sync.WaitGroup
@@ -571,12 +567,21 @@ func nodeName(n node) string {
 	return "redis"
 }
 
-// scriptArgs builds decide.lua's ARGV from a request's arguments (see the script's header).
-func scriptArgs(r *Request, a *reqArgs, record bool, maxLog int) []any {
-	args := make([]any, 5, 5+4*len(r.Caps))
-	args[0], args[1], args[2], args[3], args[4] = a.now, a.member, 0, a.retention, maxLog
+// argsStart is where ARGV starts in a script call: evalsha, sha, 1, key.
+const argsStart = 4
+
+// scriptCmd builds one call of decide.lua, EVALSHA (or EVAL with its body
+// when eval is set), with its ARGV (see the script's header) in one array.
+func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLog int) []any {
+	args := make([]any, argsStart+5, argsStart+5+4*len(r.Caps))
+	args[0], args[1] = "evalsha", decideScript.Hash()
+	if eval {
+		args[0], args[1] = "eval", decideSource
+	}
+	args[2], args[3] = 1, key
+	args[4], args[5], args[6], args[7], args[8] = a.now, a.member, 0, a.retention, maxLog
 	if record {
-		args[2] = 1
+		args[6] = 1
 	}
 	for i := range r.Caps {
 		c := &r.Caps[i]

@@ -20,7 +20,7 @@ func TestScriptArgs(t *testing.T) {
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
 	a := &newArgs([]Request{r}, now)[0]
-	args := scriptArgs(&r, a, true, 64)
+	args := scriptCmd(false, "fc:{7}", &r, a, true, 64)[argsStart:]
 	ms := int64(time.Hour / time.Millisecond)
 	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64,
 		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, "",
@@ -34,11 +34,11 @@ func TestScriptArgs(t *testing.T) {
 			t.Errorf("ARGV[%d] = %#v, want %#v", i+1, args[i], want[i])
 		}
 	}
-	if got := scriptArgs(&r, a, false, 0)[2]; got != 0 {
+	if got := scriptCmd(false, "fc:{7}", &r, a, false, 0)[argsStart+2]; got != 0 {
 		t.Errorf("look-only ARGV[3] = %v, want 0", got)
 	}
 	r.Retention = 0
-	if got := scriptArgs(&r, &newArgs([]Request{r}, now)[0], true, 0)[3]; got != 24*ms {
+	if got := scriptCmd(false, "fc:{7}", &r, &newArgs([]Request{r}, now)[0], true, 0)[argsStart+3]; got != 24*ms {
 		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", got)
 	}
 }

@@ -121,24 +121,39 @@ func (w *Worker) expire(reqs []capping.Request, reqItems []int, items []item) {
 	}
 }
 
-// timestamps formats the instants of a batch's headers, most of which share one.
-type timestamps struct {
-	t time.Time
-	s string
+// headerValues hands out one []byte per distinct header value of a batch:
+// decisions, caps, segments and decision times repeat across its jobs (the
+// writer only reads them).
+type headerValues struct {
+	m    map[string][]byte
+	t    time.Time // the last time formatted, and its value
+	tval []byte
 }
 
-func (ts *timestamps) format(t time.Time) string {
-	if !t.Equal(ts.t) || ts.s == "" {
-		ts.t, ts.s = t, hold.FormatTime(t)
+func newHeaderValues() *headerValues { return &headerValues{m: make(map[string][]byte, 16)} }
+
+func (h *headerValues) get(s string) []byte {
+	if b, ok := h.m[s]; ok {
+		return b
 	}
-	return ts.s
+	b := []byte(s)
+	h.m[s] = b
+	return b
+}
+
+// time formats t (ms), once for the run of jobs decided at one instant.
+func (h *headerValues) time(t time.Time) []byte {
+	if !t.Equal(h.t) || h.tval == nil {
+		h.t, h.tval = t, []byte(hold.FormatTime(t))
+	}
+	return h.tval
 }
 
 // outputs appends the messages that carry it to its topics: its original key,
 // value and headers (without the hold headers of a delay tier) and capper's.
 // A held job has two: the audit record on the held topic and the job on its
 // delay tier; a moved job only the latter.
-func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka.Message {
+func (w *Worker) outputs(outs []kafka.Message, it *item, hv *headerValues) []kafka.Message {
 	orig := it.msg.Headers
 	if w.cfg.Tier != "" {
 		orig = make([]kafka.Header, 0, len(it.msg.Headers))
@@ -150,7 +165,7 @@ func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka
 	}
 	m := kafka.Message{Key: it.msg.Key, Value: it.msg.Value}
 	m.Headers = append(make([]kafka.Header, 0, len(orig)+8), orig...)
-	add := func(k, v string) { m.Headers = append(m.Headers, kafka.Header{Key: k, Value: []byte(v)}) }
+	add := func(k string, v []byte) { m.Headers = append(m.Headers, kafka.Header{Key: k, Value: v}) }
 	switch it.decision {
 	case decisionMove:
 		m.Topic = it.tier.Topic
@@ -161,19 +176,19 @@ func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka
 		wait := kafka.Message{Key: m.Key, Value: m.Value, Topic: it.tier.Topic, Headers: it.hold.AppendHeaders(append([]kafka.Header(nil), orig...))}
 		outs = append(outs, wait)
 		m.Topic = w.cfg.Topics.Held
-		add(HeaderDecision, DecisionHeld)
-		add(HeaderCap, it.cap)
-		add(hold.HeaderDue, hold.FormatTime(it.hold.Due))
-		add(hold.HeaderCount, strconv.Itoa(it.hold.Count))
-		add(HeaderDecidedAt, ts.format(it.at))
-		add(HeaderSegment, it.segment)
+		add(HeaderDecision, hv.get(DecisionHeld))
+		add(HeaderCap, hv.get(it.cap))
+		add(hold.HeaderDue, []byte(hold.FormatTime(it.hold.Due)))
+		add(hold.HeaderCount, hv.get(strconv.Itoa(it.hold.Count)))
+		add(HeaderDecidedAt, hv.time(it.at))
+		add(HeaderSegment, hv.get(it.segment))
 		return append(outs, m)
 	}
-	add(HeaderDecision, it.decision)
+	add(HeaderDecision, hv.get(it.decision))
 	switch it.decision {
 	case DecisionDLQ:
 		m.Topic = w.cfg.Topics.DLQ
-		add(HeaderError, it.reason)
+		add(HeaderError, []byte(it.reason))
 		if it.truncate && len(m.Value) > truncatedValueBytes {
 			m.Value = m.Value[:truncatedValueBytes]
 		}
@@ -189,29 +204,29 @@ func (w *Worker) outputs(outs []kafka.Message, it *item, ts *timestamps) []kafka
 		return append(outs, m)
 	case DecisionCapped:
 		m.Topic = w.cfg.Topics.Capped
-		add(HeaderCap, it.cap)
-		retry := ""
+		add(HeaderCap, hv.get(it.cap))
+		var retry []byte
 		if !it.retryAt.IsZero() {
-			retry = it.retryAt.UTC().Format(time.RFC3339Nano)
+			retry = it.retryAt.UTC().AppendFormat(make([]byte, 0, 24), time.RFC3339Nano)
 		}
 		add(HeaderRetryAt, retry)
 		if it.reason != "" {
-			add(HeaderReason, it.reason)
+			add(HeaderReason, hv.get(it.reason))
 		}
 	default:
 		m.Topic = w.cfg.Topics.Allowed
 		if len(it.shadow) > 0 {
-			add(HeaderShadow, strings.Join(it.shadow, ","))
+			add(HeaderShadow, hv.get(strings.Join(it.shadow, ",")))
 		}
 	}
-	add(HeaderDecidedAt, ts.format(it.at))
+	add(HeaderDecidedAt, hv.time(it.at))
 	if it.hold.Count > 0 { // released: how often and how long it was held
-		add(hold.HeaderCount, strconv.Itoa(it.hold.Count))
-		add(hold.HeaderSince, hold.FormatTime(it.hold.Since))
-		add(hold.HeaderDue, hold.FormatTime(it.hold.Due))
-		add(HeaderHeldFor, strconv.FormatFloat(it.at.Sub(it.hold.Since).Seconds(), 'f', 3, 64))
+		add(hold.HeaderCount, hv.get(strconv.Itoa(it.hold.Count)))
+		add(hold.HeaderSince, []byte(hold.FormatTime(it.hold.Since)))
+		add(hold.HeaderDue, []byte(hold.FormatTime(it.hold.Due)))
+		add(HeaderHeldFor, strconv.AppendFloat(nil, it.at.Sub(it.hold.Since).Seconds(), 'f', 3, 64))
 	}
-	add(HeaderSegment, it.segment)
+	add(HeaderSegment, hv.get(it.segment))
 	return append(outs, m)
 }
 

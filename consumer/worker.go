@@ -84,7 +84,8 @@ type Writer interface {
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Decider decides batches of sends (*capping.Limiter).
+// Decider decides batches of sends (*capping.Limiter). It must not keep reqs
+// (or their Caps) after Decide returns: the worker reuses their arrays.
 type Decider interface {
 	Decide(ctx context.Context, reqs []capping.Request) ([]capping.Decision, error)
 }
@@ -203,6 +204,14 @@ type Worker struct {
 	// succeed; only the consume stage touches it.
 	redisDownSince time.Time
 	redisAttempts  int
+	// buf keeps a batch's working arrays for the next one (consume stage only).
+	buf struct {
+		items    []item
+		reqs     []capping.Request
+		reqItems []int
+		caps     []capping.Cap
+		wants    []budget.Want
+	}
 }
 
 // New returns a Worker.
@@ -402,11 +411,23 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	}
 	rs := w.rules.Load()
 	seg := w.cfg.Segments()
-	items := make([]item, len(batch))
-	var reqs []capping.Request
-	var reqItems []int
-	var caps []capping.Cap  // one backing array for the batch's caps
-	var wants []budget.Want // and for its budget wants
+	// The batch's working arrays are the last batch's, cleared: nothing
+	// outlives prepare but the outputs, which do not point into them.
+	items := w.buf.items[:0]
+	if cap(items) < len(batch) {
+		items = make([]item, len(batch))
+	}
+	items = items[:len(batch)]
+	clear(items)
+	reqs, reqItems := w.buf.reqs[:0], w.buf.reqItems[:0]
+	caps := w.buf.caps[:0]   // one backing array for the batch's caps
+	wants := w.buf.wants[:0] // and for its budget wants
+	defer func() {
+		clear(reqs)
+		clear(caps)
+		clear(wants)
+		w.buf.items, w.buf.reqs, w.buf.reqItems, w.buf.caps, w.buf.wants = items, reqs, reqItems, caps, wants
+	}()
 	for i := range batch {
 		it := &items[i]
 		it.msg, it.at = &batch[i], start
@@ -462,9 +483,9 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	outs := make([]kafka.Message, 0, len(items))
 	decisions := make(map[string]int, 5)
 	shadow := map[string]int{}
-	stamps := timestamps{}
+	hv := newHeaderValues()
 	for i := range items {
-		outs = w.outputs(outs, &items[i], &stamps)
+		outs = w.outputs(outs, &items[i], hv)
 		decisions[items[i].decision]++
 		if items[i].decision == DecisionAllowed {
 			for _, c := range items[i].shadow {

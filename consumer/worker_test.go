@@ -97,7 +97,11 @@ type fakeDecider struct {
 
 func (d *fakeDecider) Decide(_ context.Context, reqs []capping.Request) ([]capping.Decision, error) {
 	d.mu.Lock()
-	d.calls = append(d.calls, append([]capping.Request(nil), reqs...))
+	kept := append([]capping.Request(nil), reqs...)
+	for i := range kept { // the worker reuses its arrays for the next batch (Decider's contract)
+		kept[i].Caps = append([]capping.Cap(nil), kept[i].Caps...)
+	}
+	d.calls = append(d.calls, kept)
 	call := len(d.calls)
 	d.mu.Unlock()
 	ds := make([]capping.Decision, len(reqs))
