@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-hold bench-budget
+.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget
 
 GO ?= go
 
@@ -33,9 +33,13 @@ bench-capping:
 bench-segments:
 	scripts/bench-segments.sh
 
-## bench-e2e: 1,000,000 jobs end to end vs a pass-through baseline and the Redis ceiling, with ratios
+## bench-e2e: 1,000,000 jobs end to end with the near cache on and off vs a pass-through baseline and the Redis ceiling, 3 alternated rounds, medians and ratios
 bench-e2e:
 	scripts/bench-e2e.sh
+
+## bench-blast: the 10,000,000-job blast over 2,000,000 users: drain time, jobs/s, worker CPU and RSS, Redis memory, the report's verdict
+bench-blast:
+	scripts/bench-blast.sh
 
 ## bench-hold: the throughput cost of holding capped sends: the same blast under drop and under hold, alternated, medians and the ratio
 bench-hold:

@@ -19,6 +19,7 @@ USERS=${DEMO_USERS:-50000}
 PARTITIONS=${DEMO_PARTITIONS:-6}
 METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
 PASSTHROUGH=${DEMO_PASSTHROUGH:-0}  # 1: run capper-passthrough (capping skipped), bench-e2e.sh's baseline
+PREPRODUCE=${DEMO_PREPRODUCE:-0}    # 1: produce the blast before the worker starts (see below)
 CONFIG=${DEMO_CONFIG:-config.example.yaml}
 
 say() { printf '\n== %s\n' "$*" >&2; }
@@ -73,9 +74,18 @@ seq $((b + 1)) "$c" | "$capper" segments build --name dormant --out "$work/segme
 say "topics $run.sends{,.allowed,.capped,.dlq,.held,.delay.*} with $PARTITIONS partitions"
 "$capper" loadgen --config "$CONFIG" --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
 
+loadgen() {
+  say "loadgen: $JOBS jobs for $USERS users"
+  "$capper" loadgen --config "$CONFIG" --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
+}
+# DEMO_PREPRODUCE=1: the whole blast is in Kafka before the worker starts (a backlog to drain, as when a
+# scheduler dumps a campaign at once); the drain line then times the worker alone.
+((PREPRODUCE)) && loadgen
+
 say "starting capper run (metrics on http://$METRICS/metrics)"
 "${worker[@]}" --config "$CONFIG" 2>"$work/worker.log" &
 worker_pid=$!
+worker_started=$(date +%s.%N)
 for _ in $(seq 300); do
   curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
@@ -83,8 +93,7 @@ for _ in $(seq 300); do
 done
 curl -fsS "http://$METRICS/readyz" >/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper not ready after 30 s" >&2; exit 1; }
 
-say "loadgen: $JOBS jobs for $USERS users"
-"$capper" loadgen --config "$CONFIG" --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
+((PREPRODUCE)) || loadgen
 
 say "waiting for capper to drain"
 for _ in $(seq 1800); do
@@ -93,7 +102,11 @@ for _ in $(seq 1800); do
   kill -0 "$worker_pid" 2>/dev/null || break
   sleep 0.2
 done
+drained=$(date +%s.%N)
 echo "capper handled $handled of $JOBS jobs" >&2
+if ((PREPRODUCE)); then
+  awk -v a="$worker_started" -v b="$drained" -v n="$handled" 'BEGIN { printf "drain: %d jobs in %.1f s from worker start (%.0f jobs/s)\n", n, b - a, n / (b - a) }' >&2
+fi
 
 say "report"
 status=0
@@ -101,13 +114,14 @@ status=0
 
 # The worker's own cost: CPU time from /proc, batches and Redis round trips from its metrics.
 ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat")
-curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" '
+rss=$(awk '/^VmHWM:/ {print $2}' "/proc/$worker_pid/status") # peak resident set, KiB
+curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v rss="$rss" '
   /^capper_batch_size_count/ {batches=$2} /^capper_batch_size_sum/ {handled=$2}
   /^capper_redis_round_trips_per_batch_sum/ {rt=$2} /^capper_redis_round_trips_per_batch_count/ {rtn=$2}
   /^capper_budget_redis_calls_total\{/ {bc+=$2}
   /^capper_decide_script_calls_total / {sc=$2} /^capper_near_cache_hits_total / {hits=$2}
-  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f near cache hits/job, %d budget redis calls\n",
-        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, hits/jobs, bc }'
+  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f near cache hits/job, %d budget redis calls, peak rss %.0f MiB\n",
+        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, hits/jobs, bc, rss/1024 }'
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2

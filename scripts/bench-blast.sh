@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# bench-blast.sh — the 10-million-job blast: BLAST_JOBS jobs (default 10,000,000) for BLAST_USERS users
+# (default 2,000,000) through demo.sh (loadgen -> capper run -> report) on the drop path. The blast is in
+# Kafka before the worker starts (a campaign dumped at once; BLAST_PREPRODUCE=0 produces while it runs), so
+# the headline is the worker's drain: from its start to the last job decided. Then: the report's jobs/s
+# from first produce to last forward, the worker's CPU per job and peak RSS, its
+# script calls and near cache hits per job, the Redis memory the run added (used_memory summed over the
+# masters, before vs after), and the report's verdict (0 unaccounted, 0 violations).
+# Goal (issue 14): at most 3 minutes on a 2-core machine, 0 lost, 0 violations.
+#   BLAST_JOBS=2000000 BLAST_USERS=400000 scripts/bench-blast.sh   (a smaller blast of the same shape)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+JOBS=${BLAST_JOBS:-10000000}
+USERS=${BLAST_USERS:-2000000}
+work=$(mktemp -d)
+grep -v "on_capped: {policy: hold" config.example.yaml >"$work/drop.yaml"
+
+started=0
+if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
+trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
+eval "$(scripts/stack.sh env)"
+
+redis_bytes() { # used_memory summed over the masters
+  local total=0 p role used
+  for p in $(seq "${CAPPER_REDIS_PORT:-7000}" $(( ${CAPPER_REDIS_PORT:-7000} + 5 ))); do
+    role=$(redis-cli -p "$p" role 2>/dev/null | head -1)
+    [[ $role == master ]] || continue
+    used=$(redis-cli -p "$p" info memory | tr -d '\r' | awk -F: '/^used_memory:/ {print $2}')
+    total=$((total + used))
+  done
+  echo "$total"
+}
+
+echo "bench-blast: $JOBS jobs for $USERS users on $(nproc) cores" >&2
+before=$(redis_bytes)
+began=$(date +%s.%N)
+rc=0
+out=$(DEMO_CONFIG="$work/drop.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PREPRODUCE=${BLAST_PREPRODUCE:-1} \
+  scripts/demo.sh 2>&1) || rc=$?
+ended=$(date +%s.%N)
+after=$(redis_bytes)
+echo "$out" | grep -E '^(  (decisions|throughput|checks|held)|worker:|capper handled|drain:|loadgen: .*jobs/s)' >&2
+if ((rc)) || ! grep -q '"unaccounted":0,' <<<"$out" || ! grep -q '"violations":0' <<<"$out"; then
+  echo "$out" | tail -40 >&2
+  echo "bench-blast: the run failed or the report found lost jobs or violations" >&2
+  exit 1
+fi
+json=$(echo "$out" | grep '^{"jobs"' | tail -1)
+grep '^drain:' <<<"$out" | sed 's/^/blast /' || true   # the headline; goal <= 180 s
+python3 - "$json" "$before" "$after" "$began" "$ended" "$JOBS" <<'PY'
+import json, sys
+r = json.loads(sys.argv[1])
+before, after, began, ended, jobs = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6])
+secs = jobs / r["jobs_per_sec"]
+print(f"report: {jobs:,} jobs in {secs:.0f} s from first produce to last forward ({r['jobs_per_sec']:,.0f} jobs/s)")
+print(f"script wall time {ended - began:.0f} s (stack, segments, topics, generation, report included)")
+print(f"redis memory added {(after - before) / 2**20:,.0f} MiB ({(after - before) / jobs:.0f} B/job)")
+print("report: 0 unaccounted, 0 violations")
+PY
