@@ -1,0 +1,119 @@
+package capping
+
+import (
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// blocked returns a request whose one daily cap of limit 2 is full in the
+// log tail (two sends at now-2h and now-1h), and that tail.
+func blocked(user uint32, job string, now time.Time) (*Request, *reqArgs, []any) {
+	r := &Request{UserID: user, JobID: job, Channel: "email", Campaign: "c", Tags: []string{"marketing"},
+		Caps: []Cap{{Name: "daily", Window: Daily, Limit: 2}}}
+	a := &newArgs([]Request{*r}, now)[0]
+	tail := []any{Member("old1", "email", "c", nil), now.Add(-2 * time.Hour).UnixMilli(), Member("old2", "email", "c", nil), now.Add(-time.Hour).UnixMilli()}
+	return r, a, tail
+}
+
+func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
+	c := newNearCache(1000)
+	r, a, tail := blocked(7, "j", now)
+	c.install(r, a, c.gen.Load(), tail)
+	var d Decision
+	if !c.decide(r, a, &d) || d.Allowed || d.Cap != "daily" || !d.RetryAt.Equal(now.Add(22*time.Hour)) || d.Counts[0] != 2 {
+		t.Fatalf("decision %+v, want capped by daily until the first send leaves the window (22h)", d)
+	}
+	// The copy expires when the cap passes again: then Redis decides.
+	later := &newArgs([]Request{*r}, now.Add(22*time.Hour))[0]
+	if c.decide(r, later, &d) {
+		t.Fatalf("answered %+v after the cap passed", d)
+	}
+	if e, _ := c.stats(); e != 0 {
+		t.Fatalf("%d copies after expiry, want 0", e)
+	}
+	// A send the copy finds logged (a redelivery) is for Redis to answer.
+	c.install(r, a, c.gen.Load(), tail)
+	dup := &Request{UserID: 7, JobID: "old1", Channel: "email", Campaign: "c", Caps: r.Caps}
+	if c.decide(dup, &newArgs([]Request{*dup}, now)[0], &d) {
+		t.Fatal("a redelivered job was answered from the cache")
+	}
+	// So is a send of another scope that the copy would allow.
+	other := *r
+	other.Caps = []Cap{{Name: "push", Window: Daily, Limit: 1, Scope: NewScope([]string{"push"}, nil)}}
+	if c.decide(&other, &newArgs([]Request{other}, now)[0], &d) {
+		t.Fatal("a send the copy allows was answered from the cache")
+	}
+}
+
+func TestNearCacheKeepsTheNewerCopy(t *testing.T) {
+	c := newNearCache(1000)
+	r, a, tail := blocked(7, "j", now)
+	newer := append(append([]any(nil), tail...), Member("new", "email", "c", nil), now.UnixMilli())
+	c.install(r, a, c.gen.Load(), newer)
+	c.install(r, a, c.gen.Load(), tail) // a reply of a decision that ran earlier in Redis
+	var d Decision
+	if !c.decide(r, a, &d) || d.Counts[0] != 3 {
+		t.Fatalf("decision %+v, want the newer copy's count of 3", d)
+	}
+	gen := c.gen.Load()
+	c.clear()
+	c.install(r, a, gen, newer) // decided before the rules changed
+	if e, _ := c.stats(); e != 0 {
+		t.Fatalf("%d copies: a decision taken before the clear was kept", e)
+	}
+}
+
+func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
+	c := newNearCache(cacheShards * 4) // 4 copies per shard
+	var users []uint32
+	for u := uint32(1); len(users) < 5; u++ { // five users of one shard
+		if c.shard(u) == c.shard(1) {
+			users = append(users, u)
+		}
+	}
+	for _, u := range users[:4] {
+		r, a, tail := blocked(u, "j", now)
+		c.install(r, a, c.gen.Load(), tail)
+	}
+	var d Decision
+	for _, u := range users[1:4] { // looked up since: kept over users[0]
+		r, a, _ := blocked(u, "j", now)
+		c.decide(r, a, &d)
+	}
+	r, a, tail := blocked(users[4], "j", now)
+	c.install(r, a, c.gen.Load(), tail)
+	if c.evictions.Load() != 1 {
+		t.Fatalf("%d evictions, want 1", c.evictions.Load())
+	}
+	for i, u := range users {
+		r, a, _ := blocked(u, "j", now)
+		if got := c.decide(r, a, &d); got != (i != 0) {
+			t.Errorf("user %d (%d): cached %v, want %v", i, u, got, i != 0)
+		}
+	}
+}
+
+// BenchmarkNearCacheBytes fills a cache with copies of a typical blocked log
+// (a daily cap of 2 full: two entries with one tag) and reports the heap per
+// copy next to the cache's own estimate (capper_near_cache_bytes).
+func BenchmarkNearCacheBytes(b *testing.B) {
+	const n = 200_000
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		c := newNearCache(n)
+		for u := uint32(1); u <= n; u++ {
+			r, a, tail := blocked(u, fmt.Sprint("j", u), now)
+			c.install(r, a, c.gen.Load(), tail)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		entries, est := c.stats()
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "heap-bytes/copy")
+		b.ReportMetric(float64(est)/float64(entries), "estimated-bytes/copy")
+		runtime.KeepAlive(c)
+	}
+}
