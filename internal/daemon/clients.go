@@ -160,7 +160,10 @@ func NewWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 		Topic:        topic,
 		Balancer:     &kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
-		BatchSize:    max(100, batchSize),
+		// Messages per partition per produce request. kafka-go allocates the
+		// whole capacity for every partition batch, so it stays near what one
+		// partition gets from one output batch rather than the whole batch.
+		BatchSize:    min(max(100, batchSize), 512),
 		BatchBytes:   int64(cmp.Or(c.MaxBatchBytes, consumer.DefaultMaxOutputBytes)),
 		BatchTimeout: 2 * time.Millisecond,
 		MaxAttempts:  3,
