@@ -52,7 +52,7 @@ for r in $(seq "$ROUNDS"); do
   results+=("pass $(run passthrough 1 0)")
 done
 ceiling=$(CEILING_ONLY=1 ROUNDS=3 scripts/bench-capping.sh)
-printf '%s\n' "${results[@]}" | python3 -c '
+summary=$(cat <<'PY'
 import statistics, sys
 ceil = float(sys.argv[1])
 rows = {}
@@ -60,14 +60,16 @@ for line in sys.stdin:
     label, *vals = line.split()
     rows.setdefault(label, []).append([float(v) for v in vals])
 med = {k: [statistics.median(col) for col in zip(*v)] for k, v in rows.items()}
-each = {k: ", ".join(f"{v[0]:.0f}" for v in vs) for k, vs in rows.items()}
+each = {k: ", ".join("%.0f" % v[0] for v in vs) for k, vs in rows.items()}
 c, n, p = med["cache"], med["nocache"], med["pass"]
-print(f"capper, near cache on     {c[0]:10.0f} jobs/s  (rounds: {each[\"cache\"]}; worker CPU {c[1]:.1f} us/job, {c[2]:.3f} script calls/job, {c[3]:.3f} cache hits/job)")
-print(f"capper, near cache off    {n[0]:10.0f} jobs/s  (rounds: {each[\"nocache\"]}; worker CPU {n[1]:.1f} us/job, {n[2]:.3f} script calls/job)")
-print(f"pass-through baseline     {p[0]:10.0f} jobs/s  (rounds: {each[\"pass\"]}; worker CPU {p[1]:.1f} us/job)")
-print(f"redis EVALSHA ceiling     {ceil:10.0f} decisions/s (redis-benchmark, median of 3)")
-print(f"cache on / ceiling        {100*c[0]/ceil:9.0f}%   (goal >= 100%)")
-print(f"cache off / ceiling       {100*n[0]/ceil:9.0f}%   (goal >= 80%)")
-print(f"cache on / pass-through   {100*c[0]/p[0]:9.0f}%")
-print(f"cache on / cache off      {c[0]/n[0]:9.2f}x")
-' "$ceiling"
+print("capper, near cache on     %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, %.3f script calls/job, %.3f cache hits/job)" % (c[0], each["cache"], c[1], c[2], c[3]))
+print("capper, near cache off    %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, %.3f script calls/job)" % (n[0], each["nocache"], n[1], n[2]))
+print("pass-through baseline     %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job)" % (p[0], each["pass"], p[1]))
+print("redis EVALSHA ceiling     %10.0f decisions/s (redis-benchmark, median of 3)" % ceil)
+print("cache on / ceiling        %9.0f%%   (goal >= 100%%)" % (100 * c[0] / ceil))
+print("cache off / ceiling       %9.0f%%   (goal >= 80%%)" % (100 * n[0] / ceil))
+print("cache on / pass-through   %9.0f%%" % (100 * c[0] / p[0]))
+print("cache on / cache off      %9.2fx" % (c[0] / n[0]))
+PY
+)
+printf '%s\n' "${results[@]}" | python3 -c "$summary" "$ceiling"
