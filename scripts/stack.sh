@@ -11,13 +11,42 @@
 # git-ignored). `up` is idempotent; `down` stops exactly the processes `up` started, by PID.
 # `env` prints the variables the tests and the demo read. `purge` = down + delete the state directory.
 # `restart-node PORT` starts a Redis node that was killed (crash tests) and waits for 3 linked replicas.
+#
+# --secure (with any command) is the secured stack, on its own ports and state directory
+# ($CAPPER_SECURE_STACK_DIR, default .stack-secure/), beside the plain one:
+#
+#   TLS            a throwaway CA, server and client certificates made with openssl at `up` (in $STATE/tls,
+#                  never committed), and random passwords (in $STATE/secrets); `down` deletes them all
+#   Redis Cluster  TLS only (clients, cluster bus and replication) on $CAPPER_SECURE_REDIS_PORT..+5 (default
+#                  7100-7105); ACL users: default off, admin (the stack's own tools), repl (replication),
+#                  capper (the worker: exactly $REDIS_CAPPER_ACL below) and capper-noperm (capper without EVALSHA)
+#   Kafka          TLS + SASL/SCRAM-SHA-512 with ACLs enforced on $CAPPER_SECURE_KAFKA_PORT (default 9192):
+#                  users admin (superuser), capper (capper's ACLs on the default topics), capper-noperm (no
+#                  ACL); and a broker that demands a client certificate (mTLS) on $CAPPER_SECURE_MTLS_PORT (9193)
+#   S3             as above, on $CAPPER_SECURE_S3_PORT (default 9100)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-STATE=${CAPPER_STACK_DIR:-$ROOT/.stack}
-REDIS_BASE=${CAPPER_REDIS_PORT:-7000}
-KAFKA_PORT=${CAPPER_KAFKA_PORT:-9092}
-S3_PORT=${CAPPER_S3_PORT:-9000}
+SECURE=0
+ARGS=()
+for a in "$@"; do if [[ $a == --secure ]]; then SECURE=1; else ARGS+=("$a"); fi; done
+set -- "${ARGS[@]+"${ARGS[@]}"}"
+if ((SECURE)); then
+  STATE=${CAPPER_SECURE_STACK_DIR:-$ROOT/.stack-secure}
+  REDIS_BASE=${CAPPER_SECURE_REDIS_PORT:-7100}
+  KAFKA_PORT=${CAPPER_SECURE_KAFKA_PORT:-9192}
+  MTLS_PORT=${CAPPER_SECURE_MTLS_PORT:-9193}
+  S3_PORT=${CAPPER_SECURE_S3_PORT:-9100}
+else
+  STATE=${CAPPER_STACK_DIR:-$ROOT/.stack}
+  REDIS_BASE=${CAPPER_REDIS_PORT:-7000}
+  KAFKA_PORT=${CAPPER_KAFKA_PORT:-9092}
+  S3_PORT=${CAPPER_S3_PORT:-9000}
+fi
+# REDIS_CAPPER_ACL is what the worker's Redis user may do, and nothing else: its keys (key_prefix fc), the two
+# scripts and the commands they call, WAIT (redis.min_replicas_acked), and what the cluster client needs.
+# README prints this line for operators; the secured tests run the worker with exactly it.
+REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +evalsha +eval +script|load +zrange +zremrangebyscore +zadd +pexpire +hget +hgetall +hincrby +hdel +wait +ping +cluster|slots'
 S3_BUCKET=${CAPPER_S3_BUCKET:-capper-segments}
 PARTITIONS=${CAPPER_PARTITIONS:-6}
 TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h}
@@ -41,7 +70,75 @@ ensure_redis() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null
 }
 
-rcli() { redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
+ensure_openssl() {
+  command -v openssl >/dev/null && return
+  log "installing openssl with apt-get"
+  local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >/dev/null
+}
+
+# the secured stack's redis-cli runs as its admin user over TLS (the password through the environment)
+rcli() {
+  if ((SECURE)); then
+    REDISCLI_AUTH=$(cat "$STATE/secrets/redis-admin") redis-cli --tls --cacert "$STATE/tls/ca.crt" --user admin \
+      -h 127.0.0.1 -p "$1" "${@:2}"
+  else
+    redis-cli -h 127.0.0.1 -p "$1" "${@:2}"
+  fi
+}
+
+# make_secrets: a throwaway CA; a server certificate for 127.0.0.1 (server-chain.crt carries the CA too); a
+# client certificate CN=capper; a second CA that signed nothing of this stack (for the unknown-CA tests); and a
+# random password per user. Kept until `down --secure`.
+make_secrets() {
+  local t=$STATE/tls s=$STATE/secrets
+  [[ -f $t/server-chain.crt && -f $s/redis-admin ]] && return
+  ensure_openssl
+  rm -rf "$t" "$s"; mkdir -p "$t" "$s"; chmod 700 "$t" "$s"
+  local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -noenc)
+  issue() { # issue NAME SUBJECT EXTENSIONS
+    openssl req -new "${ec[@]}" -keyout "$t/$1.key" -out "$t/$1.csr" -subj "$2" 2>/dev/null
+    openssl x509 -req -in "$t/$1.csr" -CA "$t/ca.crt" -CAkey "$t/ca.key" -CAcreateserial -days 30 \
+      -out "$t/$1.crt" -extfile <(printf '%b\n' "$3") 2>/dev/null
+  }
+  openssl req -x509 "${ec[@]}" -keyout "$t/ca.key" -out "$t/ca.crt" -days 30 -subj "/CN=capper dev CA" 2>/dev/null
+  issue server /CN=localhost 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth'
+  issue client /CN=capper 'extendedKeyUsage=clientAuth'
+  cat "$t/server.crt" "$t/ca.crt" >"$t/server-chain.crt"
+  openssl req -x509 "${ec[@]}" -keyout "$t/other-ca.key" -out "$t/other-ca.crt" -days 30 -subj "/CN=another CA" 2>/dev/null
+  [[ -s $t/server.crt && -s $t/client.crt && -s $t/other-ca.crt ]] || die "openssl did not make the certificates"
+  local u; for u in redis-admin redis-repl redis-capper redis-noperm kafka-admin kafka-capper kafka-noperm; do
+    openssl rand -hex 16 >"$s/$u"
+  done
+  chmod 600 "$s"/* "$t"/*.key
+}
+
+pw() { cat "$STATE/secrets/$1"; }
+
+# secure_redis_conf: the TLS settings, the ACL users and the replicas' credentials, in files (not in argv)
+secure_redis_conf() {
+  local t=$STATE/tls
+  cat >"$STATE/redis/users.acl" <<EOF_ACL
+user default off
+user admin on >$(pw redis-admin) ~* &* +@all
+user repl on >$(pw redis-repl) +psync +replconf +ping
+user capper on >$(pw redis-capper) $REDIS_CAPPER_ACL
+user capper-noperm on >$(pw redis-noperm) $REDIS_CAPPER_ACL -evalsha -eval
+EOF_ACL
+  cat >"$STATE/redis/secure.conf" <<EOF_CONF
+tls-cert-file $t/server-chain.crt
+tls-key-file $t/server.key
+tls-ca-cert-file $t/ca.crt
+tls-auth-clients no
+tls-cluster yes
+tls-replication yes
+aclfile $STATE/redis/users.acl
+masteruser repl
+masterauth $(pw redis-repl)
+EOF_CONF
+  chmod 600 "$STATE/redis/users.acl" "$STATE/redis/secure.conf"
+}
 
 # start_redis_node PORT: one cluster node; an existing nodes-PORT.conf makes it rejoin. No persistence: a node
 # always starts empty (its own RDB file, which only a replica's full sync would write, is deleted first),
@@ -49,7 +146,9 @@ rcli() { redis-cli -h 127.0.0.1 -p "$1" "${@:2}"; }
 start_redis_node() {
   local p=$1
   rm -f "$STATE/redis/dump-$p.rdb" "$STATE/redis/dump.rdb"
-  redis-server --port "$p" --bind 127.0.0.1 --protected-mode yes \
+  local listen=(--port "$p")
+  ((SECURE)) && listen=("$STATE/redis/secure.conf" --port 0 --tls-port "$p")
+  redis-server "${listen[@]}" --bind 127.0.0.1 --protected-mode yes \
     --daemonize yes --pidfile "$STATE/redis/$p.pid" --logfile "$STATE/redis/$p.log" --dir "$STATE/redis" \
     --cluster-enabled yes --cluster-config-file "nodes-$p.conf" --cluster-node-timeout 2000 \
     --save "" --appendonly no --dbfilename "dump-$p.rdb" \
@@ -72,6 +171,7 @@ restart_node() {
 redis_up() {
   ensure_redis
   mkdir -p "$STATE/redis"
+  ((SECURE)) && secure_redis_conf
   local started=0
   for p in "${REDIS_PORTS[@]}"; do
     local pidf="$STATE/redis/$p.pid"
@@ -87,7 +187,7 @@ redis_up() {
   done
   if [[ $(rcli "${REDIS_PORTS[0]}" cluster info | tr -d '\r' | awk -F: '/cluster_known_nodes/{print $2}') -lt 6 ]]; then
     local nodes=(); for p in "${REDIS_PORTS[@]}"; do nodes+=("127.0.0.1:$p"); done
-    redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$STATE/redis/create.log" 2>&1 \
+    rcli "${REDIS_PORTS[0]}" --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$STATE/redis/create.log" 2>&1 \
       || die "redis-cli --cluster create failed (see $STATE/redis/create.log)"
   elif [[ $started -eq 1 ]]; then
     die "some redis nodes were restarted into an existing cluster; run: $0 down && $0 up"
@@ -119,10 +219,20 @@ devstack_up() {
   if alive "$pidf"; then return; fi
   port_open "$KAFKA_PORT" && die "port $KAFKA_PORT is taken by a process this stack did not start"
   port_open "$S3_PORT" && die "port $S3_PORT is taken by a process this stack did not start"
+  local secure=()
+  if ((SECURE)); then
+    port_open "$MTLS_PORT" && die "port $MTLS_PORT is taken by a process this stack did not start"
+    local users="$STATE/kafka/users"
+    printf 'SCRAM-SHA-512 admin %s superuser\nSCRAM-SHA-512 capper %s\nSCRAM-SHA-512 capper-noperm %s\n' \
+      "$(pw kafka-admin)" "$(pw kafka-capper)" "$(pw kafka-noperm)" >"$users"
+    chmod 600 "$users"
+    secure=(-tls-cert "$STATE/tls/server-chain.crt" -tls-key "$STATE/tls/server.key" -sasl-users "$users"
+      -acl-user capper -mtls-port "$MTLS_PORT" -client-ca "$STATE/tls/ca.crt")
+  fi
   (cd "$ROOT" && go build -o "$STATE/bin/capper-devstack" ./cmd/capper-devstack) || die "build capper-devstack"
   nohup "$STATE/bin/capper-devstack" -kafka-port "$KAFKA_PORT" -data-dir "$STATE/kafka/data" \
     -topics "$TOPICS" -partitions "$PARTITIONS" -s3-addr "127.0.0.1:$S3_PORT" -buckets "$S3_BUCKET" \
-    >>"$STATE/devstack.log" 2>&1 </dev/null &
+    "${secure[@]+"${secure[@]}"}" >>"$STATE/devstack.log" 2>&1 </dev/null &
   echo $! >"$pidf"
   for _ in $(seq 200); do
     if port_open "$KAFKA_PORT" && port_open "$S3_PORT" && grep -q 's3 endpoint ready' "$STATE/devstack.log"; then return 0; fi
@@ -151,7 +261,8 @@ stop_pids() { # stop_pids PIDFILE...: SIGTERM to all at once, wait, SIGKILL as a
 }
 
 cmd_up() {
-  local t0=$SECONDS start; start=$(date +%s.%N)
+  local start; start=$(date +%s.%N)
+  ((SECURE)) && make_secrets
   redis_up
   devstack_up
   log "up in $(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}') s"
@@ -163,8 +274,9 @@ cmd_down() {
   for p in "${REDIS_PORTS[@]}"; do files+=("$STATE/redis/$p.pid"); done
   stop_pids "${files[@]}"
   rm -f "$STATE"/redis/nodes-*.conf
+  ((SECURE)) && rm -rf "$STATE/tls" "$STATE/secrets" "$STATE/kafka" "$STATE"/redis/*.acl "$STATE"/redis/*.conf
   local left=()
-  for p in "${REDIS_PORTS[@]}" "$KAFKA_PORT" "$S3_PORT"; do port_open "$p" && left+=("$p"); done
+  for p in "${REDIS_PORTS[@]}" "$KAFKA_PORT" "$S3_PORT" ${MTLS_PORT:+"$MTLS_PORT"}; do port_open "$p" && left+=("$p"); done
   ((${#left[@]} == 0)) || log "warning: still listening on ${left[*]} (not started by this stack?)"
   log "down"
 }
@@ -180,6 +292,10 @@ cmd_status() {
   done
   if port_open "$KAFKA_PORT"; then printf 'kafka  127.0.0.1:%s  up (topics: %s)\n' "$KAFKA_PORT" "$TOPICS"
   else printf 'kafka  127.0.0.1:%s  DOWN\n' "$KAFKA_PORT"; rc=1; fi
+  if ((SECURE)); then
+    if port_open "$MTLS_PORT"; then printf 'kafka  127.0.0.1:%s  up (mTLS)\n' "$MTLS_PORT"
+    else printf 'kafka  127.0.0.1:%s  DOWN (mTLS)\n' "$MTLS_PORT"; rc=1; fi
+  fi
   if curl -fsS -o /dev/null "http://127.0.0.1:$S3_PORT/$S3_BUCKET" 2>/dev/null || port_open "$S3_PORT"; then
     printf 's3     http://127.0.0.1:%s  up (bucket: %s)\n' "$S3_PORT" "$S3_BUCKET"
   else printf 's3     http://127.0.0.1:%s  DOWN\n' "$S3_PORT"; rc=1; fi
@@ -189,6 +305,15 @@ cmd_status() {
 cmd_env() {
   local addrs=(); for p in "${REDIS_PORTS[@]}"; do addrs+=("127.0.0.1:$p"); done
   local IFS=,
+  if ((SECURE)); then
+    echo "export CAPPER_TEST_SECURE_REDIS_ADDRS=${addrs[*]}"
+    echo "export CAPPER_TEST_SECURE_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
+    echo "export CAPPER_TEST_SECURE_MTLS_BROKERS=127.0.0.1:$MTLS_PORT"
+    echo "export CAPPER_TEST_SECURE_S3_ENDPOINT=http://127.0.0.1:$S3_PORT"
+    echo "export CAPPER_TEST_SECURE_DIR=$STATE"
+    echo "export CAPPER_TEST_SECURE_REDIS_ACL='$REDIS_CAPPER_ACL'"
+    return
+  fi
   echo "export CAPPER_TEST_REDIS_ADDRS=${addrs[*]}"
   echo "export CAPPER_TEST_KAFKA_BROKERS=127.0.0.1:$KAFKA_PORT"
   echo "export CAPPER_TEST_S3_ENDPOINT=http://127.0.0.1:$S3_PORT"
@@ -204,5 +329,5 @@ case "${1:-}" in
   env) cmd_env ;;
   purge) cmd_down; rm -rf "$STATE" ;;
   restart-node) restart_node "${2:?usage: $0 restart-node PORT}" ;;
-  *) echo "usage: $0 up|down|status|env|purge|restart-node PORT" >&2; exit 2 ;;
+  *) echo "usage: $0 [--secure] up|down|status|env|purge|restart-node PORT" >&2; exit 2 ;;
 esac

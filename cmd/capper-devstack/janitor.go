@@ -37,8 +37,8 @@ type member struct{ group, id string }
 // expiryMargin is added to a group's timeout before a silent member is removed.
 const expiryMargin = 2 * time.Second
 
-func startJanitor(ctx context.Context, cluster *kfake.Cluster, log *slog.Logger) error {
-	client, err := kgo.NewClient(kgo.SeedBrokers(cluster.ListenAddrs()...))
+func startJanitor(ctx context.Context, cluster *kfake.Cluster, admin []kgo.Opt, log *slog.Logger) error {
+	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(cluster.ListenAddrs()...)}, admin...)...)
 	if err != nil {
 		return err
 	}

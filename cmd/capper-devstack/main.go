@@ -6,6 +6,10 @@
 // in -data-dir and survives a restart; the S3 endpoint keeps its objects in
 // memory. A janitor removes consumer-group members that died while joining,
 // which kfake never expires (see janitor.go). It runs until SIGINT or SIGTERM.
+//
+// The secured stack (scripts/stack.sh up --secure) runs it with TLS on the
+// broker, SASL users (-sasl-users) with ACLs enforced, and a second broker
+// that demands client certificates (-mtls-port): see secure.go.
 package main
 
 import (
@@ -29,7 +33,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-type config struct {
+type options struct {
 	kafkaPort  int
 	dataDir    string
 	topics     []string
@@ -37,6 +41,7 @@ type config struct {
 	s3Addr     string
 	buckets    []string
 	janitor    bool
+	secure     secureFlags
 }
 
 func main() {
@@ -47,7 +52,7 @@ func main() {
 }
 
 func run() error {
-	var cfg config
+	var cfg options
 	var topics, buckets string
 	flag.IntVar(&cfg.kafkaPort, "kafka-port", 9092, "port of the Kafka-protocol broker on 127.0.0.1")
 	flag.StringVar(&cfg.dataDir, "data-dir", "", "directory for the broker's logs and offsets (Required)")
@@ -56,6 +61,7 @@ func run() error {
 	flag.StringVar(&cfg.s3Addr, "s3-addr", "127.0.0.1:9000", "listen address of the S3-compatible endpoint")
 	flag.StringVar(&buckets, "buckets", "capper-segments", "comma-separated buckets to create")
 	flag.BoolVar(&cfg.janitor, "janitor", true, "remove group members that died while joining (kfake never expires them)")
+	cfg.secure.register(flag.CommandLine)
 	flag.Parse()
 	cfg.topics = splitList(topics)
 	cfg.buckets = splitList(buckets)
@@ -73,23 +79,32 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	cluster, err := kfake.NewCluster(
-		kfake.Ports(cfg.kafkaPort),
-		kfake.DataDir(cfg.dataDir),
-		kfake.DefaultNumPartitions(cfg.partitions),
-		kfake.SeedTopics(int32(cfg.partitions), cfg.topics...),
-	)
+	brokers, err := cfg.secure.brokers(cfg.kafkaPort)
 	if err != nil {
-		return fmt.Errorf("start kafka broker: %w", err)
-	}
-	defer cluster.Close()
-	if err := ensureTopics(ctx, cluster.ListenAddrs(), cfg.topics, cfg.partitions); err != nil {
 		return err
 	}
-	log.Info("kafka broker ready", "addrs", cluster.ListenAddrs(), "topics", cfg.topics, "data_dir", cfg.dataDir)
-	if cfg.janitor {
-		if err := startJanitor(ctx, cluster, log); err != nil {
-			return fmt.Errorf("start group janitor: %w", err)
+	for _, b := range brokers {
+		opts := append([]kfake.Opt{
+			kfake.Ports(b.port),
+			kfake.DefaultNumPartitions(cfg.partitions),
+			kfake.SeedTopics(int32(cfg.partitions), cfg.topics...),
+		}, b.opts...)
+		if cfg.secure.none() {
+			opts = append(opts, kfake.DataDir(cfg.dataDir)) // the secured stack starts empty every time
+		}
+		cluster, err := kfake.NewCluster(opts...)
+		if err != nil {
+			return fmt.Errorf("start kafka broker %s: %w", b.name, err)
+		}
+		defer cluster.Close()
+		if err := ensureTopics(ctx, cluster.ListenAddrs(), b.admin, cfg.topics, cfg.partitions); err != nil {
+			return err
+		}
+		log.Info("kafka broker ready", "broker", b.name, "addrs", cluster.ListenAddrs(), "topics", cfg.topics, "data_dir", cfg.dataDir)
+		if cfg.janitor {
+			if err := startJanitor(ctx, cluster, b.admin, log); err != nil {
+				return fmt.Errorf("start group janitor: %w", err)
+			}
 		}
 	}
 
@@ -123,8 +138,8 @@ func run() error {
 
 // ensureTopics creates the topics a restarted broker does not have yet: seeded
 // topics are only applied to an empty data directory.
-func ensureTopics(ctx context.Context, addrs, topics []string, partitions int) error {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...))
+func ensureTopics(ctx context.Context, addrs []string, admin []kgo.Opt, topics []string, partitions int) error {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...)}, admin...)...)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
 	}

@@ -216,6 +216,13 @@ func (c *Config) readSecrets(env func(string) (string, bool)) error {
 	return read(&c.Kafka.SASLPassword, "CAPPER_KAFKA_SASL_PASSWORD", c.Kafka.SASLPasswordFile, "kafka.sasl_password_file")
 }
 
+// DefaultTopics are the topics' names the file does not set, and
+// DefaultGroupID the consumer group's.
+var DefaultTopics = Topics{Input: "sends", Allowed: "sends.allowed", Capped: "sends.capped", DLQ: "sends.dlq",
+	Held: "sends.held", DelayPrefix: "sends.delay."}
+
+const DefaultGroupID = "capper"
+
 func (c *Config) defaults() {
 	set := func(p *string, v string) {
 		if *p == "" {
@@ -227,13 +234,13 @@ func (c *Config) defaults() {
 			*p = Duration(v)
 		}
 	}
-	set(&c.Kafka.GroupID, "capper")
-	set(&c.Kafka.Topics.Input, "sends")
-	set(&c.Kafka.Topics.Allowed, "sends.allowed")
-	set(&c.Kafka.Topics.Capped, "sends.capped")
-	set(&c.Kafka.Topics.DLQ, "sends.dlq")
-	set(&c.Kafka.Topics.Held, "sends.held")
-	set(&c.Kafka.Topics.DelayPrefix, "sends.delay.")
+	set(&c.Kafka.GroupID, DefaultGroupID)
+	set(&c.Kafka.Topics.Input, DefaultTopics.Input)
+	set(&c.Kafka.Topics.Allowed, DefaultTopics.Allowed)
+	set(&c.Kafka.Topics.Capped, DefaultTopics.Capped)
+	set(&c.Kafka.Topics.DLQ, DefaultTopics.DLQ)
+	set(&c.Kafka.Topics.Held, DefaultTopics.Held)
+	set(&c.Kafka.Topics.DelayPrefix, DefaultTopics.DelayPrefix)
 	setD(&c.Kafka.SessionTimeout, 30*time.Second)
 	setD(&c.Redis.DialTimeout, time.Second)
 	setD(&c.Redis.ReadTimeout, time.Second)

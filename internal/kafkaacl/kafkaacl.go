@@ -1,0 +1,117 @@
+// Package kafkaacl is the one list of what capper's Kafka principal needs:
+// the least-privilege ACLs README prints as kafka-acls.sh lines, that the
+// secured dev broker seeds for the stack's topics, and that the secured
+// end-to-end tests create for their own topics.
+package kafkaacl
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/capper-dev/capper/internal/config"
+)
+
+// Names are the resources a worker uses: its consumer group, the input topic,
+// the four output topics and the delay topics' prefix (delay topics are both
+// written and read; each tier is read by the group GROUP.delay.TIER).
+type Names struct {
+	Group, Input               string
+	Allowed, Capped, DLQ, Held string
+	DelayPrefix                string // empty when holding is disabled
+}
+
+// NamesOf returns the resources of a worker with consumer group group and
+// topics t; holding says whether it holds jobs on delay topics.
+func NamesOf(group string, t config.Topics, holding bool) Names {
+	n := Names{Group: group, Input: t.Input, Allowed: t.Allowed, Capped: t.Capped, DLQ: t.DLQ, Held: t.Held}
+	if holding {
+		n.DelayPrefix = t.DelayPrefix
+	}
+	return n
+}
+
+// Grant is one ALLOW ACL for capper's principal.
+type Grant struct {
+	Resource  kmsg.ACLResourceType
+	Name      string
+	Pattern   kmsg.ACLResourcePatternType
+	Operation kmsg.ACLOperation
+}
+
+// Grants returns every ACL a worker needs, and nothing else:
+//   - Read on the input topic and Read on its group (fetch, join, sync,
+//     heartbeat, commit), Describe on both (metadata, coordinator, offsets,
+//     the lag gauge);
+//   - Write and Describe on each output topic;
+//   - Read, Write and Describe on the topics prefixed DelayPrefix, and Read
+//     and Describe on the groups prefixed GROUP.delay.
+//
+// No Create (topics are made by the operator), no Cluster permission (the
+// producer is not idempotent), no Alter or Delete.
+func Grants(n Names) []Grant {
+	var gs []Grant
+	add := func(res kmsg.ACLResourceType, name string, pat kmsg.ACLResourcePatternType, ops ...kmsg.ACLOperation) {
+		for _, op := range ops {
+			gs = append(gs, Grant{res, name, pat, op})
+		}
+	}
+	lit, pre := kmsg.ACLResourcePatternTypeLiteral, kmsg.ACLResourcePatternTypePrefixed
+	read, write, describe := kmsg.ACLOperationRead, kmsg.ACLOperationWrite, kmsg.ACLOperationDescribe
+	add(kmsg.ACLResourceTypeTopic, n.Input, lit, read, describe)
+	add(kmsg.ACLResourceTypeGroup, n.Group, lit, read, describe)
+	for _, t := range []string{n.Allowed, n.Capped, n.DLQ, n.Held} {
+		add(kmsg.ACLResourceTypeTopic, t, lit, write, describe)
+	}
+	if n.DelayPrefix != "" {
+		add(kmsg.ACLResourceTypeTopic, n.DelayPrefix, pre, read, write, describe)
+		add(kmsg.ACLResourceTypeGroup, n.Group+".delay.", pre, read, describe)
+	}
+	return gs
+}
+
+// Command returns the kafka-acls.sh line that creates the grants for principal
+// (e.g. "User:capper"), one line per resource.
+func Command(principal string, gs []Grant) []string {
+	type res struct {
+		kind, name, pattern string
+	}
+	var order []res
+	ops := map[res][]string{}
+	for _, g := range gs {
+		r := res{strings.ToLower(g.Resource.String()), g.Name, strings.ToLower(g.Pattern.String())}
+		if _, ok := ops[r]; !ok {
+			order = append(order, r)
+		}
+		ops[r] = append(ops[r], opName(g.Operation))
+	}
+	var lines []string
+	for _, r := range order {
+		var b strings.Builder
+		fmt.Fprintf(&b, "kafka-acls.sh --bootstrap-server $BROKERS --command-config admin.properties --add --allow-principal %s", principal)
+		for _, op := range ops[r] {
+			b.WriteString(" --operation " + op)
+		}
+		fmt.Fprintf(&b, " --%s %s", r.kind, r.name)
+		if r.pattern == "prefixed" {
+			b.WriteString(" --resource-pattern-type prefixed")
+		}
+		lines = append(lines, b.String())
+	}
+	return lines
+}
+
+func opName(op kmsg.ACLOperation) string {
+	s := op.String()
+	return strings.ToUpper(s[:1]) + strings.ToLower(s[1:])
+}
+
+// Creation returns g as an entry of a CreateACLs request for principal.
+func (g Grant) Creation(principal string) kmsg.CreateACLsRequestCreation {
+	c := kmsg.NewCreateACLsRequestCreation()
+	c.ResourceType, c.ResourceName, c.ResourcePatternType = g.Resource, g.Name, g.Pattern
+	c.Principal, c.Host = principal, "*"
+	c.Operation, c.PermissionType = g.Operation, kmsg.ACLPermissionTypeAllow
+	return c
+}
