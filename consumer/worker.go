@@ -16,6 +16,7 @@ import (
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/backoff"
+	"github.com/capper-dev/capper/internal/fault"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -716,7 +717,12 @@ func (r *retry) wait(ctx context.Context, msg string, n int, err error) bool {
 	d := r.b.Next()
 	r.w.ready.Store(false)
 	r.w.m.errors.WithLabelValues(r.kind).Inc()
-	r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.b.Attempt(), "in", d, "err", err)
+	if cause := fault.Cause(err); cause != "" {
+		// a password, certificate or grant changed under a running worker
+		r.w.cfg.Logger.Error(msg, "cause", cause, "jobs", n, "attempt", r.b.Attempt(), "in", d, "err", err)
+	} else {
+		r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.b.Attempt(), "in", d, "err", err)
+	}
 	return backoff.Sleep(ctx, d)
 }
 

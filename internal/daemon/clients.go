@@ -78,6 +78,12 @@ func tlsConfig(c config.TLS, field string) (*tls.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s.cert_file/key_file: %w", field, err)
 		}
+		// A client certificate out of its validity fails every handshake
+		// with a bare alert from the server: say so here.
+		if now := time.Now(); cert.Leaf != nil && (now.After(cert.Leaf.NotAfter) || now.Before(cert.Leaf.NotBefore)) {
+			return nil, fmt.Errorf("%s.cert_file %s: the certificate (%s) is valid from %s to %s, not now",
+				field, c.CertFile, cert.Leaf.Subject, cert.Leaf.NotBefore.Format(time.RFC3339), cert.Leaf.NotAfter.Format(time.RFC3339))
+		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
@@ -103,14 +109,16 @@ func newRedis(c config.Redis, trips *roundTrips) (redis.UniversalClient, error) 
 	if len(c.Addrs) == 1 {
 		cl := redis.NewClient(&redis.Options{
 			Addr: c.Addrs[0], Username: c.Username, Password: string(c.Password), TLSConfig: tc,
-			DialTimeout: time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
+			DisableIdentity: true,
+			DialTimeout:     time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
 		})
 		cl.AddHook(trips)
 		return cl, nil
 	}
 	cl := redis.NewClusterClient(&redis.ClusterOptions{
 		Addrs: c.Addrs, Username: c.Username, Password: string(c.Password), TLSConfig: tc,
-		DialTimeout: time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
+		DisableIdentity: true, // no CLIENT SETINFO: not in capper's ACL
+		DialTimeout:     time.Duration(c.DialTimeout), ReadTimeout: time.Duration(c.ReadTimeout), WriteTimeout: time.Duration(c.WriteTimeout),
 		// The limiter reloads the slot map itself when a node fails or
 		// redirects; the periodic reload (go-redis: 60s) is only a safety net.
 		ClusterStateReloadInterval: 10 * time.Second,
@@ -224,51 +232,6 @@ func newTierReader(c config.Kafka, t hold.Tier, logger *slog.Logger) (*kafka.Rea
 		Logger:            kafkaLogger(logger, slog.LevelDebug),
 		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
 	}), nil
-}
-
-// checkTopics fails, naming them, when the held topic or a delay tier's topic
-// does not exist: holding needs them (the broker may not create topics on use).
-func checkTopics(ctx context.Context, c config.Kafka, w *hold.Wheel) error {
-	dialer, _, err := KafkaClients(c)
-	if err != nil {
-		return err
-	}
-	want := []string{c.Topics.Held}
-	for _, t := range w.Tiers() {
-		want = append(want, t.Topic)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var last error
-	for _, b := range c.Brokers {
-		conn, err := dialer.DialContext(ctx, "tcp", b)
-		if err != nil {
-			last = err
-			continue
-		}
-		parts, err := conn.ReadPartitions()
-		_ = conn.Close()
-		if err != nil {
-			last = err
-			continue
-		}
-		have := map[string]bool{}
-		for _, p := range parts {
-			have[p.Topic] = true
-		}
-		var missing []string
-		for _, t := range want {
-			if !have[t] {
-				missing = append(missing, t)
-			}
-		}
-		if len(missing) > 0 {
-			return fmt.Errorf("kafka: holding jobs needs the topics %s; create them (retention above the longest delay tier, %v) or disable holding with hold.tiers: [] (CAPPER_HOLD_TIERS)",
-				strings.Join(missing, ", "), w.Longest())
-		}
-		return nil
-	}
-	return fmt.Errorf("kafka: list topics: %w", last)
 }
 
 // NewSegmentSource opens the configured segment source.

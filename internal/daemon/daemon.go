@@ -32,7 +32,6 @@ import (
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
-	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/rules"
 	"github.com/capper-dev/capper/segments"
@@ -53,9 +52,6 @@ type Options struct {
 	Decider consumer.Decider
 }
 
-// redisStartup bounds how long Connect waits for Redis at start-up.
-const redisStartup = 30 * time.Second
-
 // Backends are the worker's connections: the Redis limiter, the segment
 // store and the rules in force at start. capper check uses them alone.
 type Backends struct {
@@ -73,7 +69,8 @@ type Backends struct {
 
 // Connect opens the backends: it waits (with backoff, up to 30 s) for Redis
 // to load the script on every node, and for the first complete segment
-// snapshot (segments.startup_timeout).
+// snapshot (segments.startup_timeout). A wrong password, certificate or
+// grant fails at once (see preflight.go).
 func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, error) {
 	b := &Backends{Config: cfg, Registry: opts.Registry, trips: &roundTrips{}}
 	b.Log = NewLogger(cfg.LogLevel, cmp.Or[io.Writer](opts.Stderr, os.Stderr))
@@ -124,23 +121,6 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 	return b, nil
 }
 
-func connectRedis(ctx context.Context, rdb capping.Client, c config.Redis, log *slog.Logger) (*capping.Limiter, error) {
-	ctx, cancel := context.WithTimeout(ctx, redisStartup)
-	defer cancel()
-	retry := backoff.New(250*time.Millisecond, 5*time.Second)
-	for {
-		lim, err := capping.New(ctx, rdb, c.Limiter())
-		if err == nil {
-			return lim, nil
-		}
-		d := retry.Next()
-		log.Warn("redis not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
-		if !backoff.Sleep(ctx, d) {
-			return nil, fmt.Errorf("redis %v: %w", c.Addrs, err)
-		}
-	}
-}
-
 // Close closes what Connect opened, last opened first.
 func (b *Backends) Close() {
 	for i := len(b.closes) - 1; i >= 0; i-- {
@@ -182,6 +162,17 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		d.lastConfig, _ = os.ReadFile(opts.ConfigPath)
 	}
 	batchSize := cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize)
+	wheel, err := cfg.Wheel()
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	// Before any reader joins the group: a reader retries a refused
+	// connection forever, in the background.
+	if err := checkKafka(ctx, cfg.Kafka, wheel, d.Log); err != nil {
+		d.Close()
+		return nil, err
+	}
 	var input *kafka.Reader
 	if input, d.writer, err = newKafka(cfg.Kafka, batchSize, d.Log); err != nil {
 		d.Close()
@@ -193,18 +184,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		d.Log.Warn("the decider is replaced: capping is skipped (a benchmark baseline, never production)")
 		decider = opts.Decider
 	}
-	wheel, err := cfg.Wheel()
-	if err != nil {
-		d.Close()
-		return nil, err
-	}
 	d.wheel = wheel
-	if wheel != nil {
-		if err := checkTopics(ctx, cfg.Kafka, wheel); err != nil {
-			d.Close()
-			return nil, err
-		}
-	}
 	metrics, err := consumer.NewMetrics(d.Registry)
 	if err != nil {
 		d.Close()

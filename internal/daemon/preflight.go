@@ -1,0 +1,202 @@
+package daemon
+
+// Start-up checks of the backends. A backend that is down is waited for
+// (with backoff, up to a bound); a configuration that cannot work (a wrong
+// password, an untrusted or expired certificate, a missing grant) fails at
+// once with one error naming the backend, the cause and the settings to
+// check, so that a rollout stops with the reason instead of a crash loop of
+// timeouts.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/internal/backoff"
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/fault"
+)
+
+// backendStartup bounds how long start-up waits for a backend that does not answer.
+const backendStartup = 30 * time.Second
+
+// hint is what to check for a permanent cause, per backend.
+func hint(backend, cause string) string {
+	switch {
+	case backend == "redis" && strings.HasPrefix(cause, "authentication"):
+		return "check redis.username and the password (CAPPER_REDIS_PASSWORD or redis.password_file)"
+	case backend == "kafka" && strings.HasPrefix(cause, "authentication"):
+		return "check kafka.sasl_mechanism, kafka.sasl_username and the password (CAPPER_KAFKA_SASL_PASSWORD or kafka.sasl_password_file)"
+	case strings.HasPrefix(cause, "permission"):
+		return "grant capper's " + backend + " ACLs (README: Secured backends)"
+	default:
+		return "check " + backend + ".tls (ca_file, cert_file, key_file, server_name)"
+	}
+}
+
+// permanent wraps err, when fault names a cause, as the start-up error of backend.
+func permanent(backend string, where any, err error) error {
+	cause := fault.Cause(err)
+	if cause == "" {
+		return nil
+	}
+	return fmt.Errorf("%s %v: %s: %s: %w", backend, where, cause, hint(backend, cause), err)
+}
+
+func connectRedis(ctx context.Context, rdb capping.Client, c config.Redis, log *slog.Logger) (*capping.Limiter, error) {
+	ctx, cancel := context.WithTimeout(ctx, backendStartup)
+	defer cancel()
+	retry := backoff.New(250*time.Millisecond, 5*time.Second)
+	for {
+		lim, err := capping.New(ctx, rdb, c.Limiter())
+		if err == nil {
+			// SCRIPT LOAD may be granted where EVALSHA or the user's keys
+			// are not: one read-only decision finds out now.
+			_, err = lim.Peek(ctx, capping.Request{JobID: "capper-startup-check", Channel: "check", Retention: time.Second})
+			if err == nil {
+				return lim, nil
+			}
+		}
+		if perr := permanent("redis", c.Addrs, err); perr != nil {
+			return nil, perr
+		}
+		d := retry.Next()
+		log.Warn("redis not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
+		if !backoff.Sleep(ctx, d) {
+			return nil, fmt.Errorf("redis %v: %w", c.Addrs, err)
+		}
+	}
+}
+
+// checkKafka connects to the brokers and checks that the input and output
+// topics (the held and delay topics too when holding, w != nil) exist and
+// that the worker may describe them and its consumer group. Write and Read
+// grants cannot be checked without writing or joining: a missing one shows
+// at the first batch (the worker retries, not ready, and logs the cause).
+func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Logger) error {
+	dialer, transport, err := KafkaClients(c)
+	if err != nil {
+		return err
+	}
+	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport, Timeout: 10 * time.Second}
+	defer transport.CloseIdleConnections()
+	want := []string{c.Topics.Input, c.Topics.Allowed, c.Topics.Capped, c.Topics.DLQ}
+	if w != nil {
+		want = append(want, c.Topics.Held)
+		for _, t := range w.Tiers() {
+			want = append(want, t.Topic)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, backendStartup)
+	defer cancel()
+	retry := backoff.New(250*time.Millisecond, 5*time.Second)
+	for {
+		err := connect(ctx, dialer, c.Brokers)
+		if err == nil {
+			err = describe(ctx, client, c.GroupID, want, w)
+		}
+		if err == nil {
+			return nil
+		}
+		var missing missingTopics
+		if errors.As(err, &missing) {
+			return err
+		}
+		if perr := permanent("kafka", c.Brokers, err); perr != nil {
+			return perr
+		}
+		d := retry.Next()
+		log.Warn("kafka not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
+		if !backoff.Sleep(ctx, d) {
+			if !c.TLS.Enabled && errors.Is(err, io.ErrUnexpectedEOF) {
+				return fmt.Errorf("kafka %v: the broker closes the connection (a TLS listener? see kafka.tls.enabled): %w", c.Brokers, err)
+			}
+			return fmt.Errorf("kafka %v: %w", c.Brokers, err)
+		}
+	}
+}
+
+// connect opens and closes one connection, to the first broker that takes
+// it: the dialer reports a failed SASL authentication as such (a client's
+// pooled connection only sees the broker hang up).
+func connect(ctx context.Context, dialer *kafka.Dialer, brokers []string) error {
+	var err error
+	for _, b := range brokers {
+		var conn *kafka.Conn
+		if conn, err = dialer.DialContext(ctx, "tcp", b); err == nil {
+			return conn.Close()
+		}
+		if fault.Cause(err) != "" {
+			return err
+		}
+	}
+	return err
+}
+
+type missingTopics struct {
+	topics []string
+	w      *hold.Wheel
+}
+
+func (m missingTopics) Error() string {
+	msg := fmt.Sprintf("kafka: the topics %s do not exist, or this principal may not describe them: create them, or grant capper's kafka ACLs (README: Secured backends)", strings.Join(m.topics, ", "))
+	if m.w != nil {
+		msg += fmt.Sprintf(" (delay and held topics with a retention above the longest delay tier, %v; or disable holding with hold.tiers: [] (CAPPER_HOLD_TIERS))", m.w.Longest())
+	}
+	return msg
+}
+
+func describe(ctx context.Context, client *kafka.Client, group string, topics []string, w *hold.Wheel) error {
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err != nil {
+		return err
+	}
+	found := map[string]error{}
+	for _, t := range md.Topics {
+		found[t.Name] = t.Error
+	}
+	var missing []string
+	for _, t := range topics {
+		terr, ok := found[t]
+		switch {
+		case !ok || errors.Is(terr, kafka.UnknownTopicOrPartition):
+			missing = append(missing, t)
+		case terr != nil:
+			return fmt.Errorf("topic %s: %w", t, terr)
+		}
+	}
+	if len(missing) > 0 {
+		return missingTopics{missing, w}
+	}
+	parts := map[string][]int{}
+	for _, t := range md.Topics {
+		if t.Name == topics[0] {
+			for _, p := range t.Partitions {
+				parts[t.Name] = append(parts[t.Name], p.ID)
+			}
+		}
+	}
+	off, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: parts})
+	if err != nil {
+		return fmt.Errorf("consumer group %s: %w", group, err)
+	}
+	if off.Error != nil {
+		return fmt.Errorf("consumer group %s: %w", group, off.Error)
+	}
+	for _, ps := range off.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return fmt.Errorf("consumer group %s, partition %d: %w", group, p.Partition, p.Error)
+			}
+		}
+	}
+	return nil
+}
