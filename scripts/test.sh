@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# test.sh — the whole test suite: brings the local stack up, runs every test
-# (unit and integration) with the race detector against it, and brings the
-# stack down again even when tests fail. Exits with the tests' status.
+# test.sh — the whole test suite: brings the local stack and the secured one
+# (stack.sh --secure) up, runs every test (unit and integration) with the race
+# detector against them, and brings both down again even when tests fail.
+# Exits with the tests' status.
 #
 # Extra arguments go to `go test` (e.g. scripts/test.sh -run TestDecide ./capping/).
 set -uo pipefail
@@ -9,9 +10,11 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
 start=$(date +%s)
-scripts/stack.sh up || { scripts/stack.sh down; echo "test.sh: the local stack did not come up" >&2; exit 1; }
-trap 'scripts/stack.sh down' EXIT
+down() { scripts/stack.sh down; scripts/stack.sh --secure down; }
+{ scripts/stack.sh up && scripts/stack.sh --secure up; } || { down; echo "test.sh: the local stacks did not come up" >&2; exit 1; }
+trap down EXIT
 eval "$(scripts/stack.sh env)"
+eval "$(scripts/stack.sh --secure env)"
 
 pkgs=("$@"); [[ ${#pkgs[@]} -eq 0 ]] && pkgs=(./...)
 go test -race -count=1 -p 1 -timeout 25m "${pkgs[@]}"

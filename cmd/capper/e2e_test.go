@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/internal/testenv"
@@ -62,18 +61,25 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 }
 
 func start(s *testenv.Stack, withMetrics bool) *worker {
+	// The SASL password is loaded (no mechanism uses it here) so that the log
+	// check would catch it in any line.
+	return startWith(s, withMetrics, []string{secretSentinel}, "CAPPER_KAFKA_SASL_PASSWORD="+secretSentinel)
+}
+
+// startWith starts a worker with env added to the test's; its log may not
+// contain any of secrets.
+func startWith(s *testenv.Stack, withMetrics bool, secrets []string, env ...string) *worker {
 	s.T.Helper()
 	w := &worker{log: &bytes.Buffer{}, mu: &sync.Mutex{}, done: make(chan error, 1)}
 	w.cmd = exec.Command(capperBin, "run", "--config", s.Config)
-	// The SASL password is loaded (no mechanism uses it here) so that the log
-	// check below would catch it in any line.
-	w.cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
-		"CAPPER_KAFKA_SASL_PASSWORD="+secretSentinel)
+	w.cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1")
+	w.cmd.Env = append(w.cmd.Env, env...)
 	if withMetrics {
 		w.metrics = freeAddr(s.T)
 		w.cmd.Env = append(w.cmd.Env, "CAPPER_METRICS_ADDR="+w.metrics)
 	}
 	w.cmd.Stderr = lockedWriter{w.mu, w.log}
+	w.cmd.Stdout = w.cmd.Stderr
 	if err := w.cmd.Start(); err != nil {
 		s.T.Fatal(err)
 	}
@@ -81,7 +87,7 @@ func start(s *testenv.Stack, withMetrics bool) *worker {
 	s.T.Cleanup(func() {
 		_ = w.cmd.Process.Kill()
 		<-w.done
-		checkLog(s.T, w.logText())
+		checkLog(s.T, w.logText(), secrets)
 		if s.T.Failed() {
 			s.T.Logf("worker log:\n%s", w.logText())
 		}
@@ -93,8 +99,8 @@ const secretSentinel = "s3cr3t-sentinel-do-not-log"
 
 // checkLog fails the test on a worker log line that is not a JSON object
 // (every library's lines go through the worker's slog logger) or that
-// contains a secret.
-func checkLog(t *testing.T, log string) {
+// contains one of secrets.
+func checkLog(t *testing.T, log string, secrets []string) {
 	t.Helper()
 	for i, line := range strings.Split(strings.TrimRight(log, "\n"), "\n") {
 		if line == "" {
@@ -104,8 +110,10 @@ func checkLog(t *testing.T, log string) {
 		if err := json.Unmarshal([]byte(line), &v); err != nil {
 			t.Errorf("worker log line %d is not JSON: %q", i+1, line)
 		}
-		if strings.Contains(line, secretSentinel) {
-			t.Errorf("worker log line %d contains the SASL password: %q", i+1, line)
+		for _, secret := range secrets {
+			if strings.Contains(line, secret) {
+				t.Errorf("worker log line %d contains a secret: %q", i+1, line)
+			}
 		}
 	}
 }
@@ -139,7 +147,26 @@ func (w *worker) waitReady(t *testing.T) {
 
 func TestEndToEndDecisions(t *testing.T) {
 	s := testenv.NewStack(t, 3, nil)
-	var jobs []testenv.JobSpec
+	jobs, bad := decisionJobs()
+	s.Produce(jobs, bad...)
+	w := start(s, false)
+	checkDecisions(t, s, s.Collect(len(jobs)+len(bad), 60*time.Second), len(jobs), len(bad))
+	// SIGTERM: the worker drains, leaves the group and exits 0.
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-w.done:
+		if err != nil {
+			t.Errorf("worker exited with %v after SIGTERM, want 0", err)
+		}
+		w.done <- err
+	case <-time.After(20 * time.Second):
+		t.Error("worker did not stop within 20s of SIGTERM")
+	}
+}
+
+// decisionJobs returns jobs whose decisions checkDecisions knows (under
+// testenv.TestRules), and malformed messages.
+func decisionJobs() (jobs []testenv.JobSpec, bad []kafka.Message) {
 	add := func(id string, user uint32, channel, category string) {
 		jobs = append(jobs, testenv.JobSpec{ID: id, User: user, Channel: channel, Category: category})
 	}
@@ -159,16 +186,19 @@ func TestEndToEndDecisions(t *testing.T) {
 	add("x3", 99, "email", "") // default: daily 2
 	add("n1", 1, "email", "")  // redelivered job: duplicate
 	add("t2", 1, "email", "transactional")
-	bad := []kafka.Message{
+	bad = []kafka.Message{
 		{Key: []byte("bad1"), Value: []byte("not json")},
 		{Key: []byte("bad2"), Value: []byte(`{"job_id":"b2","user_id":-1,"campaign_id":"c","channel":"email"}`)},
 		{Key: []byte("bad3"), Value: []byte(`{"job_id":"b3","user_id":7,"channel":"email"}`)},
 		{Key: []byte("bad4"), Value: []byte(`{"job_id":"` + strings.Repeat("x", 200) + `","user_id":7,"campaign_id":"c","channel":"email"}`)},
 	}
-	s.Produce(jobs, bad...)
-	w := start(s, false)
-	outs := s.Collect(len(jobs)+len(bad), 60*time.Second)
+	return jobs, bad
+}
 
+// checkDecisions checks the outputs of decisionJobs: each job's decision,
+// topic, segment, cap and retry-at, the dead letters, and what Redis logged.
+func checkDecisions(t *testing.T, s *testenv.Stack, outs []testenv.Output, jobs, bad int) {
+	t.Helper()
 	type key struct{ job, decision string }
 	got := map[key]testenv.Output{}
 	for _, o := range outs {
@@ -208,27 +238,15 @@ func TestEndToEndDecisions(t *testing.T) {
 			}
 		}
 	}
-	if dlq != len(bad) || len(outs) != len(jobs)+len(bad) {
-		t.Errorf("%d outputs (%d dead-lettered), want %d (%d)", len(outs), dlq, len(jobs)+len(bad), len(bad))
+	if dlq != bad || len(outs) != jobs+bad {
+		t.Errorf("%d outputs (%d dead-lettered), want %d (%d)", len(outs), dlq, jobs+bad, bad)
 	}
 	// Exempt jobs are not counted: user 5's log holds d1 only; user 1's n1 and n2.
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
-	defer rdb.Close()
+	rdb := s.RedisClient()
 	for user, n := range map[int]int64{1: 2, 3: 3, 5: 1, 99: 2} {
 		if got := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, user)).Val(); got != n {
 			t.Errorf("user %d: %d sends logged, want %d", user, got, n)
 		}
-	}
-	// SIGTERM: the worker drains, leaves the group and exits 0.
-	_ = w.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-w.done:
-		if err != nil {
-			t.Errorf("worker exited with %v after SIGTERM, want 0", err)
-		}
-		w.done <- err
-	case <-time.After(20 * time.Second):
-		t.Error("worker did not stop within 20s of SIGTERM")
 	}
 }
 

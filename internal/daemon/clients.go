@@ -81,8 +81,11 @@ func tlsConfig(c config.TLS, field string) (*tls.Config, error) {
 		// A client certificate out of its validity fails every handshake
 		// with a bare alert from the server: say so here.
 		if now := time.Now(); cert.Leaf != nil && (now.After(cert.Leaf.NotAfter) || now.Before(cert.Leaf.NotBefore)) {
-			return nil, fmt.Errorf("%s.cert_file %s: the certificate (%s) is valid from %s to %s, not now",
-				field, c.CertFile, cert.Leaf.Subject, cert.Leaf.NotBefore.Format(time.RFC3339), cert.Leaf.NotAfter.Format(time.RFC3339))
+			when := "expired at " + cert.Leaf.NotAfter.Format(time.RFC3339)
+			if now.Before(cert.Leaf.NotBefore) {
+				when = "is not valid before " + cert.Leaf.NotBefore.Format(time.RFC3339)
+			}
+			return nil, fmt.Errorf("%s.cert_file %s: the client certificate (%s) %s", field, c.CertFile, cert.Leaf.Subject, when)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/capper-dev/capper/internal/config"
@@ -107,11 +108,10 @@ func opName(op kmsg.ACLOperation) string {
 	return strings.ToUpper(s[:1]) + strings.ToLower(s[1:])
 }
 
-// Creation returns g as an entry of a CreateACLs request for principal.
-func (g Grant) Creation(principal string) kmsg.CreateACLsRequestCreation {
-	c := kmsg.NewCreateACLsRequestCreation()
-	c.ResourceType, c.ResourceName, c.ResourcePatternType = g.Resource, g.Name, g.Pattern
-	c.Principal, c.Host = principal, "*"
-	c.Operation, c.PermissionType = g.Operation, kmsg.ACLPermissionTypeAllow
-	return c
+// Entry returns g as an ALLOW entry of a CreateACLs request for principal.
+func (g Grant) Entry(principal string) kafka.ACLEntry {
+	return kafka.ACLEntry{
+		ResourceType: kafka.ResourceType(g.Resource), ResourceName: g.Name, ResourcePatternType: kafka.PatternType(g.Pattern),
+		Principal: principal, Host: "*", Operation: kafka.ACLOperationType(g.Operation), PermissionType: kafka.ACLPermissionTypeAllow,
+	}
 }

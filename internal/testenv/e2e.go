@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/segments/segtool"
 )
 
@@ -35,6 +36,20 @@ type Stack struct {
 	Held    string    // audit records of held jobs (with EnableHold)
 	Prefix  string    // of Redis keys, S3 segment objects, topics and the group
 	Config  string    // path of the worker's config file
+
+	// The secured stack's admin clients (NewSecureStack); zero: plain.
+	dialer    *kafka.Dialer
+	transport *kafka.Transport
+	redisOpts redis.ClusterOptions
+}
+
+// backend is where a Stack's slice lives and how the worker reaches it.
+type backend struct {
+	brokers, redis []string
+	s3             string
+	keyPrefix      func(name string) string
+	kafkaConfig    string // extra lines of the worker's kafka section (TLS, SASL)
+	redisConfig    string // extra lines of its redis section
 }
 
 const TestRules = `
@@ -56,15 +71,30 @@ rules:
 // extra ids given, creates topics and writes a config file.
 func NewStack(t *testing.T, partitions int, extra map[string][]uint32) *Stack {
 	t.Helper()
-	s := &Stack{T: t, Brokers: KafkaBrokers(t), Redis: RedisAddrs(t)}
-	endpoint, bucket := S3(t)
+	endpoint, _ := S3(t)
+	s := &Stack{T: t}
+	s.create(partitions, extra, backend{brokers: KafkaBrokers(t), redis: RedisAddrs(t), s3: endpoint,
+		keyPrefix: func(name string) string { return name }})
+	return s
+}
+
+func (s *Stack) create(partitions int, extra map[string][]uint32, b backend) {
+	t := s.T
+	t.Helper()
+	s.Brokers, s.Redis = b.brokers, b.redis
+	s.redisOpts.Addrs = b.redis
+	_, bucket := S3(t)
 	name := Unique("e2e")
 	for i, suffix := range []string{"", ".allowed", ".capped", ".dlq"} {
 		s.Topics[i] = name + suffix
 	}
-	CreateTopics(t, s.Brokers, partitions, s.Topics[:]...)
-	s.Prefix = name
-	up := &segtool.Uploader{Client: S3Client(endpoint), Bucket: bucket, Prefix: name}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.Topics[:]...); err != nil {
+		t.Fatal(err)
+	}
+	s.Prefix = b.keyPrefix(name)
+	up := &segtool.Uploader{Client: S3Client(b.s3), Bucket: bucket, Prefix: name}
 	segs := map[string][]uint32{"new": {1, 2}, "active": {3, 4}, "dormant": {5}}
 	for k, v := range extra {
 		segs[k] = append(segs[k], v...)
@@ -84,13 +114,13 @@ kafka:
   group_id: %s
   topics: {input: %s, allowed: %s, capped: %s, dlq: %s}
   session_timeout: 6s
-redis:
+%sredis:
   addrs: [%s]
   key_prefix: %s
   read_timeout: 500ms
   write_timeout: 500ms
   decide_timeout: 1s
-segments:
+%ssegments:
   source: s3://%s/%s
   s3_endpoint: %s
   s3_path_style: true
@@ -100,26 +130,47 @@ hold:
 metrics_addr: "off"
 shutdown_timeout: 10s
 log_level: warn
-%s`, strings.Join(s.Brokers, ", "), name, s.Topics[0], s.Topics[1], s.Topics[2], s.Topics[3],
-		strings.Join(s.Redis, ", "), name, bucket, name, endpoint, TestRules)
+%s`, strings.Join(s.Brokers, ", "), name, s.Topics[0], s.Topics[1], s.Topics[2], s.Topics[3], b.kafkaConfig,
+		strings.Join(s.Redis, ", "), s.Prefix, b.redisConfig, bucket, name, b.s3, TestRules)
 	s.Config = filepath.Join(t.TempDir(), "capper.yaml")
 	if err := os.WriteFile(s.Config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return s
+}
+
+// roundTripper is the admin's transport; nil (kafka-go's default) on the plain stack.
+func (s *Stack) roundTripper() kafka.RoundTripper {
+	if s.transport == nil {
+		return nil
+	}
+	return s.transport
+}
+
+// RedisClient returns a client of the stack's Redis Cluster (the admin's on
+// the secured stack), closed when the test ends.
+func (s *Stack) RedisClient() *redis.ClusterClient {
+	opts := s.redisOpts
+	c := redis.NewClusterClient(&opts)
+	s.T.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // EnableHold creates the held topic and a delay topic per tier (e.g. "1s",
 // "5s") and configures the worker to hold jobs on them.
 func (s *Stack) EnableHold(partitions int, tiers ...string) {
 	s.T.Helper()
-	s.Held = s.Prefix + ".held"
+	name := s.Topics[0]
+	s.Held = name + ".held"
 	topics := []string{s.Held}
 	for _, t := range tiers {
-		topics = append(topics, s.Prefix+".delay."+t)
+		topics = append(topics, name+".delay."+t)
 	}
-	CreateTopics(s.T, s.Brokers, partitions, topics...)
-	s.EditConfig("dlq: "+s.Topics[3]+"}", fmt.Sprintf("dlq: %s, held: %s, delay_prefix: %s.delay.}", s.Topics[3], s.Held, s.Prefix))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, topics...); err != nil {
+		s.T.Fatal(err)
+	}
+	s.EditConfig("dlq: "+s.Topics[3]+"}", fmt.Sprintf("dlq: %s, held: %s, delay_prefix: %s.delay.}", s.Topics[3], s.Held, name))
 	s.EditConfig("  tiers: []", "  tiers: ["+strings.Join(tiers, ", ")+"]")
 }
 
@@ -163,7 +214,7 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 	// kafka-go caches topic metadata in the writer's transport, so a retry after
 	// "Unknown Topic Or Partition" (a topic just created) needs a new writer.
 	for attempt := 0; attempt < 20; attempt++ {
-		w := &kafka.Writer{Addr: kafka.TCP(s.Brokers...), Topic: s.Topics[0], Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000}
+		w := &kafka.Writer{Addr: kafka.TCP(s.Brokers...), Topic: s.Topics[0], Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000, Transport: s.roundTripper()}
 		err = w.WriteMessages(ctx, msgs...)
 		w.Close()
 		if err == nil {
@@ -228,7 +279,7 @@ func (s *Stack) collect(topics []string, done func([]Output) bool, timeout time.
 		wg.Add(1)
 		go func(topic string) {
 			defer wg.Done()
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, GroupTopics: []string{topic}, GroupID: Unique("reader"), MaxWait: 200 * time.Millisecond, StartOffset: kafka.FirstOffset})
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, GroupTopics: []string{topic}, GroupID: Unique("reader"), MaxWait: 200 * time.Millisecond, StartOffset: kafka.FirstOffset, Dialer: s.dialer})
 			defer r.Close()
 			for {
 				m, err := r.FetchMessage(ctx)
@@ -320,8 +371,7 @@ func (s *Stack) CheckAccounting(jobs []JobSpec, outs []Output, exactLog bool) {
 		s.T.Errorf("%d of %d jobs reached no output topic", missing, len(jobs))
 	}
 	limit := map[uint32]int{1: 2, 2: 2, 3: 3, 4: 3, 5: 1}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
-	defer rdb.Close()
+	rdb := s.RedisClient()
 	users := map[uint32]bool{}
 	for _, j := range jobs {
 		users[j.User] = true
@@ -345,7 +395,7 @@ func (s *Stack) CheckAccounting(jobs []JobSpec, outs []Output, exactLog bool) {
 // returns the function that resumes it and waits for the cluster to be ok.
 func (s *Stack) FreezeMaster(t *testing.T, user uint32) (resume func()) {
 	t.Helper()
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
+	rdb := s.RedisClient()
 	master, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, user))
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +412,6 @@ func (s *Stack) FreezeMaster(t *testing.T, user uint32) (resume func()) {
 		done = true
 		_ = syscall.Kill(pid, syscall.SIGCONT)
 		WaitClusterOK(t, rdb)
-		rdb.Close()
 	}
 	t.Cleanup(resume)
 	return resume
@@ -397,9 +446,7 @@ func (s *Stack) EditConfig(old, new string) {
 // masterOf returns the address of the master that owns user's log.
 func (s *Stack) MasterOf(user uint32) string {
 	s.T.Helper()
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
-	defer rdb.Close()
-	m, err := rdb.MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, user))
+	m, err := s.RedisClient().MasterForKey(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, user))
 	if err != nil {
 		s.T.Fatal(err)
 	}

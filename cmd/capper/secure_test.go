@@ -1,0 +1,304 @@
+package main_test
+
+// The worker against the secured stack (scripts/stack.sh --secure): Redis
+// over TLS as an ACL user with exactly README's grants, Kafka over TLS with
+// SCRAM-SHA-512 and ACLs, or with a client certificate (mTLS). Every failure
+// a misconfigured deployment meets must end in one clear error, and no
+// secret may appear in anything the worker prints or serves.
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/capper-dev/capper/internal/kafkaacl"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// secrets returns what the worker may never print: the passwords of every
+// user of the secured stack, the keys' bodies, and extra (e.g. a wrong
+// password a test gives it).
+func secrets(t *testing.T, sec *testenv.Secure, extra ...string) []string {
+	t.Helper()
+	out := append([]string{}, extra...)
+	for _, u := range []string{"redis-admin", "redis-repl", "redis-capper", "redis-noperm", "kafka-admin", "kafka-capper", "kafka-noperm"} {
+		out = append(out, sec.Secret(t, u))
+	}
+	for _, k := range []string{"tls/client.key", "tls/server.key", "tls/ca.key"} {
+		b, err := os.ReadFile(sec.Path(k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if len(line) > 20 && !strings.HasPrefix(line, "-----") {
+				out = append(out, line)
+			}
+		}
+	}
+	return out
+}
+
+func noSecret(t *testing.T, what, text string, secrets []string) {
+	t.Helper()
+	for _, s := range secrets {
+		if strings.Contains(text, s) {
+			t.Errorf("%s contains a secret (%.4s...):\n%s", what, s, text)
+		}
+	}
+}
+
+// TestSecuredEndToEnd runs the worker as the least-privileged user on both
+// secured Kafka modes: exact decisions, a kill -9 mid-stream, and a rules
+// reload, all through TLS, SASL and ACLs.
+func TestSecuredEndToEnd(t *testing.T) {
+	for _, mode := range []string{testenv.SCRAM, testenv.MTLS} {
+		t.Run(mode, func(t *testing.T) {
+			sec := testenv.SecureStack(t)
+			secret := secrets(t, sec)
+			s := testenv.NewSecureStack(t, mode, 3, testenv.SecureOptions{})
+			s.EditConfig("log_level: warn", "log_level: info")
+			jobs, bad := decisionJobs()
+			s.Produce(jobs, bad...)
+			w := startWith(s, true, secret)
+			w.waitReady(t)
+			checkDecisions(t, s, s.Collect(len(jobs)+len(bad), 60*time.Second), len(jobs), len(bad))
+			metrics := scrape(t, w.metrics)
+			noSecret(t, "/metrics", metrics, secret)
+
+			// kill -9 mid-stream: nothing lost, nothing counted twice.
+			blast := testenv.Blast("sec", 3000, 1000)
+			for i := 0; i < 10; i++ {
+				s.Produce(blast[i*300 : (i+1)*300])
+				if i == 4 {
+					if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+						t.Fatal(err)
+					}
+					<-w.done
+					w.done <- nil
+					w = startWith(s, true, secret)
+				}
+			}
+			all := append(append([]testenv.JobSpec{}, jobs...), blast...)
+			s.CheckAccounting(all, s.CollectJobs(all, 90*time.Second), true)
+
+			// A rules reload: the default cap goes from 2 to 3.
+			b, err := os.ReadFile(s.Config)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raised := strings.Replace(string(b), "default_caps: [{name: daily, window: 24h, limit: 2}]", "default_caps: [{name: daily, window: 24h, limit: 3}]", 1)
+			if err := os.WriteFile(s.Config, []byte(raised), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			sent := time.Now()
+			_ = w.cmd.Process.Signal(syscall.SIGHUP)
+			w.waitLog(t, "rules reloaded", sent)
+			more := []testenv.JobSpec{{ID: "r1", User: 5000, Channel: "email"}, {ID: "r2", User: 5000, Channel: "email"},
+				{ID: "r3", User: 5000, Channel: "email"}, {ID: "r4", User: 5000, Channel: "email"}}
+			s.Produce(more)
+			got := map[string]string{}
+			for _, o := range s.CollectJobs(more, 60*time.Second) {
+				got[o.JobID] = o.Decision
+			}
+			if got["r3"] != "allowed" || got["r4"] != "capped" {
+				t.Errorf("after raising the default cap to 3: %v, want r1-r3 allowed and r4 capped", got)
+			}
+		})
+	}
+}
+
+func scrape(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// startExpiredRedis starts a standalone Redis whose TLS certificate, signed by
+// the stack's CA, expired yesterday, and returns its address.
+func startExpiredRedis(t *testing.T, sec *testenv.Secure) string {
+	t.Helper()
+	cert, key := sec.IssueCert(t, "expired", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour))
+	addr := freeAddr(t)
+	_, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
+		"--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", sec.Path("tls/ca.crt"),
+		"--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for i := 0; i < 100; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return addr
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("redis-server with an expired certificate did not listen on %s", addr)
+	return ""
+}
+
+// TestSecuredStartupFailures starts the worker with one thing wrong each
+// time. Each must stop within seconds (no hang, no retry loop on what a retry
+// cannot fix) with one error line that names the backend and the cause,
+// and print no secret.
+func TestSecuredStartupFailures(t *testing.T) {
+	sec := testenv.SecureStack(t)
+	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{})
+	const wrong = "wrong-password-sentinel"
+	secret := secrets(t, sec, wrong)
+	expired := startExpiredRedis(t, sec)
+	expiredCert, expiredKey := sec.IssueCert(t, "capper", time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
+	mtls := "CAPPER_KAFKA_BROKERS=" + strings.Join(sec.MTLS, ",")
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want []string // in the error, in order
+	}{
+		{"redis wrong password", []string{"CAPPER_REDIS_PASSWORD=" + wrong},
+			[]string{"redis [", "authentication failed", "redis.username", "WRONGPASS"}},
+		{"redis unknown CA", []string{"CAPPER_REDIS_TLS_CA_FILE=" + sec.Path("tls/other-ca.crt")},
+			[]string{"redis [", "signed by an unknown authority", "redis.tls"}},
+		{"redis expired certificate", []string{"CAPPER_REDIS_ADDRS=" + expired},
+			[]string{"redis [" + expired + "]", "expired", "redis.tls"}},
+		{"redis missing ACL permission", []string{"CAPPER_REDIS_USERNAME=capper-noperm", "CAPPER_REDIS_PASSWORD_FILE=" + sec.Path("secrets/redis-noperm")},
+			[]string{"redis [", "permission denied", "Secured backends", "NOPERM", "evalsha"}},
+		{"kafka wrong password", []string{"CAPPER_KAFKA_SASL_PASSWORD=" + wrong},
+			[]string{"kafka [", "authentication failed", "kafka.sasl_username", "SASL Authentication Failed"}},
+		{"kafka unknown CA", []string{"CAPPER_KAFKA_TLS_CA_FILE=" + sec.Path("tls/other-ca.crt")},
+			[]string{"kafka [", "signed by an unknown authority", "kafka.tls"}},
+		{"kafka missing group ACL", []string{"CAPPER_KAFKA_GROUP_ID=not-granted"},
+			[]string{"kafka [", "permission denied", "Secured backends", "consumer group not-granted", "Group Authorization Failed"}},
+		{"kafka mTLS without a client certificate", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM="},
+			[]string{"kafka [" + sec.MTLS[0] + "]", "TLS", "certificate required", "kafka.tls"}},
+		{"kafka mTLS with an expired client certificate", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM=",
+			"CAPPER_KAFKA_TLS_CERT_FILE=" + expiredCert, "CAPPER_KAFKA_TLS_KEY_FILE=" + expiredKey},
+			[]string{"kafka.tls.cert_file", "CN=capper", "expired at"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(capperBin, "run", "--config", s.Config)
+			cmd.Env = append(append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
+				"CAPPER_METRICS_ADDR="+freeAddr(t)), tc.env...)
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			began := time.Now()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(45 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+				t.Fatalf("still running after 45 s (a hang):\n%s", out.String())
+			}
+			took := time.Since(began)
+			if err == nil {
+				t.Fatalf("exited 0:\n%s", out.String())
+			}
+			var errs []string
+			for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+				var v map[string]any
+				if json.Unmarshal([]byte(line), &v) == nil && v["level"] == "ERROR" {
+					errs = append(errs, fmt.Sprint(v["err"]))
+				}
+			}
+			if len(errs) != 1 {
+				t.Fatalf("%d error lines, want 1:\n%s", len(errs), out.String())
+			}
+			rest := errs[0]
+			for _, w := range tc.want {
+				i := strings.Index(rest, w)
+				if i < 0 {
+					t.Errorf("the error does not say %q (in order): %s", w, errs[0])
+					break
+				}
+				rest = rest[i+len(w):]
+			}
+			noSecret(t, "the output", out.String(), secret)
+			t.Logf("%.1f s: %s", took.Seconds(), errs[0])
+		})
+	}
+	// --help with every secret in the environment prints none of them.
+	cmd := exec.Command(capperBin, "run", "--help")
+	cmd.Env = append(os.Environ(), "CAPPER_REDIS_PASSWORD="+sec.Secret(t, "redis-capper"), "CAPPER_KAFKA_SASL_PASSWORD="+sec.Secret(t, "kafka-capper"), "CAPPER_CONFIG="+s.Config)
+	help, _ := cmd.CombinedOutput()
+	noSecret(t, "capper run --help", string(help), secret)
+}
+
+// TestSecuredMissingWriteGrant takes Write on the capped topic away from the
+// worker: it decides, cannot write the capped outputs, and must retry, not
+// ready, with an error naming the cause, and commit nothing. Once the grant
+// is given, every job reaches its topic exactly as decided.
+func TestSecuredMissingWriteGrant(t *testing.T) {
+	sec := testenv.SecureStack(t)
+	var missing kafkaacl.Grant
+	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
+		if g.Name == n.Capped && g.Operation == kmsg.ACLOperationWrite {
+			missing = g
+			return true
+		}
+		return false
+	}})
+	if missing.Name == "" {
+		t.Fatal("no Write grant on the capped topic to take away")
+	}
+	jobs, bad := decisionJobs()
+	s.Produce(jobs, bad...)
+	w := startWith(s, true, secrets(t, sec))
+	since := time.Now().Add(-time.Minute)
+	w.waitLog(t, "writing outputs failed; retrying", since)
+	_, line, _ := w.logTime("writing outputs failed; retrying", since)
+	if line["level"] != "ERROR" || line["cause"] != "permission denied" || !strings.Contains(fmt.Sprint(line["err"]), "Topic Authorization Failed") {
+		t.Errorf("the failed write is logged as %v; want level ERROR, cause permission denied, and the broker's error", line)
+	}
+	if code := readyz(t, w.metrics); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz answers %d while outputs cannot be written, want 503", code)
+	}
+	if n := s.Committed(t); n != 0 {
+		t.Errorf("%d offsets committed while the capped outputs were refused, want none", n)
+	}
+	if outs := s.CollectFrom([]string{s.Topics[2]}, 1, 3*time.Second); len(outs) != 0 {
+		t.Errorf("%d outputs on the capped topic without a grant", len(outs))
+	}
+	s.CreateACLs(missing.Entry("User:capper"))
+	checkDecisions(t, s, s.Collect(len(jobs)+len(bad), 60*time.Second), len(jobs), len(bad))
+	for i := 0; readyz(t, w.metrics) != http.StatusOK; i++ {
+		if i == 100 {
+			t.Fatal("/readyz not ready 10 s after the grant")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := s.Committed(t); n != int64(len(jobs)+len(bad)) {
+		t.Errorf("%d offsets committed after the grant, want %d", n, len(jobs)+len(bad))
+	}
+}
+
+func readyz(t *testing.T, addr string) int {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}

@@ -1,0 +1,97 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/budget"
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// TestRedisACLCoversEveryCommand runs every Redis command path of the worker
+// as the secured stack's user capper, whose rules are exactly README's ACL
+// line: script loading, decisions that record, age entries out and wait for
+// a replica, the EVAL fallback after the script cache was flushed, and
+// budgets taken, peeked at and given back. Any command the line lacks fails
+// with NOPERM.
+func TestRedisACLCoversEveryCommand(t *testing.T) {
+	sec := testenv.SecureStack(t)
+	ctx := context.Background()
+	var logged bytes.Buffer // go-redis's own lines (it reports a denied COMMAND only there)
+	NewLogger("debug", &logged)
+	defer NewLogger("info", io.Discard)
+	rdb, err := newRedis(config.Redis{Addrs: sec.Redis, Username: "capper", Password: config.Secret(sec.Secret(t, "redis-capper")),
+		TLS: config.TLS{Enabled: true, CAFile: sec.Path("tls/ca.crt")}, DialTimeout: config.Duration(time.Second),
+		ReadTimeout: config.Duration(time.Second), WriteTimeout: config.Duration(time.Second)}, &roundTrips{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rdb.Close()
+	prefix := "fc:" + testenv.Unique("acl")
+	lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, MinReplicasAcked: 1, ReplicaTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := []capping.Cap{{Name: "second", Limit: 1, Window: 500 * time.Millisecond}}
+	decide := func(job string, wantAllowed bool) {
+		t.Helper()
+		ds, err := lim.Decide(ctx, []capping.Request{{UserID: 7, JobID: job, Channel: "email", Caps: caps, Retention: 500 * time.Millisecond}})
+		if err != nil {
+			t.Fatalf("decide %s as capper: %v", job, err)
+		}
+		if ds[0].Allowed != wantAllowed {
+			t.Fatalf("decide %s: allowed %v, want %v", job, ds[0].Allowed, wantAllowed)
+		}
+	}
+	decide("j1", true)
+	decide("j2", false)
+	time.Sleep(600 * time.Millisecond) // j1 ages out: ZREMRANGEBYSCORE
+	decide("j3", true)
+	// A failover's fresh replica has no scripts: NOSCRIPT, then the fallback.
+	tc, err := tlsConfig(config.TLS{Enabled: true, CAFile: sec.Path("tls/ca.crt")}, "redis.tls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: sec.Redis, Username: "admin", Password: sec.Secret(t, "redis-admin"), TLSConfig: tc})
+	defer admin.Close()
+	if err := admin.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { return c.ScriptFlush(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	decide("j4", true)
+
+	b, err := budget.New(budget.Config{Client: rdb, KeyPrefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &budget.Spec{Name: "acl", Limit: 3, Window: time.Second}
+	gs, err := b.Take(ctx, []budget.Want{{Spec: spec, Key: "acl"}, {Spec: spec, Key: "acl"}})
+	if err != nil || !gs[0].OK {
+		t.Fatalf("budget take as capper: %v %v", gs, err)
+	}
+	if _, err := b.Peek(ctx, budget.Want{Spec: spec, Key: "acl"}); err != nil {
+		t.Fatalf("budget peek as capper: %v", err)
+	}
+	if err := b.Close(ctx); err != nil {
+		t.Fatalf("budget give-back as capper: %v", err)
+	}
+	if strings.Contains(logged.String(), "NOPERM") {
+		t.Errorf("the redis client was denied a command:\n%s", logged.String())
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if line := "ACL SETUSER capper on >PASSWORD " + sec.RedisACL; !strings.Contains(string(readme), line) {
+		t.Errorf("README does not print the ACL line this test ran with:\n%s", line)
+	}
+}

@@ -1,0 +1,247 @@
+package testenv
+
+// The secured stack (scripts/stack.sh --secure): Redis Cluster over TLS with
+// ACL users, a TLS + SASL/SCRAM-SHA-512 broker with ACLs enforced and a
+// broker that demands client certificates. Tests reach it as its admin and
+// run the worker as the least-privileged user capper.
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/kafkaacl"
+)
+
+// Secure is the secured stack.
+type Secure struct {
+	Dir      string   // its state: tls/ (certificates and keys) and secrets/ (passwords)
+	Redis    []string // TLS only; users admin, capper, capper-noperm
+	Kafka    []string // TLS + SASL/SCRAM-SHA-512, ACLs enforced; users admin, capper, capper-noperm
+	MTLS     []string // TLS, a client certificate signed by tls/ca.crt required
+	S3       string
+	RedisACL string // the rules of the Redis user capper (what README prints)
+}
+
+// SecureStack returns the secured stack (skipped without it, failed under CI=true).
+func SecureStack(t testing.TB) *Secure {
+	t.Helper()
+	return &Secure{
+		Dir:      require(t, "CAPPER_TEST_SECURE_DIR"),
+		Redis:    strings.Split(require(t, "CAPPER_TEST_SECURE_REDIS_ADDRS"), ","),
+		Kafka:    strings.Split(require(t, "CAPPER_TEST_SECURE_KAFKA_BROKERS"), ","),
+		MTLS:     strings.Split(require(t, "CAPPER_TEST_SECURE_MTLS_BROKERS"), ","),
+		S3:       require(t, "CAPPER_TEST_SECURE_S3_ENDPOINT"),
+		RedisACL: require(t, "CAPPER_TEST_SECURE_REDIS_ACL"),
+	}
+}
+
+// Path returns a file of the stack's state, e.g. "tls/ca.crt".
+func (s *Secure) Path(rel string) string { return filepath.Join(s.Dir, rel) }
+
+// Secret returns the password in secrets/name, e.g. "kafka-capper".
+func (s *Secure) Secret(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(s.Path("secrets/" + name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func (s *Secure) roots(t testing.TB) *x509.CertPool {
+	t.Helper()
+	b, err := os.ReadFile(s.Path("tls/ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(b) {
+		t.Fatal("no certificate in tls/ca.crt")
+	}
+	return p
+}
+
+// Kafka modes of the secured stack.
+const (
+	SCRAM = "scram" // TLS + SASL/SCRAM-SHA-512 as the user capper, with capper's ACLs
+	MTLS  = "mtls"  // TLS with the client certificate CN=capper
+)
+
+// SecureOptions shape a secured slice.
+type SecureOptions struct {
+	// Omit drops grants from capper's Kafka ACLs (SCRAM mode), to test a missing one.
+	Omit func(kafkaacl.Grant, kafkaacl.Names) bool
+}
+
+// NewSecureStack is NewStack on the secured stack: the admin creates the
+// topics and grants capper exactly kafkaacl.Grants on them; the worker's
+// config reaches Redis and Kafka as capper over TLS, with the passwords in
+// files. Its key prefix starts with "fc:" (the Redis user's key pattern).
+func NewSecureStack(t *testing.T, mode string, partitions int, o SecureOptions) *Stack {
+	t.Helper()
+	sec := SecureStack(t)
+	roots := sec.roots(t)
+	admin := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	s := &Stack{T: t}
+	s.redisOpts.Username, s.redisOpts.Password, s.redisOpts.TLSConfig = "admin", sec.Secret(t, "redis-admin"), admin
+	b := backend{redis: sec.Redis, s3: sec.S3, keyPrefix: func(name string) string { return "fc:" + name }}
+	b.redisConfig = fmt.Sprintf("  username: capper\n  password_file: %s\n  tls: {enabled: true, ca_file: %s}\n",
+		sec.Path("secrets/redis-capper"), sec.Path("tls/ca.crt"))
+	switch mode {
+	case SCRAM:
+		mech, err := scram.Mechanism(scram.SHA512, "admin", sec.Secret(t, "kafka-admin"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.dialer = &kafka.Dialer{Timeout: 10 * time.Second, TLS: admin, SASLMechanism: mech}
+		s.transport = &kafka.Transport{TLS: admin, SASL: mech}
+		b.brokers = sec.Kafka
+		b.kafkaConfig = fmt.Sprintf("  sasl_mechanism: scram-sha-512\n  sasl_username: capper\n  sasl_password_file: %s\n  tls: {enabled: true, ca_file: %s}\n",
+			sec.Path("secrets/kafka-capper"), sec.Path("tls/ca.crt"))
+	case MTLS:
+		cert, err := tls.LoadX509KeyPair(sec.Path("tls/client.crt"), sec.Path("tls/client.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.dialer = &kafka.Dialer{Timeout: 10 * time.Second, TLS: client}
+		s.transport = &kafka.Transport{TLS: client}
+		b.brokers = sec.MTLS
+		b.kafkaConfig = fmt.Sprintf("  tls: {enabled: true, ca_file: %s, cert_file: %s, key_file: %s}\n",
+			sec.Path("tls/ca.crt"), sec.Path("tls/client.crt"), sec.Path("tls/client.key"))
+	default:
+		t.Fatalf("unknown mode %q", mode)
+	}
+	s.create(partitions, nil, b)
+	if mode == SCRAM {
+		s.grant(o.Omit)
+	}
+	return s
+}
+
+// grant gives the user capper its ACLs on this slice's topics and group.
+func (s *Stack) grant(omit func(kafkaacl.Grant, kafkaacl.Names) bool) {
+	s.T.Helper()
+	var entries []kafka.ACLEntry
+	names := s.ACLNames()
+	for _, g := range kafkaacl.Grants(names) {
+		if omit == nil || !omit(g, names) {
+			entries = append(entries, g.Entry("User:capper"))
+		}
+	}
+	s.CreateACLs(entries...)
+}
+
+// ACLNames returns the Kafka resources of this slice's worker.
+func (s *Stack) ACLNames() kafkaacl.Names {
+	return kafkaacl.NamesOf(s.group(), config.Topics{Input: s.Topics[0], Allowed: s.Topics[1], Capped: s.Topics[2], DLQ: s.Topics[3], Held: s.Held}, false)
+}
+
+func (s *Stack) group() string { return s.Topics[0] } // the config's group_id is the input topic's name
+
+// CreateACLs creates ACL entries as the secured stack's admin.
+func (s *Stack) CreateACLs(entries ...kafka.ACLEntry) {
+	s.T.Helper()
+	if len(entries) == 0 {
+		return
+	}
+	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := client.CreateACLs(ctx, &kafka.CreateACLsRequest{ACLs: entries})
+	if err != nil {
+		s.T.Fatalf("create ACLs: %v", err)
+	}
+	for _, e := range resp.Errors {
+		if e != nil {
+			s.T.Fatalf("create ACLs: %v", e)
+		}
+	}
+}
+
+// IssueCert writes a certificate for 127.0.0.1 (server and client use),
+// signed by the stack's CA and valid from notBefore to notAfter, with its key,
+// and returns their paths: for expired and not-yet-valid certificates.
+func (s *Secure) IssueCert(t testing.TB, cn string, notBefore, notAfter time.Time) (certFile, keyFile string) {
+	t.Helper()
+	caPair, err := tls.LoadX509KeyPair(s.Path("tls/ca.crt"), s.Path("tls/ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caPair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: cn}, NotBefore: notBefore, NotAfter: notAfter,
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caPair.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, cn+".crt"), filepath.Join(dir, cn+".key")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// Committed returns how many messages of the input topic the worker's group
+// has committed (the sum of its committed offsets).
+func (s *Stack) Committed(t testing.TB) int64 {
+	t.Helper()
+	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{s.Topics[0]}})
+	if err != nil || len(md.Topics) != 1 {
+		t.Fatalf("metadata of %s: %v", s.Topics[0], err)
+	}
+	var parts []int
+	for _, p := range md.Topics[0].Partitions {
+		parts = append(parts, p.ID)
+	}
+	off, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: s.group(), Topics: map[string][]int{s.Topics[0]: parts}})
+	if err != nil {
+		t.Fatalf("committed offsets of %s: %v", s.group(), err)
+	}
+	var n int64
+	for _, p := range off.Topics[s.Topics[0]] {
+		n += max(0, p.CommittedOffset)
+	}
+	return n
+}
