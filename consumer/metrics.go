@@ -18,6 +18,7 @@ type Metrics struct {
 	rulesVersion prometheus.Gauge
 	redisOutage  prometheus.Histogram
 	shadowCapped *prometheus.CounterVec
+	cappedBy     *prometheus.CounterVec
 	held         *prometheus.CounterVec
 	notHeld      *prometheus.CounterVec
 	heldNow      *prometheus.GaugeVec
@@ -51,6 +52,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.shadowCapped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_shadow_capped_total", Help: "Sends forwarded that a shadow cap would have capped, by cap name.",
 	}, []string{"cap"})
+	m.cappedBy = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_capped_total", Help: "Jobs sent to the capped topic, by the cap that refused them (\"expired\": past expires_at).",
+	}, []string{"cap"})
 	m.rulesVersion = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_rules_version", Help: "Version of the rules in force."})
 	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at), quiet_hours, budget (a budget had no token).",
@@ -71,6 +75,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
 		m.jobs.WithLabelValues(s)
 	}
+	for _, s := range []string{"redis", "kafka_fetch", "kafka_write", "kafka_commit"} {
+		m.errors.WithLabelValues(s) // 0 from the start, so that rate() and alerts see them
+	}
 	for _, s := range []string{"cap", "quiet_hours", "budget"} {
 		m.held.WithLabelValues(s)
 	}
@@ -80,7 +87,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped,
+	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped, m.cappedBy,
 		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("consumer: register metrics: %w", err)

@@ -395,6 +395,7 @@ type decided struct {
 	outs      []kafka.Message
 	decisions map[string]int // jobs by decision, counted once the outputs are acknowledged
 	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap
+	cappedBy  map[string]int // capped jobs, by the cap that refused them
 	start     time.Time
 }
 
@@ -483,18 +484,21 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	}
 	outs := make([]kafka.Message, 0, len(items))
 	decisions := make(map[string]int, 5)
-	shadow := map[string]int{}
+	shadow, cappedBy := map[string]int{}, map[string]int{}
 	hv := newHeaderValues()
 	for i := range items {
 		outs = w.outputs(outs, &items[i], hv)
 		decisions[items[i].decision]++
-		if items[i].decision == DecisionAllowed {
+		switch items[i].decision {
+		case DecisionAllowed:
 			for _, c := range items[i].shadow {
 				shadow[c]++
 			}
+		case DecisionCapped:
+			cappedBy[items[i].cap]++
 		}
 	}
-	return &decided{batch: batch, outs: outs, decisions: decisions, shadow: shadow, start: start}, nil
+	return &decided{batch: batch, outs: outs, decisions: decisions, shadow: shadow, cappedBy: cappedBy, start: start}, nil
 }
 
 // classify decides what a decoded job needs before Redis: expired, exempt,
@@ -555,6 +559,9 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	}
 	for c, n := range d.shadow {
 		w.m.shadowCapped.WithLabelValues(c).Add(float64(n))
+	}
+	for c, n := range d.cappedBy {
+		w.m.cappedBy.WithLabelValues(c).Add(float64(n))
 	}
 	w.commit(ctx, d.batch)
 	w.ready.Store(true)

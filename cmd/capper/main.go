@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/capper-dev/capper/internal/version"
 )
 
 func main() {
@@ -78,6 +80,7 @@ Usage:
                                                produce a synthetic blast to the input topic, record it
   capper report --config FILE --manifest FILE  check the output topics against the blast and the caps;
                                                the last line is JSON; exits 1 on loss or over-send
+  capper version                               the version, VCS revision and Go version of this build
 
 Every config field can be overridden by an environment variable: kafka.topics.input is
 CAPPER_KAFKA_TOPICS_INPUT. Secrets come from CAPPER_REDIS_PASSWORD and CAPPER_KAFKA_SASL_PASSWORD
@@ -107,6 +110,9 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runLoadgen(ctx, args[1:], stdout, stderr)
 	case "report":
 		return runReport(ctx, args[1:], stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, version.Get())
+		return nil
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil

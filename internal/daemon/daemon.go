@@ -33,6 +33,7 @@ import (
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/version"
 	"github.com/capper-dev/capper/rules"
 	"github.com/capper-dev/capper/segments"
 )
@@ -191,6 +192,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	d.metrics = metrics
+	if err := d.registerProcess(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	wc := consumer.Config{
 		Reader: input, Writer: d.writer, Decider: decider, Budgets: d.Budgets,
 		Segments: d.segments,
@@ -261,6 +266,27 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 			func(s capping.Stats) int { return s.CacheBytes }),
 	} {
 		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// registerProcess exports the build (capper_build_info) and /readyz's answer (capper_ready).
+func (d *Daemon) registerProcess() error {
+	v := version.Get()
+	info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_build_info", Help: "Always 1; the labels name the build.",
+		ConstLabels: prometheus.Labels{"version": v.Version, "revision": v.Revision, "go_version": v.GoVersion}})
+	info.Set(1)
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "capper_ready", Help: "1 when /readyz answers ready: a segment snapshot is loaded and the last batch of every reader went through."},
+		func() float64 {
+			if d.Ready() {
+				return 1
+			}
+			return 0
+		})
+	for _, c := range []prometheus.Collector{info, ready} {
+		if err := d.Registry.Register(c); err != nil {
 			return err
 		}
 	}
