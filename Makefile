@@ -11,9 +11,9 @@ demo:
 test:
 	scripts/test.sh
 
-## build: the capper binary into bin/
+## build: the release binary into bin/capper (static, reproducible, version stamped: scripts/build.sh)
 build:
-	$(GO) build -o bin/capper ./cmd/capper
+	scripts/build.sh bin/capper $(VERSION)
 
 stack-up:
 	scripts/stack.sh up
