@@ -15,12 +15,17 @@
 // millisecond are two entries.
 //
 // Time comes from the worker (Config.Clock), never from Redis, and is passed to
-// the script. Workers' clocks are assumed to be NTP-synchronised: a worker whose
-// clock runs ahead records entries in the future, which count in every window
-// until real time passes them (conservative: it can only cap more, never less);
-// a worker whose clock runs behind sees entries near the window start for a
-// little longer. The error is bounded by the skew, which should be far below a
-// cap's window (hours to days).
+// the script (as in Grab's design), so replicas must agree on the time. A
+// replica whose clock runs ahead by d evaluates windows that start d too late:
+// it does not count sends recorded in the first d of the true window, so it
+// caps less. A replica whose clock runs behind by d records sends d too early,
+// so every other replica stops counting them d too soon: they cap less. With
+// replicas skewed by up to d, a user can receive more than a cap allows by the
+// sends in a slice of width d at the window's edge. Eviction would make it
+// worse (a replica ahead by d deletes entries that others still count), so
+// entries are kept Config.ClockMargin longer than the longest window. The
+// daemon measures each worker's clock against Redis and stops deciding beyond
+// max_clock_skew (see internal/daemon and the clock package).
 //
 // A Limiter sends a batch of decisions as pipelines grouped by the cluster
 // master that owns each user (Config.Pipelines groups of users, each split per

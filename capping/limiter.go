@@ -45,8 +45,14 @@ type Config struct {
 	// KeyPrefix starts every key; a user's log is PREFIX:{USER_ID}. Defaults to "fc".
 	KeyPrefix string
 	// Clock returns the time decisions are taken at. Defaults to time.Now.
-	// Workers' clocks are assumed to be NTP-synchronised (see the package doc).
+	// Workers' clocks must agree within ClockMargin (see the package doc).
 	Clock func() time.Time
+	// ClockMargin keeps log entries this much longer than the longest window
+	// before evicting them, and the key's TTL as much longer, so that a
+	// replica whose clock runs ahead by up to ClockMargin never deletes entries
+	// that a correctly clocked replica still counts. Set it to the largest
+	// clock skew tolerated (the daemon uses max_clock_skew). Defaults to 0.
+	ClockMargin time.Duration
 	// Timeout bounds one Decide or Peek call (one attempt), script reloads and
 	// the replica WAIT included. Defaults to 3s; a negative value means no
 	// timeout beyond the context's.
@@ -90,6 +96,9 @@ func (c Config) Validate() error {
 	}
 	if c.NearCache < 0 {
 		return fmt.Errorf("capping: near cache size %d must not be negative", c.NearCache)
+	}
+	if c.ClockMargin < 0 {
+		return fmt.Errorf("capping: clock margin %v must not be negative", c.ClockMargin)
 	}
 	if c.MinReplicasAcked < 0 || c.ReplicaTimeout < 0 {
 		return fmt.Errorf("capping: min replicas acked %d and replica timeout %v must not be negative", c.MinReplicasAcked, c.ReplicaTimeout)
@@ -264,7 +273,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		}
 	}
 	b := &batch{l: l, reqs: reqs, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs)),
-		args: newArgs(reqs, now)}
+		args: newArgs(reqs, now, l.cfg.ClockMargin)}
 	if cache != nil {
 		b.maxLog = cacheMaxLog
 	}
@@ -365,7 +374,8 @@ type reqArgs struct {
 }
 
 // newArgs computes the arguments of every request, on two backing arrays.
-func newArgs(reqs []Request, now time.Time) []reqArgs {
+// The retention is the longest window plus margin (Config.ClockMargin).
+func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
 	ncaps := 0
 	for i := range reqs {
 		ncaps += len(reqs[i].Caps)
@@ -392,7 +402,7 @@ func newArgs(reqs []Request, now time.Time) []reqArgs {
 				retention = max(retention, c.Until.Sub(c.Since))
 			}
 		}
-		a.retention = retention.Milliseconds()
+		a.retention = (retention + margin).Milliseconds()
 	}
 	return args
 }

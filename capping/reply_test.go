@@ -19,7 +19,7 @@ func TestScriptArgs(t *testing.T) {
 			Scope: NewScope([]string{"push", "sms"}, []string{"promotional"}).Campaign("c9"), Shadow: true},
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
-	a := &newArgs([]Request{r}, now)[0]
+	a := &newArgs([]Request{r}, now, 0)[0]
 	args := scriptCmd(false, "fc:{7}", &r, a, true, 64)[argsStart:]
 	ms := int64(time.Hour / time.Millisecond)
 	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64,
@@ -38,7 +38,7 @@ func TestScriptArgs(t *testing.T) {
 		t.Errorf("look-only ARGV[3] = %v, want 0", got)
 	}
 	r.Retention = 0
-	if got := scriptCmd(false, "fc:{7}", &r, &newArgs([]Request{r}, now)[0], true, 0)[argsStart+3]; got != 24*ms {
+	if got := scriptCmd(false, "fc:{7}", &r, &newArgs([]Request{r}, now, 0)[0], true, 0)[argsStart+3]; got != 24*ms {
 		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", got)
 	}
 }
