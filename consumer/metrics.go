@@ -33,7 +33,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "capper_jobs_total", Help: "Jobs handled, by decision (allowed, duplicate, exempt, unchecked, capped, dlq, and held: a held job is counted again when it is released and decided).",
 	}, []string{"decision"})
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_errors_total", Help: "Backend failures by kind (redis, kafka_fetch, kafka_write, kafka_commit); each is retried.",
+		Name: "capper_errors_total", Help: "Backend failures by kind (redis, redis_budget, kafka_fetch, kafka_write, kafka_commit); each is retried.",
 	}, []string{"kind"})
 	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "capper_batch_size", Help: "Jobs per batch.", Buckets: prometheus.ExponentialBuckets(1, 2, 12),
@@ -75,7 +75,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
 		m.jobs.WithLabelValues(s)
 	}
-	for _, s := range []string{"redis", "kafka_fetch", "kafka_write", "kafka_commit"} {
+	for _, s := range []string{"redis", "redis_budget", "kafka_fetch", "kafka_write", "kafka_commit"} {
 		m.errors.WithLabelValues(s) // 0 from the start, so that rate() and alerts see them
 	}
 	for _, s := range []string{"cap", "quiet_hours", "budget"} {

@@ -36,7 +36,18 @@ type Config struct {
 	LogLevel string `yaml:"log_level"`
 	// DebugPprof serves Go's profiler under /debug/pprof/ on metrics_addr. Defaults to false.
 	DebugPprof bool `yaml:"debug_pprof"`
+	// MaxClockSkew is the largest difference between this worker's clock and
+	// TIME on the Redis masters at which it still decides; beyond it the
+	// worker stops deciding (not ready, retried like a Redis outage, nothing
+	// committed) until the clock is back within it. Log entries are also kept
+	// this much longer than the longest window. Defaults to 1s; 0 disables.
+	MaxClockSkew Duration `yaml:"max_clock_skew"`
+	// ClockCheckInterval is how often the skew is measured. Defaults to 30s.
+	ClockCheckInterval Duration `yaml:"clock_check_interval"`
 }
+
+// DefaultMaxClockSkew is max_clock_skew when the file does not set it.
+const DefaultMaxClockSkew = time.Second
 
 type Kafka struct {
 	Brokers []string `yaml:"brokers"`  // (Required)
@@ -175,7 +186,7 @@ func Load(path string) (*Config, error) {
 
 // Parse is Load on bytes, with env looking up environment variables.
 func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
-	c := Config{Redis: Redis{NearCacheSize: DefaultNearCacheSize}} // defaults that 0 may override
+	c := Config{Redis: Redis{NearCacheSize: DefaultNearCacheSize}, MaxClockSkew: Duration(DefaultMaxClockSkew)} // defaults that 0 may override
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
@@ -246,6 +257,7 @@ func (c *Config) defaults() {
 	setD(&c.Redis.ReadTimeout, time.Second)
 	setD(&c.Redis.WriteTimeout, time.Second)
 	setD(&c.ShutdownTimeout, 30*time.Second)
+	setD(&c.ClockCheckInterval, 30*time.Second)
 	setD(&c.Rules.ReloadInterval, 10*time.Second)
 	set(&c.MetricsAddr, ":9090")
 	set(&c.LogLevel, "info")
@@ -295,6 +307,9 @@ func (c *Config) Validate() error {
 	if c.Batch.Size < 0 || c.Batch.Size > 100000 {
 		bad("batch.size", "%d is not in 1..100000", c.Batch.Size)
 	}
+	if c.MaxClockSkew < 0 {
+		bad("max_clock_skew", "%v is negative", time.Duration(c.MaxClockSkew))
+	}
 	if time.Duration(c.Batch.MaxWait) > time.Second {
 		bad("batch.max_wait", "%v is over 1s", time.Duration(c.Batch.MaxWait))
 	}
@@ -318,6 +333,14 @@ func (c *Config) CheckRules(rs *rules.Rules) error {
 		return fmt.Errorf("config: rules hold jobs (a hold policy or quiet hours) but hold.tiers is empty (%s): holding needs the delay topics", envName("hold.tiers"))
 	}
 	return nil
+}
+
+// Limiter returns the capping configuration of the whole configuration: the
+// Redis settings, and the clock margin of max_clock_skew.
+func (c *Config) Limiter() capping.Config {
+	l := c.Redis.Limiter()
+	l.ClockMargin = time.Duration(c.MaxClockSkew)
+	return l
 }
 
 // Limiter returns the capping configuration these settings describe; zero

@@ -119,3 +119,35 @@ func TestHoldTiers(t *testing.T) {
 		t.Errorf("CAPPER_HOLD_TIERS= gives wheel %v, %v; want holding disabled", w, err)
 	}
 }
+
+func TestMaxClockSkew(t *testing.T) {
+	base, _ := os.ReadFile("../../config.example.yaml")
+	without := strings.Replace(string(base), "max_clock_skew: 1s\n", "", 1)
+	for _, tc := range []struct {
+		name, file string
+		env        map[string]string
+		want       time.Duration
+		err        string
+	}{
+		{"default", without, nil, time.Second, ""},
+		{"0 disables", strings.Replace(string(base), "max_clock_skew: 1s", "max_clock_skew: 0s", 1), nil, 0, ""},
+		{"environment", string(base), map[string]string{"CAPPER_MAX_CLOCK_SKEW": "250ms"}, 250 * time.Millisecond, ""},
+		{"negative", string(base), map[string]string{"CAPPER_MAX_CLOCK_SKEW": "-1s"}, 0, "max_clock_skew (CAPPER_MAX_CLOCK_SKEW)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := config.Parse([]byte(tc.file), env(tc.env))
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("error %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if time.Duration(c.MaxClockSkew) != tc.want || c.Limiter().ClockMargin != tc.want {
+				t.Errorf("max_clock_skew %v, clock margin %v; want %v", time.Duration(c.MaxClockSkew), c.Limiter().ClockMargin, tc.want)
+			}
+		})
+	}
+}

@@ -15,13 +15,14 @@ import (
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/testenv"
+	"github.com/capper-dev/capper/skew"
 )
 
 // TestRedisACLCoversEveryCommand runs every Redis command path of the worker
 // as the secured stack's user capper, whose rules are exactly README's ACL
 // line: script loading, decisions that record, age entries out and wait for
 // a replica, the EVAL fallback after the script cache was flushed, and
-// budgets taken, peeked at and given back. Any command the line lacks fails
+// budgets taken, peeked at and given back, the clock skew measured (TIME). Any command the line lacks fails
 // with NOPERM.
 func TestRedisACLCoversEveryCommand(t *testing.T) {
 	sec := testenv.SecureStack(t)
@@ -83,6 +84,13 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	}
 	if err := b.Close(ctx); err != nil {
 		t.Fatalf("budget give-back as capper: %v", err)
+	}
+	m, err := skew.New(skew.Config{Client: rdb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Check(ctx); err != nil {
+		t.Fatalf("clock skew as capper: %v", err)
 	}
 	if strings.Contains(logged.String(), "NOPERM") {
 		t.Errorf("the redis client was denied a command:\n%s", logged.String())

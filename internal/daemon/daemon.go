@@ -36,6 +36,7 @@ import (
 	"github.com/capper-dev/capper/internal/version"
 	"github.com/capper-dev/capper/rules"
 	"github.com/capper-dev/capper/segments"
+	"github.com/capper-dev/capper/skew"
 )
 
 // Options are what the process gives the daemon besides its configuration.
@@ -51,6 +52,9 @@ type Options struct {
 	// Decider replaces the Redis limiter's decisions. For the pass-through
 	// benchmark baseline (cmd/capper-passthrough) only; never in production.
 	Decider consumer.Decider
+	// Clock is the time decisions, budgets and holds are taken at. Defaults
+	// to time.Now; tests set an offset to play a skewed clock.
+	Clock func() time.Time
 }
 
 // Backends are the worker's connections: the Redis limiter, the segment
@@ -63,6 +67,7 @@ type Backends struct {
 	Budgets  *budget.Budgets
 	Store    *segments.Store
 	Rules    *rules.Rules
+	Skew     *skew.Monitor // this clock against Redis's
 
 	trips  *roundTrips
 	closes []func() // in reverse order of opening
@@ -74,6 +79,10 @@ type Backends struct {
 // grant fails at once (see preflight.go).
 func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, error) {
 	b := &Backends{Config: cfg, Registry: opts.Registry, trips: &roundTrips{}}
+	clock := opts.Clock
+	if clock == nil {
+		clock = time.Now
+	}
 	b.Log = NewLogger(cfg.LogLevel, cmp.Or[io.Writer](opts.Stderr, os.Stderr))
 	if b.Registry == nil {
 		b.Registry = prometheus.NewRegistry()
@@ -88,15 +97,25 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		return nil, err
 	}
 	b.closes = append(b.closes, func() { _ = rdb.Close() })
-	if b.Limiter, err = connectRedis(ctx, rdb, cfg.Redis, b.Log); err != nil {
+	lc := cfg.Limiter()
+	lc.Clock = clock
+	if b.Limiter, err = connectRedis(ctx, rdb, cfg.Redis.Addrs, lc, b.Log); err != nil {
 		b.Close()
 		return nil, err
+	}
+	if b.Skew, err = skew.New(skew.Config{Client: rdb, Now: clock, MaxSkew: time.Duration(cfg.MaxClockSkew),
+		Interval: time.Duration(cfg.ClockCheckInterval), Logger: b.Log, Registerer: b.Registry}); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err := b.Skew.Check(ctx); err != nil { // Run measures again; decisions wait for a measurement within bounds
+		b.Log.Warn("measuring clock skew failed", "err", err)
 	}
 	if err := registerLimiter(b.Registry, b.Limiter); err != nil {
 		b.Close()
 		return nil, err
 	}
-	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry}); err != nil {
+	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry, Clock: clock}); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -180,7 +199,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	d.readers = append(d.readers, input)
-	var decider consumer.Decider = d.Limiter
+	var decider consumer.Decider = skewGuard{d.Limiter, d.Skew}
 	if opts.Decider != nil {
 		d.Log.Warn("the decider is replaced: capping is skipped (a benchmark baseline, never production)")
 		decider = opts.Decider
@@ -197,7 +216,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	wc := consumer.Config{
-		Reader: input, Writer: d.writer, Decider: decider, Budgets: d.Budgets,
+		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, Now: opts.Clock,
 		Segments: d.segments,
 		Rules:    d.Rules,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
@@ -241,6 +260,38 @@ func (d *Daemon) segments() consumer.Segmenter {
 		d.Limiter.InvalidateCache()
 	}
 	return snap
+}
+
+// skewGuard refuses every decision while the clock is beyond max_clock_skew
+// of Redis's: the worker retries them as in a Redis outage (not ready,
+// nothing committed) until the clock is back.
+type skewGuard struct {
+	consumer.Decider
+	skew *skew.Monitor
+}
+
+func (g skewGuard) Decide(ctx context.Context, reqs []capping.Request) ([]capping.Decision, error) {
+	if err := g.skew.Err(); err != nil {
+		errs := make(capping.RequestErrors, len(reqs))
+		for i := range errs {
+			errs[i] = err
+		}
+		return make([]capping.Decision, len(reqs)), errs
+	}
+	return g.Decider.Decide(ctx, reqs)
+}
+
+// skewBudgets refuses budget tokens likewise: a budget's buckets are on the worker's clock too.
+type skewBudgets struct {
+	*budget.Budgets
+	skew *skew.Monitor
+}
+
+func (b skewBudgets) Take(ctx context.Context, wants []budget.Want) ([]budget.Grant, error) {
+	if err := b.skew.Err(); err != nil {
+		return nil, err
+	}
+	return b.Budgets.Take(ctx, wants)
 }
 
 // registerLimiter exports the limiter's script calls and its near cache.
@@ -303,10 +354,11 @@ func (d *Daemon) addWorker(c consumer.Config) error {
 	return nil
 }
 
-// Ready reports whether the worker has a segment snapshot and the last batch
-// of each of its readers went through without a backend failure (what /readyz answers).
+// Ready reports whether the worker has a segment snapshot, its clock is
+// within max_clock_skew of Redis's, and the last batch of each of its readers
+// went through without a backend failure (what /readyz answers).
 func (d *Daemon) Ready() bool {
-	if d.Store.Snapshot() == nil {
+	if d.Store.Snapshot() == nil || !d.Skew.Within() {
 		return false
 	}
 	for _, w := range d.workers {
@@ -330,6 +382,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
 	go d.Store.Run(bg)
+	go d.Skew.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,

@@ -34,6 +34,12 @@ func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return 
 // when the test ends.
 func startDaemon(t *testing.T, s *testenv.Stack) (*daemon.Daemon, *syncBuffer) {
 	t.Helper()
+	return startDaemonWith(t, s, daemon.Options{})
+}
+
+// startDaemonWith is startDaemon with opts (ConfigPath and Stderr are set here).
+func startDaemonWith(t *testing.T, s *testenv.Stack, opts daemon.Options) (*daemon.Daemon, *syncBuffer) {
+	t.Helper()
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
 	t.Setenv("AWS_REGION", "us-east-1")
@@ -44,7 +50,8 @@ func startDaemon(t *testing.T, s *testenv.Stack) (*daemon.Daemon, *syncBuffer) {
 	}
 	log := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, cfg, daemon.Options{ConfigPath: s.Config, Stderr: log})
+	opts.ConfigPath, opts.Stderr = s.Config, log
+	d, err := daemon.New(ctx, cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,12 +51,12 @@ func permanent(backend string, where any, err error) error {
 	return fmt.Errorf("%s %v: %s: %s: %w", backend, where, cause, hint(backend, cause), err)
 }
 
-func connectRedis(ctx context.Context, rdb capping.Client, c config.Redis, log *slog.Logger) (*capping.Limiter, error) {
+func connectRedis(ctx context.Context, rdb capping.Client, addrs []string, lc capping.Config, log *slog.Logger) (*capping.Limiter, error) {
 	ctx, cancel := context.WithTimeout(ctx, backendStartup)
 	defer cancel()
 	retry := backoff.New(250*time.Millisecond, 5*time.Second)
 	for {
-		lim, err := capping.New(ctx, rdb, c.Limiter())
+		lim, err := capping.New(ctx, rdb, lc)
 		if err == nil {
 			// SCRIPT LOAD may be granted where EVALSHA or the user's keys
 			// are not: one read-only decision finds out now.
@@ -65,13 +65,13 @@ func connectRedis(ctx context.Context, rdb capping.Client, c config.Redis, log *
 				return lim, nil
 			}
 		}
-		if perr := permanent("redis", c.Addrs, err); perr != nil {
+		if perr := permanent("redis", addrs, err); perr != nil {
 			return nil, perr
 		}
 		d := retry.Next()
 		log.Warn("redis not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
 		if !backoff.Sleep(ctx, d) {
-			return nil, fmt.Errorf("redis %v: %w", c.Addrs, err)
+			return nil, fmt.Errorf("redis %v: %w", addrs, err)
 		}
 	}
 }
