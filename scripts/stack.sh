@@ -231,16 +231,20 @@ devstack_up() {
       -acl-user capper -mtls-port "$MTLS_PORT" -client-ca "$STATE/tls/ca.crt")
   fi
   (cd "$ROOT" && go build -o "$STATE/bin/capper-devstack" ./cmd/capper-devstack) || die "build capper-devstack"
+  touch "$STATE/devstack.log"
+  local lines; lines=$(wc -l <"$STATE/devstack.log") # this start's "ready" lines come after these
   nohup "$STATE/bin/capper-devstack" -kafka-port "$KAFKA_PORT" -data-dir "$STATE/kafka/data" \
     -topics "$TOPICS" -partitions "$PARTITIONS" -s3-addr "127.0.0.1:$S3_PORT" -buckets "$S3_BUCKET" \
     "${secure[@]+"${secure[@]}"}" >>"$STATE/devstack.log" 2>&1 </dev/null &
   echo $! >"$pidf"
-  for _ in $(seq 200); do
-    if port_open "$KAFKA_PORT" && port_open "$S3_PORT" && grep -q 's3 endpoint ready' "$STATE/devstack.log"; then return 0; fi
+  # The broker reloads the logs kept in $STATE/kafka first: seconds per GB of them.
+  for i in $(seq 2400); do
+    if port_open "$KAFKA_PORT" && port_open "$S3_PORT" && tail -n +"$((lines + 1))" "$STATE/devstack.log" | grep -q 's3 endpoint ready'; then return 0; fi
     alive "$pidf" || die "capper-devstack exited (log: $STATE/devstack.log)"
+    ((i == 200)) && log "the broker is still loading its kept logs ($(du -sh "$STATE/kafka" 2>/dev/null | cut -f1)); '$0 purge' starts it empty"
     sleep 0.05
   done
-  die "capper-devstack did not answer in 10 s (log: $STATE/devstack.log)"
+  die "capper-devstack did not answer in 120 s (log: $STATE/devstack.log)"
 }
 
 stop_pids() { # stop_pids PIDFILE...: SIGTERM to all at once, wait, SIGKILL as a last resort
