@@ -167,8 +167,13 @@ func TestStoreFromDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close() // removes its cache directory
-	if err := st.Start(ctx); err == nil || !strings.Contains(err.Error(), `"dormant"`) {
-		t.Fatalf("start with a missing segment: %v, want an error naming it", err)
+	if err := st.Start(ctx); err == nil || !strings.Contains(err.Error(), `"dormant"`) || !strings.Contains(err.Error(), "within 600ms") {
+		t.Fatalf("start with a missing segment: %v, want a timeout naming it", err)
+	}
+	stopped, stop := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, stop)
+	if err := st.Start(stopped); err == nil || !strings.Contains(err.Error(), "stopped before a complete snapshot") {
+		t.Fatalf("start stopped after 100ms: %v, want it to say it was stopped, not timed out", err)
 	}
 	if st.Snapshot() != nil {
 		t.Fatal("a partial snapshot was published")

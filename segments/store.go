@@ -300,8 +300,8 @@ func writeFileAtomic(path string, data []byte) error {
 
 // Start loads the first complete snapshot, retrying with exponential backoff
 // (from 250ms up to 10s) until it succeeds, ctx ends or StartupTimeout passes.
-func (s *Store) Start(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartupTimeout)
+func (s *Store) Start(parent context.Context) error {
+	ctx, cancel := context.WithTimeout(parent, s.cfg.StartupTimeout)
 	defer cancel()
 	b := backoff.New(250*time.Millisecond, 10*time.Second)
 	for {
@@ -312,6 +312,9 @@ func (s *Store) Start(ctx context.Context) error {
 		d := b.Next()
 		s.cfg.Logger.Warn("segment snapshot not loaded yet; retrying", "attempt", b.Attempt(), "in", d, "err", err)
 		if !backoff.Sleep(ctx, d) {
+			if parent.Err() != nil { // stopped (SIGTERM), not timed out
+				return fmt.Errorf("segments: stopped before a complete snapshot: %w", err)
+			}
 			return fmt.Errorf("segments: no complete snapshot within %v: %w", s.cfg.StartupTimeout, err)
 		}
 	}
