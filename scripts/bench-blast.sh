@@ -9,16 +9,10 @@
 # Goal (issue 14): at most 3 minutes on a 2-core machine, 0 lost, 0 violations.
 #   BLAST_JOBS=2000000 BLAST_USERS=400000 scripts/bench-blast.sh   (a smaller blast of the same shape)
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 JOBS=${BLAST_JOBS:-10000000}
 USERS=${BLAST_USERS:-2000000}
-work=$(mktemp -d)
-grep -v "on_capped: {policy: hold" config.example.yaml >"$work/drop.yaml"
 
-started=0
-if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
-trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 eval "$(scripts/stack.sh env)"
 
 redis_bytes() { # used_memory summed over the masters

@@ -5,18 +5,12 @@
 # second: every job takes a token, none waits), alternated ROUNDS times (default 3). Prints the medians of
 # jobs/s and worker CPU per job, the budget's Redis calls per 1,000 jobs, and budget / none.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 JOBS=${BENCH_JOBS:-200000}
 USERS=${BENCH_USERS:-50000}
 ROUNDS=${ROUNDS:-3}
 
-started=0
-if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
-work=$(mktemp -d)
-trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
-
-grep -v 'on_capped: {policy: hold' config.example.yaml >"$work/none.yaml"
+cp "$work/drop.yaml" "$work/none.yaml"
 sed 's/^  budgets: \[\]/  budgets: [{name: everything, limit: 1000000000, window: 1s}]/' "$work/none.yaml" >"$work/budget.yaml"
 grep -q 'name: everything' "$work/budget.yaml" || { echo "bench-budget: cannot derive the budget config" >&2; exit 1; }
 

@@ -9,18 +9,10 @@
 # medians: jobs/s, the ratios, the worker's CPU time per job, script calls and cache hits per job.
 # Goals (issue 14): capper >= 100% of the ceiling with the cache, >= 80% without; <= 0.6 script calls/job.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
 ROUNDS=${ROUNDS:-3}
-work=$(mktemp -d)
-# The drop path, as in the figures before holding existed: config.example.yaml without its hold policy.
-grep -v "on_capped: {policy: hold" config.example.yaml >"$work/drop.yaml"
-
-started=0
-if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
-trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 
 run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job"
   local out

@@ -10,20 +10,13 @@
 # and every capped send held up to 2m, so held jobs are released while `capper report` waits: its release
 # lag p50/p99 (due time to decision) and its verdict (none early, none lost, none over a cap).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 JOBS=${BENCH_JOBS:-200000}
 USERS=${BENCH_USERS:-50000}
 ROUNDS=${ROUNDS:-3}
 RELEASE=${RELEASE:-1}
 
-started=0
-if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
-work=$(mktemp -d)
-trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
-
 # drop: no hold policy anywhere; hold: one rules-wide policy, the segments' own removed.
-grep -v 'on_capped: {policy: hold' config.example.yaml >"$work/drop.yaml"
 sed 's/^  on_capped: {policy: drop}/  on_capped: {policy: hold, max_hold: 48h}/' "$work/drop.yaml" >"$work/hold.yaml"
 grep -q 'on_capped: {policy: hold, max_hold: 48h}' "$work/hold.yaml" || { echo "bench-hold: cannot derive the hold config" >&2; exit 1; }
 sed -e 's/max_hold: 48h/max_hold: 2m/' -e 's/window: 24h/window: 10s/g' -e 's/window: 7d/window: 30s/g' "$work/hold.yaml" >"$work/release.yaml"
