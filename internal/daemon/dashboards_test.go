@@ -83,6 +83,7 @@ var (
 	matchersRe = regexp.MustCompile(`\b(capper_[a-z0-9_]+)\{([^}]*)\}`)
 	groupingRe = regexp.MustCompile(`\b(?:by|without) \(([^)]*)\)`)
 	legendRe   = regexp.MustCompile(`\{\{ *([a-z_]+) *\}\}`)
+	opRe       = regexp.MustCompile(`[=!~].*`) // a matcher's operator and value, after its label
 )
 
 // TestDashboardsAndAlertsUseExportedMetrics scrapes a worker that decided
@@ -152,7 +153,7 @@ func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 		for _, mm := range matchersRe.FindAllStringSubmatch(expr, -1) {
 			for _, matcher := range strings.Split(mm[2], ",") {
-				name := strings.TrimSpace(regexp.MustCompile(`[=!~].*`).ReplaceAllString(matcher, ""))
+				name := strings.TrimSpace(opRe.ReplaceAllString(matcher, ""))
 				if name != "" && !labels[mm[1]][name] {
 					t.Errorf("%s: %s has no label %q (%q)", where, mm[1], name, expr)
 				}
