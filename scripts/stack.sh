@@ -2,15 +2,20 @@
 # stack.sh up|down|status|env|purge — the local stack capper runs and is tested against.
 #
 #   Redis Cluster  3 masters + 3 replicas, 127.0.0.1:$CAPPER_REDIS_PORT..+5 (default 7000-7005), no persistence
-#   Kafka          Kafka-protocol broker (kfake) on 127.0.0.1:$CAPPER_KAFKA_PORT (default 9092), data kept
-#                  in $STATE/kafka so logs and committed offsets survive a restart of the stack
-#   S3             S3-compatible endpoint (gofakes3) on 127.0.0.1:$CAPPER_S3_PORT (default 9000),
-#                  bucket $CAPPER_S3_BUCKET (default capper-segments)
+#   Kafka          Apache Kafka (version pinned in scripts/kafka/pom.xml, resolved from Maven Central into
+#                  $CAPPER_KAFKA_CACHE, default ~/.cache/capper/kafka-VERSION), KRaft, one combined broker and
+#                  controller: PLAINTEXT on 127.0.0.1:$CAPPER_KAFKA_PORT (default 9092), its controller on port+2;
+#                  data kept in $STATE/kafka/data so topics and committed offsets survive a restart of the stack;
+#                  its log in $STATE/kafka/server.log; topics created by `up`
+#   S3             S3-compatible endpoint (gofakes3, cmd/capper-devstack) on 127.0.0.1:$CAPPER_S3_PORT (default
+#                  9000), bucket $CAPPER_S3_BUCKET (default capper-segments)
 #
 # Every process runs on 127.0.0.1; its PID file and log live under $CAPPER_STACK_DIR (default .stack/,
 # git-ignored). `up` is idempotent; `down` stops exactly the processes `up` started, by PID.
 # `env` prints the variables the tests and the demo read. `purge` = down + delete the state directory.
-# `restart-node PORT` starts a Redis node that was killed (crash tests) and waits for 3 linked replicas.
+# `restart-node PORT` starts a Redis node that was killed (crash tests) and waits for 3 linked replicas;
+# `restart-kafka` starts the broker again on its data after a test killed it.
+# Java and Maven (for the broker) and redis-server are installed with apt-get when missing.
 #
 # --secure (with any command) is the secured stack, on its own ports and state directory
 # ($CAPPER_SECURE_STACK_DIR, default .stack-secure/), beside the plain one:
@@ -20,9 +25,12 @@
 #   Redis Cluster  TLS only (clients, cluster bus and replication) on $CAPPER_SECURE_REDIS_PORT..+5 (default
 #                  7100-7105); ACL users: default off, admin (the stack's own tools), repl (replication),
 #                  capper (the worker: exactly $REDIS_CAPPER_ACL below) and capper-noperm (capper without EVALSHA)
-#   Kafka          TLS + SASL/SCRAM-SHA-512 with ACLs enforced on $CAPPER_SECURE_KAFKA_PORT (default 9192):
-#                  users admin (superuser), capper (capper's ACLs on the default topics), capper-noperm (no
-#                  ACL); and a broker that demands a client certificate (mTLS) on $CAPPER_SECURE_MTLS_PORT (9193)
+#   Kafka          one Apache Kafka broker with the StandardAuthorizer (allow.everyone.if.no.acl.found=false):
+#                  SASL_SSL with SCRAM-SHA-512 on $CAPPER_SECURE_KAFKA_PORT (default 9192), users admin (super
+#                  user), capper (exactly internal/kafkaacl's grants on the stack's topics) and capper-noperm (no
+#                  ACL), created at format time; and an mTLS listener on $CAPPER_SECURE_MTLS_PORT (9193) that
+#                  requires a client certificate of the stack's CA and maps CN=capper to User:capper, so the same
+#                  ACLs hold; the controller on port+2 (TLS, the broker's own certificate). Started empty each time.
 #   S3             as above, on $CAPPER_SECURE_S3_PORT (default 9100)
 set -euo pipefail
 
@@ -94,7 +102,7 @@ rcli() {
 # random password per user. Kept until `down --secure`.
 make_secrets() {
   local t=$STATE/tls s=$STATE/secrets
-  [[ -f $t/server-chain.crt && -f $s/redis-admin ]] && return
+  [[ -f $t/server-keystore.pem && -f $s/redis-admin ]] && return
   ensure_openssl
   rm -rf "$t" "$s"; mkdir -p "$t" "$s"; chmod 700 "$t" "$s"
   local ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -noenc)
@@ -107,12 +115,13 @@ make_secrets() {
   issue server /CN=localhost 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth'
   issue client /CN=capper 'extendedKeyUsage=clientAuth'
   cat "$t/server.crt" "$t/ca.crt" >"$t/server-chain.crt"
+  cat "$t/server.key" "$t/server.crt" "$t/ca.crt" >"$t/server-keystore.pem" # the broker's PEM keystore (PKCS#8 key, chain)
   openssl req -x509 "${ec[@]}" -keyout "$t/other-ca.key" -out "$t/other-ca.crt" -days 30 -subj "/CN=another CA" 2>/dev/null
   [[ -s $t/server.crt && -s $t/client.crt && -s $t/other-ca.crt ]] || die "openssl did not make the certificates"
   local u; for u in redis-admin redis-repl redis-capper redis-noperm kafka-admin kafka-capper kafka-noperm; do
     openssl rand -hex 16 >"$s/$u"
   done
-  chmod 600 "$s"/* "$t"/*.key
+  chmod 600 "$s"/* "$t"/*.key "$t/server-keystore.pem"
 }
 
 pw() { cat "$STATE/secrets/$1"; }
@@ -214,40 +223,180 @@ wait_redis_ok() { # every node says cluster_state:ok, and every replica's link t
   die "redis cluster did not reach cluster_state:ok with 3 linked replicas in 30 s"
 }
 
-devstack_up() {
-  mkdir -p "$STATE/bin" "$STATE/kafka"
-  local pidf="$STATE/devstack.pid"
-  if alive "$pidf"; then return; fi
-  port_open "$KAFKA_PORT" && die "port $KAFKA_PORT is taken by a process this stack did not start"
-  port_open "$S3_PORT" && die "port $S3_PORT is taken by a process this stack did not start"
-  local secure=()
-  if ((SECURE)); then
-    port_open "$MTLS_PORT" && die "port $MTLS_PORT is taken by a process this stack did not start"
-    local users="$STATE/kafka/users"
-    printf 'SCRAM-SHA-512 admin %s superuser\nSCRAM-SHA-512 capper %s\nSCRAM-SHA-512 capper-noperm %s\n' \
-      "$(pw kafka-admin)" "$(pw kafka-capper)" "$(pw kafka-noperm)" >"$users"
-    chmod 600 "$users"
-    secure=(-tls-cert "$STATE/tls/server-chain.crt" -tls-key "$STATE/tls/server.key" -sasl-users "$users"
-      -acl-user capper -mtls-port "$MTLS_PORT" -client-ca "$STATE/tls/ca.crt")
-  fi
-  (cd "$ROOT" && go build -o "$STATE/bin/capper-devstack" ./cmd/capper-devstack) || die "build capper-devstack"
-  touch "$STATE/devstack.log"
-  local lines; lines=$(wc -l <"$STATE/devstack.log") # this start's "ready" lines come after these
-  nohup "$STATE/bin/capper-devstack" -kafka-port "$KAFKA_PORT" -data-dir "$STATE/kafka/data" \
-    -topics "$TOPICS" -partitions "$PARTITIONS" -s3-addr "127.0.0.1:$S3_PORT" -buckets "$S3_BUCKET" \
-    "${secure[@]+"${secure[@]}"}" >>"$STATE/devstack.log" 2>&1 </dev/null &
-  echo $! >"$pidf"
-  # The broker reloads the logs kept in $STATE/kafka first: seconds per GB of them.
-  for i in $(seq 2400); do
-    if port_open "$KAFKA_PORT" && port_open "$S3_PORT" && tail -n +"$((lines + 1))" "$STATE/devstack.log" | grep -q 's3 endpoint ready'; then return 0; fi
-    alive "$pidf" || die "capper-devstack exited (log: $STATE/devstack.log)"
-    ((i == 200)) && log "the broker is still loading its kept logs ($(du -sh "$STATE/kafka" 2>/dev/null | cut -f1)); '$0 purge' starts it empty"
-    sleep 0.05
-  done
-  die "capper-devstack did not answer in 120 s (log: $STATE/devstack.log)"
+# ---- Apache Kafka (KRaft) -------------------------------------------------------------------------------------
+# The broker is Apache Kafka from Maven Central (scripts/kafka/pom.xml pins the version), resolved once into
+# $KAFKA_CACHE and run as one combined broker+controller process with a bounded heap. Its state lives in
+# $STATE/kafka: data/ (the log directory, kept by the plain stack so topics and committed offsets survive a
+# restart), server.properties (written at every start), server.log (the broker's log) and kafka.pid.
+KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ROOT/scripts/kafka/pom.xml")
+KAFKA_CACHE=${CAPPER_KAFKA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capper/kafka-$KAFKA_VERSION}
+KAFKA_HEAP=${CAPPER_KAFKA_HEAP:-768m}
+KAFKA_READY_TIMEOUT=${CAPPER_KAFKA_READY_TIMEOUT:-180}
+
+ensure_java() {
+  if command -v java >/dev/null && command -v mvn >/dev/null; then return; fi
+  log "installing a Java runtime and Maven with apt-get (Apache Kafka runs on the JVM)"
+  local sudo=""; [[ $(id -u) -ne 0 ]] && sudo=sudo
+  $sudo apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq default-jre-headless maven >/dev/null
 }
 
-stop_pids() { # stop_pids PIDFILE...: SIGTERM to all at once, wait, SIGKILL as a last resort
+# kafka_libs: the broker's jars in $KAFKA_CACHE, resolved from Maven Central the first time (about 45 jars, 45 MB)
+kafka_libs() {
+  [[ -f $KAFKA_CACHE/.complete ]] && return
+  ensure_java
+  log "resolving Apache Kafka $KAFKA_VERSION from Maven Central into $KAFKA_CACHE"
+  local tmp="$KAFKA_CACHE.tmp.$$"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  mvn -q -B -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies -DoutputDirectory="$tmp" >"$tmp.log" 2>&1 \
+    || { tail -20 "$tmp.log" >&2; rm -rf "$tmp"; die "mvn could not resolve Apache Kafka $KAFKA_VERSION (see above)"; }
+  ls "$tmp"/kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1 || die "mvn resolved no kafka_2.13-$KAFKA_VERSION.jar"
+  touch "$tmp/.complete"
+  rm -rf "$KAFKA_CACHE" "$tmp.log"; mkdir -p "$(dirname "$KAFKA_CACHE")"; mv "$tmp" "$KAFKA_CACHE"
+}
+
+kjava() { # kjava CLASS ARGS...: a Kafka class on the cached classpath
+  java -Xmx256m -Djava.net.preferIPv4Stack=true -Dkafka.logs.dir="$STATE/kafka" \
+    -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.yaml" -cp "$KAFKA_CACHE/*" "$@"
+}
+
+# kafka_properties: the broker's configuration. Settings that differ from Kafka's defaults, and why:
+#   one node, so every internal topic has replication factor 1 (offsets, transactions, share state);
+#   group.initial.rebalance.delay.ms=0: a group forms at once (the default 3 s delays every test's first batch);
+#   group.min.session.timeout.ms=1000: tests run workers with short session timeouts so that a SIGKILLed member
+#     is expired in seconds (production keeps kafka.session_timeout at its default, 10 s);
+#   offsets.topic.num.partitions=6: creating __consumer_offsets with the default 50 takes seconds on 2 cores;
+#   auto.create.topics.enable=false: capper never creates topics; a missing one must show as missing;
+#   log.retention.hours=24 and 64 MB segments: benchmarks write gigabytes; a day later they are gone.
+kafka_properties() {
+  local k=$STATE/kafka ctrl=$((KAFKA_PORT + 2))
+  {
+    echo "process.roles=broker,controller"
+    echo "node.id=1"
+    echo "controller.quorum.voters=1@127.0.0.1:$ctrl"
+    echo "controller.listener.names=CONTROLLER"
+    echo "log.dirs=$k/data"
+    echo "num.partitions=$PARTITIONS"
+    echo "offsets.topic.replication.factor=1"
+    echo "offsets.topic.num.partitions=6"
+    echo "transaction.state.log.replication.factor=1"
+    echo "transaction.state.log.min.isr=1"
+    echo "share.coordinator.state.topic.replication.factor=1"
+    echo "share.coordinator.state.topic.min.isr=1"
+    echo "group.initial.rebalance.delay.ms=0"
+    echo "group.min.session.timeout.ms=1000"
+    echo "auto.create.topics.enable=false"
+    echo "log.retention.hours=24"
+    echo "log.segment.bytes=67108864"
+    echo "num.network.threads=2"
+    echo "num.io.threads=4"
+    if ((SECURE)); then
+      local t=$STATE/tls
+      # SASL_SSL: SCRAM-SHA-512 users (created at format time); MTLS: TLS with a required client certificate whose
+      # subject is mapped to its CN (CN=capper -> User:capper), so ACLs hold for certificates too; CONTROLLER: TLS
+      # with a required certificate too (the broker's own, CN=localhost, a super user), never plaintext.
+      echo "listeners=SASL_SSL://127.0.0.1:$KAFKA_PORT,MTLS://127.0.0.1:$MTLS_PORT,CONTROLLER://127.0.0.1:$ctrl"
+      echo "advertised.listeners=SASL_SSL://127.0.0.1:$KAFKA_PORT,MTLS://127.0.0.1:$MTLS_PORT"
+      echo "listener.security.protocol.map=SASL_SSL:SASL_SSL,MTLS:SSL,CONTROLLER:SSL"
+      echo "inter.broker.listener.name=SASL_SSL"
+      echo "sasl.enabled.mechanisms=SCRAM-SHA-512"
+      echo "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512"
+      echo "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"admin\" password=\"$(pw kafka-admin)\";"
+      echo "ssl.keystore.type=PEM"
+      echo "ssl.keystore.location=$t/server-keystore.pem"
+      echo "ssl.truststore.type=PEM"
+      echo "ssl.truststore.location=$t/ca.crt"
+      echo "ssl.endpoint.identification.algorithm="
+      echo "listener.name.mtls.ssl.client.auth=required"
+      echo "listener.name.controller.ssl.client.auth=required"
+      echo 'ssl.principal.mapping.rules=RULE:^(.*,)?CN=([^,]+)(,.*)?$/$2/,DEFAULT'
+      echo "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+      echo "allow.everyone.if.no.acl.found=false"
+      echo "super.users=User:admin;User:localhost"
+    else
+      echo "listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$ctrl"
+      echo "advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT"
+      echo "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+      echo "inter.broker.listener.name=PLAINTEXT"
+    fi
+  } >"$k/server.properties"
+  chmod 600 "$k/server.properties"
+}
+
+kafka_start() { # the broker on the data it has (formatted first when new); waits until it serves
+  local k=$STATE/kafka pidf=$STATE/kafka/kafka.pid
+  alive "$pidf" && return
+  kafka_libs
+  mkdir -p "$k/data"
+  local ports=("$KAFKA_PORT" $((KAFKA_PORT + 2))); ((SECURE)) && ports+=("$MTLS_PORT")
+  for p in "${ports[@]}"; do port_open "$p" && die "port $p is taken by a process this stack did not start"; done
+  kafka_properties
+  if [[ ! -f $k/data/meta.properties ]]; then
+    local scram=()
+    ((SECURE)) && scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$(pw kafka-admin)]"
+      --add-scram "SCRAM-SHA-512=[name=capper,password=$(pw kafka-capper)]"
+      --add-scram "SCRAM-SHA-512=[name=capper-noperm,password=$(pw kafka-noperm)]")
+    kjava kafka.tools.StorageTool format -t "$(kjava kafka.tools.StorageTool random-uuid)" -c "$k/server.properties" \
+      "${scram[@]+"${scram[@]}"}" >"$k/format.log" 2>&1 || { cat "$k/format.log" >&2; die "formatting the broker's storage failed"; }
+  fi
+  touch "$k/server.log"
+  local lines; lines=$(wc -l <"$k/server.log") # this start's "started" line comes after these
+  # -Djava.net.preferIPv4Stack: the listeners bind 127.0.0.1 itself, not ::ffff:127.0.0.1
+  nohup java -Xms256m -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
+    -Djava.net.preferIPv4Stack=true -Dkafka.logs.dir="$k" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.yaml" \
+    -cp "$KAFKA_CACHE/*" kafka.Kafka "$k/server.properties" >>"$k/stdout.log" 2>&1 </dev/null &
+  echo $! >"$pidf"
+  local began=$SECONDS
+  for i in $(seq $((KAFKA_READY_TIMEOUT * 10))); do
+    if tail -n +"$((lines + 1))" "$k/server.log" | grep -q 'Kafka Server started' && port_open "$KAFKA_PORT"; then
+      log "kafka $KAFKA_VERSION ready on 127.0.0.1:$KAFKA_PORT in $((SECONDS - began)) s"; return 0
+    fi
+    alive "$pidf" || { kafka_tail; die "the broker exited (log: $k/server.log)"; }
+    ((i == 100)) && log "the broker is still starting after 10 s (recovering $(du -sh "$k/data" 2>/dev/null | cut -f1) of logs? '$0 purge' starts it empty)"
+    sleep 0.1
+  done
+  kafka_tail
+  die "the broker was not ready in $KAFKA_READY_TIMEOUT s (log: $k/server.log)"
+}
+
+kafka_tail() { # the broker's last words, for a start that failed
+  log "the broker's last log lines:"
+  tail -n 25 "$STATE/kafka/server.log" "$STATE/kafka/stdout.log" 2>/dev/null | sed 's/^/  /' >&2
+}
+
+devstack_bin() {
+  mkdir -p "$STATE/bin"
+  (cd "$ROOT" && go build -o "$STATE/bin/capper-devstack" ./cmd/capper-devstack) || die "build capper-devstack"
+}
+
+# kafka_setup: the stack's topics (created when missing) and, on the secured stack, capper's ACLs on them
+kafka_setup() {
+  local args=(kafka-setup -brokers "127.0.0.1:$KAFKA_PORT" -topics "$TOPICS" -partitions "$PARTITIONS")
+  ((SECURE)) && args+=(-ca "$STATE/tls/ca.crt" -sasl-user admin -sasl-password-file "$STATE/secrets/kafka-admin" -grant capper)
+  "$STATE/bin/capper-devstack" "${args[@]}" >>"$STATE/kafka/setup.log" 2>&1 \
+    || { tail -5 "$STATE/kafka/setup.log" >&2; die "creating the topics failed (log: $STATE/kafka/setup.log)"; }
+}
+
+# s3_up: the S3-compatible endpoint (gofakes3 in cmd/capper-devstack), objects in memory
+s3_up() {
+  local pidf="$STATE/s3.pid"
+  alive "$pidf" && return
+  port_open "$S3_PORT" && die "port $S3_PORT is taken by a process this stack did not start"
+  touch "$STATE/s3.log"
+  local lines; lines=$(wc -l <"$STATE/s3.log")
+  nohup "$STATE/bin/capper-devstack" s3 -addr "127.0.0.1:$S3_PORT" -buckets "$S3_BUCKET" >>"$STATE/s3.log" 2>&1 </dev/null &
+  echo $! >"$pidf"
+  for _ in $(seq 200); do
+    if port_open "$S3_PORT" && tail -n +"$((lines + 1))" "$STATE/s3.log" | grep -q 's3 endpoint ready'; then return 0; fi
+    alive "$pidf" || die "the S3 endpoint exited (log: $STATE/s3.log)"
+    sleep 0.05
+  done
+  die "the S3 endpoint did not answer in 10 s (log: $STATE/s3.log)"
+}
+
+stop_pids() { # stop_pids [-w SECONDS] PIDFILE...: SIGTERM to all at once, wait (5 s), SIGKILL as a last resort
+  local wait=5
+  if [[ $1 == -w ]]; then wait=$2; shift 2; fi
   local pids=() f
   for f in "$@"; do
     if alive "$f"; then pids+=("$(cat "$f")"); fi
@@ -256,7 +405,7 @@ stop_pids() { # stop_pids PIDFILE...: SIGTERM to all at once, wait, SIGKILL as a
   ((${#pids[@]})) || return 0
   kill "${pids[@]}" 2>/dev/null || true
   local p any
-  for _ in $(seq 100); do
+  for _ in $(seq $((wait * 20))); do
     any=0; for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && any=1; done
     ((any)) || break; sleep 0.05
   done
@@ -269,19 +418,24 @@ cmd_up() {
   local start; start=$(date +%s.%N)
   ((SECURE)) && make_secrets
   redis_up
-  devstack_up
+  devstack_bin
+  s3_up
+  kafka_start
+  kafka_setup
   log "up in $(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN{printf "%.1f", e-s}') s"
   cmd_status
 }
 
 cmd_down() {
-  local files=("$STATE/devstack.pid")
+  local files=("$STATE/s3.pid" "$STATE/devstack.pid")
   for p in "${REDIS_PORTS[@]}"; do files+=("$STATE/redis/$p.pid"); done
+  stop_pids -w 30 "$STATE/kafka/kafka.pid" & # a clean shutdown spares the next start a log recovery
   stop_pids "${files[@]}"
+  wait
   rm -f "$STATE"/redis/nodes-*.conf
   ((SECURE)) && rm -rf "$STATE/tls" "$STATE/secrets" "$STATE/kafka" "$STATE"/redis/*.acl "$STATE"/redis/*.conf
   local left=()
-  for p in "${REDIS_PORTS[@]}" "$KAFKA_PORT" "$S3_PORT" ${MTLS_PORT:+"$MTLS_PORT"}; do port_open "$p" && left+=("$p"); done
+  for p in "${REDIS_PORTS[@]}" "$KAFKA_PORT" $((KAFKA_PORT + 2)) "$S3_PORT" ${MTLS_PORT:+"$MTLS_PORT"}; do port_open "$p" && left+=("$p"); done
   ((${#left[@]} == 0)) || log "warning: still listening on ${left[*]} (not started by this stack?)"
   log "down"
 }
@@ -295,10 +449,11 @@ cmd_status() {
     if [[ -n $role ]]; then printf 'redis  127.0.0.1:%s  %-6s cluster_state:%s\n' "$p" "$role" "${state:-?}"
     else printf 'redis  127.0.0.1:%s  DOWN\n' "$p"; rc=1; fi
   done
-  if port_open "$KAFKA_PORT"; then printf 'kafka  127.0.0.1:%s  up (topics: %s)\n' "$KAFKA_PORT" "$TOPICS"
+  local kind="PLAINTEXT"; ((SECURE)) && kind="SASL_SSL, SCRAM-SHA-512"
+  if port_open "$KAFKA_PORT"; then printf 'kafka  127.0.0.1:%s  Apache Kafka %s, %s (log: %s; topics: %s)\n' "$KAFKA_PORT" "$KAFKA_VERSION" "$kind" "$STATE/kafka/server.log" "$TOPICS"
   else printf 'kafka  127.0.0.1:%s  DOWN\n' "$KAFKA_PORT"; rc=1; fi
   if ((SECURE)); then
-    if port_open "$MTLS_PORT"; then printf 'kafka  127.0.0.1:%s  up (mTLS)\n' "$MTLS_PORT"
+    if port_open "$MTLS_PORT"; then printf 'kafka  127.0.0.1:%s  mTLS (client certificate required, CN -> User:CN)\n' "$MTLS_PORT"
     else printf 'kafka  127.0.0.1:%s  DOWN (mTLS)\n' "$MTLS_PORT"; rc=1; fi
   fi
   if curl -fsS -o /dev/null "http://127.0.0.1:$S3_PORT/$S3_BUCKET" 2>/dev/null || port_open "$S3_PORT"; then
@@ -327,6 +482,12 @@ cmd_env() {
   echo "export CAPPER_STACK_SCRIPT=$ROOT/scripts/stack.sh"
 }
 
+# restart_kafka: start the broker again on its data directory after a test killed it (kill -9 or SIGTERM)
+restart_kafka() {
+  [[ -f $STATE/kafka/data/meta.properties ]] || die "no broker data in $STATE/kafka: run $0 up"
+  kafka_start
+}
+
 case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
@@ -334,5 +495,6 @@ case "${1:-}" in
   env) cmd_env ;;
   purge) cmd_down; rm -rf "$STATE" ;;
   restart-node) restart_node "${2:?usage: $0 restart-node PORT}" ;;
-  *) echo "usage: $0 [--secure] up|down|status|env|purge|restart-node PORT" >&2; exit 2 ;;
+  restart-kafka) restart_kafka ;;
+  *) echo "usage: $0 [--secure] up|down|status|env|purge|restart-node PORT|restart-kafka" >&2; exit 2 ;;
 esac

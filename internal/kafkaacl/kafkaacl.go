@@ -1,6 +1,6 @@
 // Package kafkaacl is the one list of what capper's Kafka principal needs:
 // the least-privilege ACLs README prints as kafka-acls.sh lines, that the
-// secured dev broker seeds for the stack's topics, and that the secured
+// secured local stack grants on its topics (cmd/capper-devstack kafka-setup), and that the secured
 // end-to-end tests create for their own topics.
 package kafkaacl
 
@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/capper-dev/capper/internal/config"
 )
@@ -35,10 +34,10 @@ func NamesOf(group string, t config.Topics, holding bool) Names {
 
 // Grant is one ALLOW ACL for capper's principal.
 type Grant struct {
-	Resource  kmsg.ACLResourceType
+	Resource  kafka.ResourceType
 	Name      string
-	Pattern   kmsg.ACLResourcePatternType
-	Operation kmsg.ACLOperation
+	Pattern   kafka.PatternType
+	Operation kafka.ACLOperationType
 }
 
 // Grants returns every ACL a worker needs, and nothing else:
@@ -53,21 +52,23 @@ type Grant struct {
 // producer is not idempotent), no Alter or Delete.
 func Grants(n Names) []Grant {
 	var gs []Grant
-	add := func(res kmsg.ACLResourceType, name string, pat kmsg.ACLResourcePatternType, ops ...kmsg.ACLOperation) {
+	add := func(res kafka.ResourceType, name string, pat kafka.PatternType, ops ...kafka.ACLOperationType) {
 		for _, op := range ops {
 			gs = append(gs, Grant{res, name, pat, op})
 		}
 	}
-	lit, pre := kmsg.ACLResourcePatternTypeLiteral, kmsg.ACLResourcePatternTypePrefixed
-	read, write, describe := kmsg.ACLOperationRead, kmsg.ACLOperationWrite, kmsg.ACLOperationDescribe
-	add(kmsg.ACLResourceTypeTopic, n.Input, lit, read, describe)
-	add(kmsg.ACLResourceTypeGroup, n.Group, lit, read, describe)
+	lit, pre := kafka.PatternTypeLiteral, kafka.PatternTypePrefixed
+	read, write, describe := kafka.ACLOperationTypeRead, kafka.ACLOperationTypeWrite, kafka.ACLOperationTypeDescribe
+	add(kafka.ResourceTypeTopic, n.Input, lit, read, describe)
+	add(kafka.ResourceTypeGroup, n.Group, lit, read, describe)
 	for _, t := range []string{n.Allowed, n.Capped, n.DLQ, n.Held} {
-		add(kmsg.ACLResourceTypeTopic, t, lit, write, describe)
+		if t != "" { // Kafka refuses an ACL on an empty name (a worker that holds nothing may have no held topic)
+			add(kafka.ResourceTypeTopic, t, lit, write, describe)
+		}
 	}
 	if n.DelayPrefix != "" {
-		add(kmsg.ACLResourceTypeTopic, n.DelayPrefix, pre, read, write, describe)
-		add(kmsg.ACLResourceTypeGroup, n.Group+".delay.", pre, read, describe)
+		add(kafka.ResourceTypeTopic, n.DelayPrefix, pre, read, write, describe)
+		add(kafka.ResourceTypeGroup, n.Group+".delay.", pre, read, describe)
 	}
 	return gs
 }
@@ -103,7 +104,7 @@ func Command(principal string, gs []Grant) []string {
 	return lines
 }
 
-func opName(op kmsg.ACLOperation) string {
+func opName(op kafka.ACLOperationType) string {
 	s := op.String()
 	return strings.ToUpper(s[:1]) + strings.ToLower(s[1:])
 }
@@ -111,7 +112,7 @@ func opName(op kmsg.ACLOperation) string {
 // Entry returns g as an ALLOW entry of a CreateACLs request for principal.
 func (g Grant) Entry(principal string) kafka.ACLEntry {
 	return kafka.ACLEntry{
-		ResourceType: kafka.ResourceType(g.Resource), ResourceName: g.Name, ResourcePatternType: kafka.PatternType(g.Pattern),
-		Principal: principal, Host: "*", Operation: kafka.ACLOperationType(g.Operation), PermissionType: kafka.ACLPermissionTypeAllow,
+		ResourceType: g.Resource, ResourceName: g.Name, ResourcePatternType: g.Pattern,
+		Principal: principal, Host: "*", Operation: g.Operation, PermissionType: kafka.ACLPermissionTypeAllow,
 	}
 }

@@ -5,26 +5,26 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/internal/config"
 )
 
 func TestGrantsAreLeastPrivilege(t *testing.T) {
 	gs := Grants(NamesOf("capper", config.DefaultTopics, true))
-	ops := map[string]map[kmsg.ACLOperation]bool{}
+	ops := map[string]map[kafka.ACLOperationType]bool{}
 	for _, g := range gs {
-		k := g.Resource.String() + " " + g.Name + " " + g.Pattern.String()
+		k := strings.ToUpper(g.Resource.String()) + " " + g.Name + " " + strings.ToUpper(g.Pattern.String())
 		if ops[k] == nil {
-			ops[k] = map[kmsg.ACLOperation]bool{}
+			ops[k] = map[kafka.ACLOperationType]bool{}
 		}
 		ops[k][g.Operation] = true
 		switch g.Operation {
-		case kmsg.ACLOperationRead, kmsg.ACLOperationWrite, kmsg.ACLOperationDescribe:
+		case kafka.ACLOperationTypeRead, kafka.ACLOperationTypeWrite, kafka.ACLOperationTypeDescribe:
 		default:
 			t.Errorf("%s: operation %s is more than a worker needs", k, g.Operation)
 		}
-		if g.Resource == kmsg.ACLResourceTypeCluster {
+		if g.Resource == kafka.ResourceTypeCluster {
 			t.Errorf("a cluster grant: %+v", g)
 		}
 	}
@@ -43,7 +43,10 @@ func TestGrantsAreLeastPrivilege(t *testing.T) {
 	}
 	for k, w := range want {
 		for _, op := range strings.Fields(w) {
-			o, _ := kmsg.ParseACLOperation(strings.ToLower(op))
+			var o kafka.ACLOperationType
+			if err := o.UnmarshalText([]byte(op)); err != nil {
+				t.Fatal(err)
+			}
 			if !ops[k][o] {
 				t.Errorf("%s: no %s grant", k, op)
 			}
