@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/internal/kafkaacl"
 	"github.com/capper-dev/capper/internal/testenv"
@@ -133,7 +133,7 @@ func scrape(t *testing.T, addr string) string {
 // the stack's CA, expired yesterday, and returns its address.
 func startExpiredRedis(t *testing.T, sec *testenv.Secure) string {
 	t.Helper()
-	cert, key := sec.IssueCert(t, "expired", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour))
+	cert, key := sec.IssueCert(t, "ca", "expired", time.Now().Add(-48*time.Hour), time.Now().Add(-24*time.Hour))
 	addr := freeAddr(t)
 	_, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command("redis-server", "--port", "0", "--tls-port", port, "--bind", "127.0.0.1",
@@ -164,7 +164,8 @@ func TestSecuredStartupFailures(t *testing.T) {
 	const wrong = "wrong-password-sentinel"
 	secret := secrets(t, sec, wrong)
 	expired := startExpiredRedis(t, sec)
-	expiredCert, expiredKey := sec.IssueCert(t, "capper", time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
+	expiredCert, expiredKey := sec.IssueCert(t, "ca", "capper", time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
+	strangerCert, strangerKey := sec.IssueCert(t, "other-ca", "capper", time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour))
 	mtls := "CAPPER_KAFKA_BROKERS=" + strings.Join(sec.MTLS, ",")
 	for _, tc := range []struct {
 		name string
@@ -186,7 +187,10 @@ func TestSecuredStartupFailures(t *testing.T) {
 		{"kafka missing group ACL", []string{"CAPPER_KAFKA_GROUP_ID=not-granted"},
 			[]string{"kafka [", "permission denied", "Secured backends", "consumer group not-granted", "Group Authorization Failed"}},
 		{"kafka mTLS without a client certificate", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM="},
-			[]string{"kafka [" + sec.MTLS[0] + "]", "TLS", "certificate required", "kafka.tls"}},
+			[]string{"kafka [" + sec.MTLS[0] + "]", "TLS: the server refused capper's client certificate", "kafka.tls", "bad certificate"}},
+		{"kafka mTLS with a certificate of another CA", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM=",
+			"CAPPER_KAFKA_TLS_CERT_FILE=" + strangerCert, "CAPPER_KAFKA_TLS_KEY_FILE=" + strangerKey},
+			[]string{"kafka [" + sec.MTLS[0] + "]", "TLS: the server refused capper's client certificate", "kafka.tls", "bad certificate"}},
 		{"kafka mTLS with an expired client certificate", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM=",
 			"CAPPER_KAFKA_TLS_CERT_FILE=" + expiredCert, "CAPPER_KAFKA_TLS_KEY_FILE=" + expiredKey},
 			[]string{"kafka.tls.cert_file", "CN=capper", "expired at"}},
@@ -253,7 +257,7 @@ func TestSecuredMissingWriteGrant(t *testing.T) {
 	sec := testenv.SecureStack(t)
 	var missing kafkaacl.Grant
 	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
-		if g.Name == n.Capped && g.Operation == kmsg.ACLOperationWrite {
+		if g.Name == n.Capped && g.Operation == kafka.ACLOperationTypeWrite {
 			missing = g
 			return true
 		}

@@ -60,8 +60,26 @@ func Cause(err error) string {
 		return "authentication failed"
 	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "Authorization Failed"):
 		return "permission denied"
+	case strings.Contains(msg, "remote error: tls: bad certificate"), strings.Contains(msg, "remote error: tls: certificate required"),
+		strings.Contains(msg, "remote error: tls: unknown certificate authority"), strings.Contains(msg, "remote error: tls: certificate expired"):
+		// Apache Kafka answers bad_certificate to a missing, expired or untrusted client certificate alike
+		return "TLS: the server refused capper's client certificate (missing, expired, or not signed by a CA it trusts)"
 	case strings.Contains(msg, "tls: failed to verify certificate"), strings.Contains(msg, "remote error: tls:"):
 		return "TLS: " + msg[strings.Index(msg, "tls:")+5:]
 	}
 	return ""
+}
+
+// Hint is what to check for a permanent cause of backend ("redis", "kafka").
+func Hint(backend, cause string) string {
+	switch {
+	case backend == "redis" && strings.HasPrefix(cause, "authentication"):
+		return "check redis.username and the password (CAPPER_REDIS_PASSWORD or redis.password_file)"
+	case backend == "kafka" && strings.HasPrefix(cause, "authentication"):
+		return "check kafka.sasl_mechanism, kafka.sasl_username and the password (CAPPER_KAFKA_SASL_PASSWORD or kafka.sasl_password_file)"
+	case strings.HasPrefix(cause, "permission"):
+		return "grant capper's " + backend + " ACLs (README: Secured backends)"
+	default:
+		return "check " + backend + ".tls (ca_file, cert_file, key_file, server_name)"
+	}
 }

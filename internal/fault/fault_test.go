@@ -32,7 +32,9 @@ func TestCause(t *testing.T) {
 		{"redis noauth", errors.New("NOAUTH Authentication required."), "authentication failed"},
 		{"redis noperm", fmt.Errorf("decide: %w", errors.New("NOPERM this user has no permissions to run the 'evalsha' command")), "permission denied"},
 		{"redis loading is transient", errors.New("LOADING Redis is loading the dataset in memory"), ""},
-		{"alert as text", errors.New("remote error: tls: certificate required"), "TLS: certificate required"},
+		{"client certificate refused (Kafka)", errors.New("kafka.(*Client).Metadata: remote error: tls: bad certificate"), "TLS: the server refused capper's client certificate (missing, expired, or not signed by a CA it trusts)"},
+		{"client certificate required (Go servers)", errors.New("remote error: tls: certificate required"), "TLS: the server refused capper's client certificate (missing, expired, or not signed by a CA it trusts)"},
+		{"other alert as text", errors.New("remote error: tls: protocol version not supported"), "TLS: protocol version not supported"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Cause(tc.err); got != tc.want {

@@ -46,6 +46,7 @@ type Stack struct {
 // backend is where a Stack's slice lives and how the worker reaches it.
 type backend struct {
 	brokers, redis []string
+	workerBrokers  []string // the worker's bootstrap addresses when not brokers (the mTLS listener)
 	s3             string
 	keyPrefix      func(name string) string
 	kafkaConfig    string // extra lines of the worker's kafka section (TLS, SASL)
@@ -108,6 +109,10 @@ func (s *Stack) create(partitions int, extra map[string][]uint32, b backend) {
 			t.Fatal(err)
 		}
 	}
+	workerBrokers := b.workerBrokers
+	if workerBrokers == nil {
+		workerBrokers = s.Brokers
+	}
 	cfg := fmt.Sprintf(`
 kafka:
   brokers: [%s]
@@ -130,7 +135,7 @@ hold:
 metrics_addr: "off"
 shutdown_timeout: 10s
 log_level: warn
-%s`, strings.Join(s.Brokers, ", "), name, s.Topics[0], s.Topics[1], s.Topics[2], s.Topics[3], b.kafkaConfig,
+%s`, strings.Join(workerBrokers, ", "), name, s.Topics[0], s.Topics[1], s.Topics[2], s.Topics[3], b.kafkaConfig,
 		strings.Join(s.Redis, ", "), s.Prefix, b.redisConfig, bucket, name, b.s3, TestRules)
 	s.Config = filepath.Join(t.TempDir(), "capper.yaml")
 	if err := os.WriteFile(s.Config, []byte(cfg), 0o644); err != nil {

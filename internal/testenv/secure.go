@@ -34,8 +34,8 @@ import (
 type Secure struct {
 	Dir      string   // its state: tls/ (certificates and keys) and secrets/ (passwords)
 	Redis    []string // TLS only; users admin, capper, capper-noperm
-	Kafka    []string // TLS + SASL/SCRAM-SHA-512, ACLs enforced; users admin, capper, capper-noperm
-	MTLS     []string // TLS, a client certificate signed by tls/ca.crt required
+	Kafka    []string // SASL_SSL, SCRAM-SHA-512, ACLs enforced; users admin, capper, capper-noperm
+	MTLS     []string // the same broker's SSL listener: a client certificate signed by tls/ca.crt required, CN=X is User:X
 	S3       string
 	RedisACL string // the rules of the Redis user capper (what README prints)
 }
@@ -87,14 +87,14 @@ const (
 
 // SecureOptions shape a secured slice.
 type SecureOptions struct {
-	// Omit drops grants from capper's Kafka ACLs (SCRAM mode), to test a missing one.
+	// Omit drops grants from capper's Kafka ACLs, to test a missing one.
 	Omit func(kafkaacl.Grant, kafkaacl.Names) bool
 }
 
 // NewSecureStack is NewStack on the secured stack: the admin creates the
-// topics and grants capper exactly kafkaacl.Grants on them; the worker's
-// config reaches Redis and Kafka as capper over TLS, with the passwords in
-// files. Its key prefix starts with "fc:" (the Redis user's key pattern).
+// topics and grants User:capper exactly kafkaacl.Grants on them; the worker's
+// config reaches Redis and Kafka as capper over TLS (SCRAM, or the client
+// certificate CN=capper in mode MTLS), with the passwords in files. Its key prefix starts with "fc:" (the Redis user's key pattern).
 func NewSecureStack(t *testing.T, mode string, partitions int, o SecureOptions) *Stack {
 	t.Helper()
 	sec := SecureStack(t)
@@ -105,35 +105,28 @@ func NewSecureStack(t *testing.T, mode string, partitions int, o SecureOptions) 
 	b := backend{redis: sec.Redis, s3: sec.S3, keyPrefix: func(name string) string { return "fc:" + name }}
 	b.redisConfig = fmt.Sprintf("  username: capper\n  password_file: %s\n  tls: {enabled: true, ca_file: %s}\n",
 		sec.Path("secrets/redis-capper"), sec.Path("tls/ca.crt"))
+	// The tests' own clients (topics, ACLs, producing, collecting) are the admin's, over SASL_SSL.
+	mech, err := scram.Mechanism(scram.SHA512, "admin", sec.Secret(t, "kafka-admin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dialer = &kafka.Dialer{Timeout: 10 * time.Second, TLS: admin, SASLMechanism: mech}
+	s.transport = &kafka.Transport{TLS: admin, SASL: mech}
+	b.brokers = sec.Kafka
 	switch mode {
 	case SCRAM:
-		mech, err := scram.Mechanism(scram.SHA512, "admin", sec.Secret(t, "kafka-admin"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.dialer = &kafka.Dialer{Timeout: 10 * time.Second, TLS: admin, SASLMechanism: mech}
-		s.transport = &kafka.Transport{TLS: admin, SASL: mech}
-		b.brokers = sec.Kafka
 		b.kafkaConfig = fmt.Sprintf("  sasl_mechanism: scram-sha-512\n  sasl_username: capper\n  sasl_password_file: %s\n  tls: {enabled: true, ca_file: %s}\n",
 			sec.Path("secrets/kafka-capper"), sec.Path("tls/ca.crt"))
 	case MTLS:
-		cert, err := tls.LoadX509KeyPair(sec.Path("tls/client.crt"), sec.Path("tls/client.key"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		client := &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		s.dialer = &kafka.Dialer{Timeout: 10 * time.Second, TLS: client}
-		s.transport = &kafka.Transport{TLS: client}
-		b.brokers = sec.MTLS
+		// The broker maps the certificate's CN=capper to User:capper: the same ACLs apply.
+		b.workerBrokers = sec.MTLS
 		b.kafkaConfig = fmt.Sprintf("  tls: {enabled: true, ca_file: %s, cert_file: %s, key_file: %s}\n",
 			sec.Path("tls/ca.crt"), sec.Path("tls/client.crt"), sec.Path("tls/client.key"))
 	default:
 		t.Fatalf("unknown mode %q", mode)
 	}
 	s.create(partitions, nil, b)
-	if mode == SCRAM {
-		s.grant(o.Omit)
-	}
+	s.grant(o.Omit)
 	return s
 }
 
@@ -178,15 +171,16 @@ func (s *Stack) CreateACLs(entries ...kafka.ACLEntry) {
 }
 
 // IssueCert writes a certificate for 127.0.0.1 (server and client use),
-// signed by the stack's CA and valid from notBefore to notAfter, with its key,
-// and returns their paths: for expired and not-yet-valid certificates.
-func (s *Secure) IssueCert(t testing.TB, cn string, notBefore, notAfter time.Time) (certFile, keyFile string) {
+// signed by the stack's CA ("ca") or the one that signed nothing else
+// ("other-ca") and valid from notBefore to notAfter, with its key, and
+// returns their paths: for expired, not-yet-valid and untrusted certificates.
+func (s *Secure) IssueCert(t testing.TB, ca, cn string, notBefore, notAfter time.Time) (certFile, keyFile string) {
 	t.Helper()
-	caPair, err := tls.LoadX509KeyPair(s.Path("tls/ca.crt"), s.Path("tls/ca.key"))
+	caPair, err := tls.LoadX509KeyPair(s.Path("tls/"+ca+".crt"), s.Path("tls/"+ca+".key"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := x509.ParseCertificate(caPair.Certificate[0])
+	caCert, err := x509.ParseCertificate(caPair.Certificate[0])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +195,7 @@ func (s *Secure) IssueCert(t testing.TB, cn string, notBefore, notAfter time.Tim
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caPair.PrivateKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caPair.PrivateKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +204,7 @@ func (s *Secure) IssueCert(t testing.TB, cn string, notBefore, notAfter time.Tim
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, cn+".crt"), filepath.Join(dir, cn+".key")
+	certFile, keyFile = filepath.Join(dir, ca+"-"+cn+".crt"), filepath.Join(dir, ca+"-"+cn+".key")
 	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		t.Fatal(err)
 	}
