@@ -161,6 +161,10 @@ type Config struct {
 	Now func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Faults collects the Reader's failures that no retry fixes (also those
+	// kafka-go only logs: give its ErrorLogger to the reader); while it is
+	// failing the worker is not ready. Nil: fetch and commit failures alone.
+	Faults *ReaderFaults
 	// Metrics, shared by the workers of one process; nil: New makes them
 	// and registers them with Registerer.
 	Metrics *Metrics
@@ -272,8 +276,9 @@ func (w *Worker) SetRules(r *rules.Rules) {
 	w.m.rulesVersion.Set(float64(r.Version))
 }
 
-// Ready reports whether the last batch went through without a backend failure.
-func (w *Worker) Ready() bool { return w.ready.Load() }
+// Ready reports whether the last batch went through without a backend
+// failure and the reader is not refused by the broker.
+func (w *Worker) Ready() bool { return w.ready.Load() && !w.cfg.Faults.Failing() }
 
 // Run consumes until ctx ends. Two stages overlap: while one batch is
 // written and committed, the next is fetched and decided; commits stay in
@@ -326,7 +331,9 @@ func (w *Worker) consume(ctx, dctx context.Context, ready chan<- *decided) error
 		}
 		if err != nil {
 			w.m.errors.WithLabelValues("kafka_fetch").Inc()
-			w.cfg.Logger.Warn("fetch failed", "err", err)
+			if !w.cfg.Faults.Report("fetch failed", err) {
+				w.cfg.Logger.Warn("fetch failed", "err", err)
+			}
 			if !backoff.Sleep(ctx, w.cfg.RetryMin) {
 				return nil
 			}
@@ -340,6 +347,7 @@ func (w *Worker) fetch(ctx context.Context) ([]kafka.Message, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.cfg.Faults.Fetched()
 	batch := make([]kafka.Message, 1, w.cfg.BatchSize)
 	batch[0] = first
 	fctx, cancel := context.WithTimeout(ctx, w.cfg.BatchWait)
@@ -702,7 +710,9 @@ func (w *Worker) commit(ctx context.Context, batch []kafka.Message) {
 	defer cancel()
 	if err := w.cfg.Reader.CommitMessages(cctx, batch...); err != nil {
 		w.m.errors.WithLabelValues("kafka_commit").Inc()
-		w.cfg.Logger.Warn("commit failed; the batch will be redelivered", "messages", len(batch), "err", err)
+		if !w.cfg.Faults.Report("commit failed", err) {
+			w.cfg.Logger.Warn("commit failed; the batch will be redelivered", "messages", len(batch), "err", err)
+		}
 	}
 }
 

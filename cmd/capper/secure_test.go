@@ -306,3 +306,87 @@ func readyz(t *testing.T, addr string) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// waitReadyz polls /readyz until it answers want, for up to 45 s.
+func waitReadyz(t *testing.T, w *worker, want int) {
+	t.Helper()
+	for end := time.Now().Add(45 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if readyz(t, w.metrics) == want {
+			return
+		}
+	}
+	t.Fatalf("/readyz did not answer %d within 45 s:\n%s", want, w.logText())
+}
+
+// TestSecuredReadGrantTakenAway takes Read on the input topic, or on the
+// input group, away from a running worker that stays in its group: Apache
+// Kafka refuses its fetches (TOPIC_AUTHORIZATION_FAILED) or its heartbeats,
+// joins and commits (GROUP_AUTHORIZATION_FAILED), which kafka-go retries
+// inside the reader. The worker must say so at error level, naming the
+// reader, and answer 503; nothing may be committed without its output. Once
+// the grant is back it is ready again and every job has reached exactly one
+// output topic.
+func TestSecuredReadGrantTakenAway(t *testing.T) {
+	sec := testenv.SecureStack(t)
+	for _, tc := range []struct {
+		name     string
+		resource kafka.ResourceType
+		refused  string // the broker's error
+	}{
+		{"input topic", kafka.ResourceTypeTopic, "Topic Authorization Failed"},
+		{"input group", kafka.ResourceTypeGroup, "Group Authorization Failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testenv.NewSecureStack(t, testenv.SCRAM, 3, testenv.SecureOptions{})
+			names := s.ACLNames()
+			var read kafkaacl.Grant
+			for _, g := range kafkaacl.Grants(names) {
+				if g.Resource == tc.resource && (g.Name == names.Input || g.Name == names.Group) && g.Operation == kafka.ACLOperationTypeRead {
+					read = g
+				}
+			}
+			if read.Name == "" {
+				t.Fatalf("no Read grant on the %s", tc.name)
+			}
+			first := testenv.Blast("ra", 300, 100)
+			s.Produce(first)
+			w := startWith(s, true, secrets(t, sec))
+			s.CollectJobs(first, 60*time.Second)
+			waitReadyz(t, w, http.StatusOK)
+
+			since := time.Now()
+			s.DeleteACLs(read.Entry("User:capper"))
+			second := testenv.Blast("rb", 300, 100)
+			s.Produce(second)
+			waitReadyz(t, w, http.StatusServiceUnavailable)
+			const msg = "the Kafka reader is refused; not ready until it reads again"
+			w.waitLog(t, msg, since)
+			_, line, _ := w.logTime(msg, since)
+			if line["level"] != "ERROR" || line["cause"] != "permission denied" || !strings.Contains(fmt.Sprint(line["err"]), tc.refused) ||
+				!strings.Contains(fmt.Sprint(line["reader"]), "topic "+names.Input+", group "+names.Group) {
+				t.Errorf("the refused reader is logged as %v; want level ERROR, cause permission denied, the reader and %q", line, tc.refused)
+			}
+			if got := scrapeMetric(t, w.metrics, "capper_ready"); got != 0 {
+				t.Errorf("capper_ready is %v while the reader is refused, want 0", got)
+			}
+			refusedAt := time.Now()
+
+			s.CreateACLs(read.Entry("User:capper"))
+			all := append(append([]testenv.JobSpec{}, first...), second...)
+			s.CheckAccounting(all, s.CollectJobs(all, 90*time.Second), true)
+			waitReadyz(t, w, http.StatusOK)
+			for end := time.Now().Add(30 * time.Second); s.Committed(t) != int64(len(all)); time.Sleep(100 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatalf("%d of %d offsets committed 30 s after the grant came back", s.Committed(t), len(all))
+				}
+			}
+			n := 0
+			for _, l := range strings.Split(w.logText(), "\n") {
+				if strings.Contains(l, msg) {
+					n++
+				}
+			}
+			t.Logf("refused: %s; error lines: %d; ready again %.1f s after the grant", fmt.Sprint(line["err"]), n, time.Since(refusedAt).Seconds())
+		})
+	}
+}

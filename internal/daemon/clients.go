@@ -185,56 +185,51 @@ func NewWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 	}
 }
 
-func newKafka(c config.Kafka, batchSize int, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
+func newKafka(c config.Kafka, batchSize int, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
 	dialer, transport, err := KafkaClients(c)
 	if err != nil {
 		return nil, nil, err
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:           c.Brokers,
-		GroupID:           c.GroupID,
-		Topic:             c.Topics.Input,
-		Dialer:            dialer,
-		MinBytes:          1,
-		MaxBytes:          16 << 20,
-		MaxWait:           500 * time.Millisecond,
-		CommitInterval:    0, // synchronous commits, after the outputs are acknowledged
-		StartOffset:       kafka.FirstOffset,
-		SessionTimeout:    time.Duration(c.SessionTimeout),
-		RebalanceTimeout:  time.Duration(c.SessionTimeout),
-		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
-		QueueCapacity:     max(100, 2*batchSize),
-		Logger:            kafkaLogger(logger, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
-	})
+	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), faults, logger)
 	return r, NewWriter(c, transport, "", batchSize, logger), nil
 }
 
 // newTierReader reads one delay tier in its own consumer group
 // (group_id.delay.TIER), so that each tier is consumed in order and waits on
 // its own head.
-func newTierReader(c config.Kafka, t hold.Tier, logger *slog.Logger) (*kafka.Reader, error) {
+func newTierReader(c config.Kafka, t hold.Tier, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, error) {
 	dialer, _, err := KafkaClients(c)
 	if err != nil {
 		return nil, err
 	}
+	// A small queue: messages wait there for their head.
+	return newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, faults, logger), nil
+}
+
+// TierGroup is the consumer group that reads the delay tier named tier.
+func TierGroup(group, tier string) string { return group + ".delay." + tier }
+
+// newReader is a consumer-group reader of topic that commits only when told
+// (after the outputs are acknowledged). kafka-go's errors go through faults,
+// which sees the refusals it only logs.
+func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           c.Brokers,
-		GroupID:           c.GroupID + ".delay." + t.Name,
-		Topic:             t.Topic,
+		GroupID:           group,
+		Topic:             topic,
 		Dialer:            dialer,
 		MinBytes:          1,
-		MaxBytes:          4 << 20,
+		MaxBytes:          maxBytes,
 		MaxWait:           500 * time.Millisecond,
-		CommitInterval:    0,
+		CommitInterval:    0, // synchronous commits, after the outputs are acknowledged
 		StartOffset:       kafka.FirstOffset,
 		SessionTimeout:    time.Duration(c.SessionTimeout),
 		RebalanceTimeout:  time.Duration(c.SessionTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
-		QueueCapacity:     1000, // messages wait here for their head: keep the window small
+		QueueCapacity:     queue,
 		Logger:            kafkaLogger(logger, slog.LevelDebug),
-		ErrorLogger:       kafkaLogger(logger, slog.LevelWarn),
-	}), nil
+		ErrorLogger:       faults.ErrorLogger(kafkaLogger(logger, slog.LevelWarn)),
+	})
 }
 
 // NewSegmentSource opens the configured segment source.

@@ -194,7 +194,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	var input *kafka.Reader
-	if input, d.writer, err = newKafka(cfg.Kafka, batchSize, d.Log); err != nil {
+	inputFaults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", cfg.Kafka.Topics.Input, cfg.Kafka.GroupID), Logger: d.Log}
+	if input, d.writer, err = newKafka(cfg.Kafka, batchSize, inputFaults, d.Log); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -222,21 +223,23 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
 			Held: cfg.Kafka.Topics.Held},
 		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
-		Wheel: wheel, RoundTrips: d.trips.n.Load, Logger: d.Log, Metrics: metrics,
+		Wheel: wheel, RoundTrips: d.trips.n.Load, Logger: d.Log, Metrics: metrics, Faults: inputFaults,
 	}
 	if err := d.addWorker(wc); err != nil {
 		return nil, err
 	}
 	if wheel != nil {
 		for _, t := range wheel.Tiers() {
-			r, err := newTierReader(cfg.Kafka, t, d.Log)
+			log := d.Log.With("tier", t.Name)
+			faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name)), Logger: log}
+			r, err := newTierReader(cfg.Kafka, t, faults, d.Log)
 			if err != nil {
 				d.Close()
 				return nil, err
 			}
 			d.readers = append(d.readers, r)
 			tc := wc
-			tc.Reader, tc.Tier, tc.Logger = hold.NewReader(r, nil), t.Name, d.Log.With("tier", t.Name)
+			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hold.NewReader(r, nil), t.Name, log, faults
 			tc.RoundTrips = nil // the input worker reports round trips per batch
 			if err := d.addWorker(tc); err != nil {
 				return nil, err

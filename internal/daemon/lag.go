@@ -115,7 +115,7 @@ func (d *Daemon) measureLag(ctx context.Context, client *kafka.Client, c config.
 		return nil
 	}
 	for _, t := range d.wheel.Tiers() {
-		n, err := groupLag(ctx, client, c.GroupID+".delay."+t.Name, t.Topic)
+		n, err := groupLag(ctx, client, TierGroup(c.GroupID, t.Name), t.Topic)
 		if err != nil {
 			return fmt.Errorf("delay tier %s: %w", t.Topic, err)
 		}

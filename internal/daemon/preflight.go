@@ -28,27 +28,13 @@ import (
 // backendStartup bounds how long start-up waits for a backend that does not answer.
 const backendStartup = 30 * time.Second
 
-// hint is what to check for a permanent cause, per backend.
-func hint(backend, cause string) string {
-	switch {
-	case backend == "redis" && strings.HasPrefix(cause, "authentication"):
-		return "check redis.username and the password (CAPPER_REDIS_PASSWORD or redis.password_file)"
-	case backend == "kafka" && strings.HasPrefix(cause, "authentication"):
-		return "check kafka.sasl_mechanism, kafka.sasl_username and the password (CAPPER_KAFKA_SASL_PASSWORD or kafka.sasl_password_file)"
-	case strings.HasPrefix(cause, "permission"):
-		return "grant capper's " + backend + " ACLs (README: Secured backends)"
-	default:
-		return "check " + backend + ".tls (ca_file, cert_file, key_file, server_name)"
-	}
-}
-
 // permanent wraps err, when fault names a cause, as the start-up error of backend.
 func permanent(backend string, where any, err error) error {
 	cause := fault.Cause(err)
 	if cause == "" {
 		return nil
 	}
-	return fmt.Errorf("%s %v: %s: %s: %w", backend, where, cause, hint(backend, cause), err)
+	return fmt.Errorf("%s %v: %s: %s: %w", backend, where, cause, fault.Hint(backend, cause), err)
 }
 
 func connectRedis(ctx context.Context, rdb capping.Client, addrs []string, lc capping.Config, log *slog.Logger) (*capping.Limiter, error) {

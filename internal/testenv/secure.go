@@ -170,6 +170,32 @@ func (s *Stack) CreateACLs(entries ...kafka.ACLEntry) {
 	}
 }
 
+// DeleteACLs deletes exactly these ACL entries as the secured stack's admin.
+func (s *Stack) DeleteACLs(entries ...kafka.ACLEntry) {
+	s.T.Helper()
+	var filters []kafka.DeleteACLsFilter
+	for _, e := range entries {
+		filters = append(filters, kafka.DeleteACLsFilter{ResourceTypeFilter: e.ResourceType, ResourceNameFilter: e.ResourceName,
+			ResourcePatternTypeFilter: e.ResourcePatternType, PrincipalFilter: e.Principal, HostFilter: e.Host,
+			Operation: e.Operation, PermissionType: e.PermissionType})
+	}
+	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := client.DeleteACLs(ctx, &kafka.DeleteACLsRequest{Filters: filters})
+	if err != nil {
+		s.T.Fatalf("delete ACLs: %v", err)
+	}
+	for _, r := range resp.Results {
+		if r.Error != nil {
+			s.T.Fatalf("delete ACLs: %v", r.Error)
+		}
+		if len(r.MatchingACLs) == 0 {
+			s.T.Fatalf("delete ACLs: no ACL matched %+v", filters)
+		}
+	}
+}
+
 // IssueCert writes a certificate for 127.0.0.1 (server and client use),
 // signed by the stack's CA ("ca") or the one that signed nothing else
 // ("other-ca") and valid from notBefore to notAfter, with its key, and
