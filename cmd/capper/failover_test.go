@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -237,40 +236,6 @@ func scrapeMetric(t *testing.T, addr, series string) float64 {
 		}
 	}
 	return -1
-}
-
-// TestWorkerKilledWhileJoining runs the sequence that leaves a dead member in a
-// kfake group (see the README's dev broker caveat): a worker is SIGKILLed, a
-// new one starts and is SIGKILLed while its JoinGroup is pending, and a third
-// starts. Real Kafka expires the dead members after their session timeout;
-// the dev broker's janitor does the same, so the third worker must get every
-// partition and decide every job.
-func TestWorkerKilledWhileJoining(t *testing.T) {
-	s := testenv.NewStack(t, 3, nil)
-	kill := func(w *worker) {
-		t.Helper()
-		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		err := <-w.done
-		w.done <- err
-	}
-	w1 := start(s, false)
-	s.Produce([]testenv.JobSpec{{ID: "k0", User: 50, Channel: "email"}})
-	if outs := s.Collect(1, 60*time.Second); len(outs) != 1 {
-		t.Fatalf("the first worker decided %d of 1 job", len(outs))
-	}
-	kill(w1)
-	w2 := start(s, false)
-	time.Sleep(1500 * time.Millisecond) // w2 is joining: the group waits for w1 to rejoin
-	kill(w2)
-	start(s, false)
-	jobs := testenv.Blast("kj", 300, 100)
-	s.Produce(jobs)
-	outs := s.Collect(len(jobs)+1, 90*time.Second)
-	if len(outs) < len(jobs)+1 {
-		t.Fatalf("%d of %d jobs decided after the worker killed while joining was replaced", len(outs)-1, len(jobs))
-	}
 }
 
 // TestCheckCommand: capper check shows every cap for a job shape, with its

@@ -188,6 +188,44 @@ func KillRedis(t testing.TB, addr string) (restart func()) {
 	return restart
 }
 
+// StopKafka stops the stack's broker with sig (SIGKILL: a crash; SIGTERM: a
+// controlled shutdown), waits until the process is gone and returns the
+// function that starts it again on its data directory and waits until it
+// serves. The restart also runs (or is waited for) when the test ends, so
+// later tests find a broker.
+func StopKafka(t testing.TB, sig syscall.Signal) (restart func()) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(StackDir(t), "kafka", "kafka.pid"))
+	if err != nil {
+		t.Fatalf("pid of the broker: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file of the broker: %v", err)
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("kill -%d the broker: %v", sig, err)
+	}
+	for i := 0; syscall.Kill(pid, 0) == nil; i++ {
+		if i == 3000 {
+			t.Fatalf("the broker did not exit within 60 s of signal %d", sig)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	script := require(t, "CAPPER_STACK_SCRIPT")
+	var once sync.Once
+	restart = func() {
+		once.Do(func() {
+			out, err := exec.Command(script, "restart-kafka").CombinedOutput()
+			if err != nil {
+				t.Errorf("restart the broker: %v\n%s", err, out)
+			}
+		})
+	}
+	t.Cleanup(restart)
+	return restart
+}
+
 // ReplicaOf returns the address of a replica of the master at addr.
 func ReplicaOf(t testing.TB, addr string) string {
 	t.Helper()

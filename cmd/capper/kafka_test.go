@@ -1,0 +1,152 @@
+package main_test
+
+// Consumer-group and broker behaviour on Apache Kafka: members that die or
+// freeze, commits from a generation that has ended, a broker that crashes or
+// stops mid-stream. Each must lose nothing and count nothing twice.
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// TestWorkerKilledWhileJoining: a worker is SIGKILLed, a new one starts and
+// is SIGKILLed while its JoinGroup is pending, and a third starts. Kafka
+// expires the dead members after their session timeout (6 s here), so the
+// third worker must get every partition and decide every job. (The fake
+// broker the project ran on before kept such a member forever.)
+func TestWorkerKilledWhileJoining(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	kill := func(w *worker) {
+		t.Helper()
+		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		err := <-w.done
+		w.done <- err
+	}
+	w1 := start(s, false)
+	s.Produce([]testenv.JobSpec{{ID: "k0", User: 50, Channel: "email"}})
+	if outs := s.Collect(1, 60*time.Second); len(outs) != 1 {
+		t.Fatalf("the first worker decided %d of 1 job", len(outs))
+	}
+	kill(w1)
+	w2 := start(s, false)
+	time.Sleep(1500 * time.Millisecond) // w2 is joining: the group waits for w1 to rejoin
+	kill(w2)
+	start(s, false)
+	jobs := testenv.Blast("kj", 300, 100)
+	s.Produce(jobs)
+	outs := s.Collect(len(jobs)+1, 90*time.Second)
+	if len(outs) < len(jobs)+1 {
+		t.Fatalf("%d of %d jobs decided after the worker killed while joining was replaced", len(outs)-1, len(jobs))
+	}
+}
+
+// TestStaleMemberCommitsAfterRebalance: a worker is frozen (SIGSTOP) with a
+// decided batch in flight, longer than its session timeout. Kafka expires
+// it; a second worker gets its partitions and decides the batch again. When
+// the first one thaws it writes the outputs of its old batch and commits
+// them: Kafka refuses a commit of the ended generation (UNKNOWN_MEMBER_ID,
+// ILLEGAL_GENERATION or REBALANCE_IN_PROGRESS), and kafka-go, which rejoins in
+// the background, may instead send it in the new one. Nothing may be lost, and
+// the jobs decided twice must come back as duplicates, so that no user is
+// counted twice.
+func TestStaleMemberCommitsAfterRebalance(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	w1 := start(s, true)
+	warm := testenv.Blast("warm", 30, 30)
+	s.Produce(warm)
+	s.CollectJobs(warm, 60*time.Second)
+
+	// A batch that w1 fetches and cannot decide yet: its users' Redis master is frozen.
+	master := s.MasterOf(1)
+	var stuck []testenv.JobSpec
+	for u := uint32(1); len(stuck) < 20; u++ {
+		if s.MasterOf(u) == master {
+			stuck = append(stuck, testenv.JobSpec{ID: fmt.Sprintf("stuck-%d", len(stuck)), User: u, Channel: "email"})
+		}
+	}
+	resume := s.FreezeMaster(t, 1)
+	since := time.Now()
+	s.Produce(stuck)
+	w1.waitLog(t, "redis decisions failing", since)
+	if err := w1.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resume()
+	w2 := start(s, true)
+	outs := s.CollectJobs(stuck, 90*time.Second) // w2, once Kafka expired w1 (session timeout 6 s)
+	if err := w1.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// w1 thaws and finishes its old batch: every job of it is now a duplicate of w2's decision.
+	thawed := time.Now()
+	if got := len(s.Collect(len(warm)+2*len(stuck), 60*time.Second)); got < len(warm)+2*len(stuck) {
+		t.Fatalf("%d outputs after the thaw, want %d: w1 did not finish its old batch", got, len(warm)+2*len(stuck))
+	}
+	written := time.Since(thawed)
+	// Its commit is either refused (Kafka's answer to an ended generation) or, when kafka-go has rejoined
+	// first, made in the new generation; either way only offsets whose outputs were written.
+	commit := "made in the new generation"
+	if _, line, ok := w1.logTime("commit failed; the batch will be redelivered", since); ok {
+		commit = fmt.Sprint("refused: ", line["err"])
+	}
+	more := testenv.Blast("after", 600, 200)
+	s.Produce(more)
+	all := append(append(append([]testenv.JobSpec{}, warm...), stuck...), more...)
+	outs = s.CollectJobs(all, 90*time.Second)
+	s.CheckAccounting(all, outs, true)
+	dups := 0
+	for _, o := range outs {
+		if strings.HasPrefix(o.JobID, "stuck-") && o.Decision == "duplicate" {
+			dups++
+		}
+	}
+	if dups < len(stuck) { // w1's old batch, at least (w1's first attempt may also be recorded once Redis thaws)
+		t.Errorf("%d duplicates among the %d jobs decided by both workers, want at least one each", dups, len(stuck))
+	}
+	for end := time.Now().Add(30 * time.Second); s.Committed(t) != int64(len(all)); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d offsets committed", s.Committed(t), len(all))
+		}
+	}
+	t.Logf("w1's stale commit %s; its batch written %.1f s after the thaw; %d duplicate outputs of the %d stuck jobs; w2 ready: %v",
+		commit, written.Seconds(), dups, len(stuck), readyz(t, w2.metrics) == 200)
+}
+
+// TestBrokerRestartMidStream stops the broker while a stream is being
+// decided, by a crash (SIGKILL) and by a controlled shutdown (SIGTERM), and
+// starts it again on its data directory. The worker retries what was in
+// flight and goes on: every job once, nothing over a cap, every offset
+// committed.
+func TestBrokerRestartMidStream(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			s := testenv.NewStack(t, 3, nil)
+			w := start(s, true)
+			jobs := testenv.Blast("bk", 3000, 1000)
+			s.Produce(jobs[:1500])
+			s.CollectJobs(jobs[:300], 60*time.Second) // mid-stream
+			stopped := time.Now()
+			restart := testenv.StopKafka(t, sig)
+			down := time.Since(stopped)
+			restart()
+			back := time.Now()
+			s.Produce(jobs[1500:])
+			s.CheckAccounting(jobs, s.CollectJobs(jobs, 120*time.Second), true)
+			waitReadyz(t, w, 200)
+			for end := time.Now().Add(30 * time.Second); s.Committed(t) != int64(len(jobs)); time.Sleep(100 * time.Millisecond) {
+				if time.Now().After(end) {
+					t.Fatalf("%d of %d offsets committed", s.Committed(t), len(jobs))
+				}
+			}
+			t.Logf("the broker took %.1f s to stop and %.1f s to come back; every job decided %.1f s after that",
+				down.Seconds(), back.Sub(stopped).Seconds()-down.Seconds(), time.Since(back).Seconds())
+		})
+	}
+}
