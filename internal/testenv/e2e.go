@@ -41,6 +41,7 @@ type Stack struct {
 	dialer    *kafka.Dialer
 	transport *kafka.Transport
 	redisOpts redis.ClusterOptions
+	rdb       *redis.ClusterClient // RedisClient's, made at the first call
 }
 
 // backend is where a Stack's slice lives and how the worker reaches it.
@@ -154,10 +155,13 @@ func (s *Stack) roundTripper() kafka.RoundTripper {
 // RedisClient returns a client of the stack's Redis Cluster (the admin's on
 // the secured stack), closed when the test ends.
 func (s *Stack) RedisClient() *redis.ClusterClient {
-	opts := s.redisOpts
-	c := redis.NewClusterClient(&opts)
-	s.T.Cleanup(func() { _ = c.Close() })
-	return c
+	if s.rdb == nil {
+		opts := s.redisOpts
+		c := redis.NewClusterClient(&opts)
+		s.T.Cleanup(func() { _ = c.Close() })
+		s.rdb = c
+	}
+	return s.rdb
 }
 
 // EnableHold creates the held topic and a delay topic per tier (e.g. "1s",
