@@ -209,6 +209,10 @@ type Worker struct {
 	// succeed; only the consume stage touches it.
 	redisDownSince time.Time
 	redisAttempts  int
+	// uncommitted is, per topic and partition, the newest message whose
+	// outputs are written but whose commit failed: it goes with the next
+	// commit, or is retried when no batch comes (delivery stage only).
+	uncommitted map[topicPartition]kafka.Message
 	// buf keeps a batch's working arrays for the next one (consume stage only).
 	buf struct {
 		items    []item
@@ -295,12 +299,27 @@ func (w *Worker) Run(ctx context.Context, drain time.Duration) error {
 	delivered := make(chan error, 1)
 	go func() {
 		var err error
-		for d := range ready {
-			if err == nil { // after a failure nothing later may be committed
-				err = w.deliver(dctx, d)
+		idle := time.NewTicker(w.cfg.RetryMax)
+		defer idle.Stop()
+		for {
+			select {
+			case d, ok := <-ready:
+				if !ok {
+					if err == nil && len(w.uncommitted) > 0 {
+						w.commit(dctx, nil) // a last try before the group is left
+					}
+					delivered <- err
+					return
+				}
+				if err == nil { // after a failure nothing later may be committed
+					err = w.deliver(dctx, d)
+				}
+			case <-idle.C:
+				if err == nil && len(w.uncommitted) > 0 {
+					w.commit(dctx, nil) // no batch came to carry them
+				}
 			}
 		}
-		delivered <- err
 	}()
 	err := w.consume(ctx, dctx, ready)
 	close(ready)
@@ -702,18 +721,45 @@ func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
 	}
 }
 
-// commit commits the batch's offsets. A failed commit (for instance after a
-// rebalance took the partition away) is logged: the jobs will be redelivered
-// and recognised as duplicates.
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+// commit commits the batch's offsets, with those of earlier batches whose
+// commit failed. A failed commit (a broker that is away, a rebalance, a Read
+// grant taken away) is logged and kept: the reader has moved past those
+// messages and will not hand them out again before a rebalance, so without a
+// later commit the group's offset would stay behind (lag that never drains)
+// and a restart would redeliver them, recognised as duplicates.
 func (w *Worker) commit(ctx context.Context, batch []kafka.Message) {
+	msgs := batch
+	if len(w.uncommitted) > 0 {
+		msgs = make([]kafka.Message, 0, len(w.uncommitted)+len(batch))
+		for _, m := range w.uncommitted {
+			msgs = append(msgs, m)
+		}
+		msgs = append(msgs, batch...) // the reader commits the newest offset of each partition
+	}
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.CommitTimeout)
 	defer cancel()
-	if err := w.cfg.Reader.CommitMessages(cctx, batch...); err != nil {
+	if err := w.cfg.Reader.CommitMessages(cctx, msgs...); err != nil {
 		w.m.errors.WithLabelValues("kafka_commit").Inc()
 		if !w.cfg.Faults.Report("commit failed", err) {
-			w.cfg.Logger.Warn("commit failed; the batch will be redelivered", "messages", len(batch), "err", err)
+			w.cfg.Logger.Warn("commit failed; retried with the next batch", "messages", len(msgs), "err", err)
 		}
+		if w.uncommitted == nil {
+			w.uncommitted = map[topicPartition]kafka.Message{}
+		}
+		for _, m := range batch {
+			k := topicPartition{m.Topic, m.Partition}
+			if old, ok := w.uncommitted[k]; !ok || m.Offset > old.Offset {
+				w.uncommitted[k] = m
+			}
+		}
+		return
 	}
+	clear(w.uncommitted)
 }
 
 // retry is the backoff of one failing step of a batch, with the worker's

@@ -26,7 +26,10 @@ import (
 type fakeReader struct {
 	msgs    chan kafka.Message
 	mu      sync.Mutex
-	commits [][]int64 // offsets of each CommitMessages call
+	commits [][]int64 // offsets of each successful CommitMessages call
+	// commitErr, when set, decides per call (from 1) whether a commit fails.
+	commitErr func(call int) error
+	calls     int
 }
 
 func newReader() *fakeReader { return &fakeReader{msgs: make(chan kafka.Message, 1000)} }
@@ -43,6 +46,12 @@ func (r *fakeReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 func (r *fakeReader) CommitMessages(_ context.Context, msgs ...kafka.Message) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.calls++
+	if r.commitErr != nil {
+		if err := r.commitErr(r.calls); err != nil {
+			return err
+		}
+	}
 	var offs []int64
 	for _, m := range msgs {
 		offs = append(offs, m.Offset)
@@ -345,6 +354,54 @@ func TestNothingCommittedAfterAFailedDelivery(t *testing.T) {
 	got := h.r.committed()
 	if len(got) != 3 || !(got[0][0] < got[1][0] && got[1][0] < got[2][0]) {
 		t.Fatalf("commits %v, want three in offset order", got)
+	}
+}
+
+// TestFailedCommitIsRetried: a batch whose commit fails (the broker away, a
+// rebalance, a Read grant taken away) is committed with the next batch, and,
+// when no batch comes, by itself: the group's offsets catch up.
+func TestFailedCommitIsRetried(t *testing.T) {
+	h := start(t, consumer.Config{BatchSize: 1})
+	h.r.mu.Lock()
+	h.r.commitErr = func(call int) error {
+		if call <= 2 {
+			return kafka.RebalanceInProgress
+		}
+		return nil
+	}
+	h.r.mu.Unlock()
+	h.send(job("f1", 1, ""))
+	h.waitOutputs(t, 1)
+	h.send(job("f2", 2, ""))
+	h.waitOutputs(t, 2)
+	for end := time.Now().Add(5 * time.Second); len(h.r.committed()) < 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the failed commits were never retried")
+		}
+	}
+	// f1's and f2's commits failed (calls 1 and 2); call 3 carries both (f2 is the newest of the partition).
+	if got := h.r.committed(); got[0][len(got[0])-1] != offsets["f2"] {
+		t.Fatalf("commits %v: want f2's offset %d committed after the failures", got, offsets["f2"])
+	}
+	// Alone: a failed commit with no batch after it is retried by itself.
+	h.r.mu.Lock()
+	calls := h.r.calls
+	h.r.commitErr = func(call int) error {
+		if call == calls+1 {
+			return kafka.RebalanceInProgress
+		}
+		return nil
+	}
+	h.r.mu.Unlock()
+	h.send(job("f3", 3, ""))
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		got := h.r.committed()
+		if last := got[len(got)-1]; last[len(last)-1] == offsets["f3"] {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("commits %v: f3's failed commit was never retried", got)
+		}
 	}
 }
 

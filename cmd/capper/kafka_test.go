@@ -93,7 +93,7 @@ func TestStaleMemberCommitsAfterRebalance(t *testing.T) {
 	// Its commit is either refused (Kafka's answer to an ended generation) or, when kafka-go has rejoined
 	// first, made in the new generation; either way only offsets whose outputs were written.
 	commit := "made in the new generation"
-	if _, line, ok := w1.logTime("commit failed; the batch will be redelivered", since); ok {
+	if _, line, ok := w1.logTime("commit failed; retried with the next batch", since); ok {
 		commit = fmt.Sprint("refused: ", line["err"])
 	}
 	more := testenv.Blast("after", 600, 200)

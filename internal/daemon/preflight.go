@@ -174,8 +174,8 @@ func describe(ctx context.Context, client *kafka.Client, group string, topics []
 	if err != nil {
 		return fmt.Errorf("consumer group %s: %w", group, err)
 	}
-	// A group that never committed is not found (kfake) or has no offsets (Kafka): both are fine.
-	if off.Error != nil && !errors.Is(off.Error, kafka.GroupIdNotFound) {
+	// A group that never committed answers with no offsets (-1), not an error.
+	if off.Error != nil {
 		return fmt.Errorf("consumer group %s: %w", group, off.Error)
 	}
 	for _, ps := range off.Topics {
