@@ -6,7 +6,8 @@
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
 # then the redis-benchmark EVALSHA ceiling of the capping script on the same cluster (median of 3), and the
-# medians: jobs/s, the ratios, the worker's CPU time per job, script calls and cache hits per job.
+# medians: jobs/s, the ratios, the worker's and the broker's (Apache Kafka's JVM) CPU time per job, script
+# calls and cache hits per job.
 # Goals (issue 14): capper >= 100% of the ceiling with the cache, >= 80% without; <= 0.6 script calls/job.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
@@ -14,7 +15,7 @@ JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
 ROUNDS=${ROUNDS:-3}
 
-run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job"
+run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us"
   local out
   local rc=0
   out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 DEMO_CONFIG="$work/drop.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" \
@@ -23,15 +24,17 @@ run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us c
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1
   fi
-  echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:)' | sed "s/^/  [$1] /" >&2
-  local json worker
+  echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:|broker:)' | sed "s/^/  [$1] /" >&2
+  local json worker broker
   json=$(echo "$out" | grep '^{"jobs"' | tail -1)
   worker=$(echo "$out" | grep '^worker:' | tail -1)
-  python3 - "$json" "$worker" <<'PY'
+  broker=$(echo "$out" | grep '^broker:' | tail -1)
+  python3 - "$json" "$worker" "$broker" <<'PY'
 import json, re, sys
 r = json.loads(sys.argv[1])
 m = re.search(r'\(([\d.]+) us/job\).*?([\d.]+) script calls/job, ([\d.]+) near cache hits/job', sys.argv[2])
-print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(3))
+b = re.search(r'\(([\d.]+) us/job\)', sys.argv[3])
+print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(3), b.group(1))
 PY
 }
 
@@ -54,9 +57,9 @@ for line in sys.stdin:
 med = {k: [statistics.median(col) for col in zip(*v)] for k, v in rows.items()}
 each = {k: ", ".join("%.0f" % v[0] for v in vs) for k, vs in rows.items()}
 c, n, p = med["cache"], med["nocache"], med["pass"]
-print("capper, near cache on     %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, %.3f script calls/job, %.3f cache hits/job)" % (c[0], each["cache"], c[1], c[2], c[3]))
-print("capper, near cache off    %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, %.3f script calls/job)" % (n[0], each["nocache"], n[1], n[2]))
-print("pass-through baseline     %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job)" % (p[0], each["pass"], p[1]))
+print("capper, near cache on     %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, broker CPU %.1f us/job, %.3f script calls/job, %.3f cache hits/job)" % (c[0], each["cache"], c[1], c[4], c[2], c[3]))
+print("capper, near cache off    %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, broker CPU %.1f us/job, %.3f script calls/job)" % (n[0], each["nocache"], n[1], n[4], n[2]))
+print("pass-through baseline     %10.0f jobs/s  (rounds: %s; worker CPU %.1f us/job, broker CPU %.1f us/job)" % (p[0], each["pass"], p[1], p[4]))
 print("redis EVALSHA ceiling     %10.0f decisions/s (redis-benchmark, median of 3)" % ceil)
 print("cache on / ceiling        %9.0f%%   (goal >= 100%%)" % (100 * c[0] / ceil))
 print("cache off / ceiling       %9.0f%%   (goal >= 80%%)" % (100 * n[0] / ceil))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # demo.sh — capper doing its real job on the local stack, end to end:
-#   1. brings the local stack up (Redis Cluster, Kafka-protocol broker, S3 endpoint) unless it runs already;
+#   1. brings the local stack up (Redis Cluster, Apache Kafka, S3 endpoint) unless it runs already;
 #   2. builds segment bitmaps for users 1..DEMO_USERS (new 20%, active 40%, dormant 20%, the rest in no
 #      segment) and uploads them to the local S3 endpoint;
 #   3. starts `capper run` with config.example.yaml (or DEMO_CONFIG; topics, delay tiers, group, key prefix
@@ -86,6 +86,11 @@ say "starting capper run (metrics on http://$METRICS/metrics)"
 "${worker[@]}" --config "$CONFIG" 2>"$work/worker.log" &
 worker_pid=$!
 worker_started=$(date +%s.%N)
+# The broker's CPU from the worker's start to the drain: the jobs' produce (unless produced before), the
+# fetches, the outputs and the commits.
+broker_pid=$(cat "$CAPPER_STACK_DIR/kafka/kafka.pid")
+broker_ticks() { awk '{print $14 + $15}' "/proc/$broker_pid/stat"; }
+broker_start=$(broker_ticks)
 for _ in $(seq 300); do
   curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
@@ -103,6 +108,7 @@ for _ in $(seq 1800); do
   sleep 0.2
 done
 drained=$(date +%s.%N)
+broker_end=$(broker_ticks)
 echo "capper handled $handled of $JOBS jobs" >&2
 if ((PREPRODUCE)); then
   awk -v a="$worker_started" -v b="$drained" -v n="$handled" 'BEGIN { printf "drain: %d jobs in %.1f s from worker start (%.0f jobs/s)\n", n, b - a, n / (b - a) }' >&2
@@ -122,6 +128,9 @@ curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK
   /^capper_decide_script_calls_total / {sc=$2} /^capper_near_cache_hits_total / {hits=$2}
   END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f near cache hits/job, %d budget redis calls, peak rss %.0f MiB\n",
         cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, hits/jobs, bc, rss/1024 }'
+awk -v t=$((broker_end - broker_start)) -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v pre="$PREPRODUCE" 'BEGIN {
+  printf "broker: cpu %.1f s (%.1f us/job) from the worker'"'"'s start to the drain (%s)\n", t/hz, 1e6*t/hz/jobs,
+    pre ? "fetches, outputs, commits" : "the jobs'"'"' produce, fetches, outputs, commits" }'
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2

@@ -339,8 +339,8 @@ kafka_start() { # the broker on the data it has (formatted first when new); wait
     kjava kafka.tools.StorageTool format -t "$(kjava kafka.tools.StorageTool random-uuid)" -c "$k/server.properties" \
       "${scram[@]+"${scram[@]}"}" >"$k/format.log" 2>&1 || { cat "$k/format.log" >&2; die "formatting the broker's storage failed"; }
   fi
-  touch "$k/server.log"
-  local lines; lines=$(wc -l <"$k/server.log") # this start's "started" line comes after these
+  # This start's "started" line is the one stamped after this moment (the log rolls over, so no line count).
+  local since; since="[$(date '+%Y-%m-%d %H:%M:%S')"
   # -Djava.net.preferIPv4Stack: the listeners bind 127.0.0.1 itself, not ::ffff:127.0.0.1
   nohup java -Xms256m -Xmx"$KAFKA_HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -Djava.awt.headless=true \
     -Djava.net.preferIPv4Stack=true -Dkafka.logs.dir="$k" -Dlog4j2.configurationFile="$ROOT/scripts/kafka/log4j2.yaml" \
@@ -348,7 +348,7 @@ kafka_start() { # the broker on the data it has (formatted first when new); wait
   echo $! >"$pidf"
   local began=$SECONDS
   for i in $(seq $((KAFKA_READY_TIMEOUT * 10))); do
-    if tail -n +"$((lines + 1))" "$k/server.log" | grep -q 'Kafka Server started' && port_open "$KAFKA_PORT"; then
+    if grep -hs 'Kafka Server started' "$k"/server.log* | awk -v s="$since" '$0 >= s {f=1} END {exit !f}' && port_open "$KAFKA_PORT"; then
       log "kafka $KAFKA_VERSION ready on 127.0.0.1:$KAFKA_PORT in $((SECONDS - began)) s"; return 0
     fi
     alive "$pidf" || { kafka_tail; die "the broker exited (log: $k/server.log)"; }
@@ -387,7 +387,8 @@ s3_up() {
   nohup "$STATE/bin/capper-devstack" s3 -addr "127.0.0.1:$S3_PORT" -buckets "$S3_BUCKET" >>"$STATE/s3.log" 2>&1 </dev/null &
   echo $! >"$pidf"
   for _ in $(seq 200); do
-    if port_open "$S3_PORT" && tail -n +"$((lines + 1))" "$STATE/s3.log" | grep -q 's3 endpoint ready'; then return 0; fi
+    # grep -c reads all of tail's output: grep -q would leave tail a SIGPIPE, a failure under pipefail
+    if port_open "$S3_PORT" && tail -n +"$((lines + 1))" "$STATE/s3.log" | grep -c 's3 endpoint ready' >/dev/null; then return 0; fi
     alive "$pidf" || die "the S3 endpoint exited (log: $STATE/s3.log)"
     sleep 0.05
   done
