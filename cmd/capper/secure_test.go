@@ -167,6 +167,7 @@ func TestSecuredStartupFailures(t *testing.T) {
 	expiredCert, expiredKey := sec.IssueCert(t, "ca", "capper", time.Now().Add(-48*time.Hour), time.Now().Add(-time.Hour))
 	strangerCert, strangerKey := sec.IssueCert(t, "other-ca", "capper", time.Now().Add(-time.Hour), time.Now().Add(24*time.Hour))
 	mtls := "CAPPER_KAFKA_BROKERS=" + strings.Join(sec.MTLS, ",")
+	plain := testenv.KafkaBrokers(t) // the plain stack's PLAINTEXT listener
 	for _, tc := range []struct {
 		name string
 		env  []string
@@ -191,6 +192,10 @@ func TestSecuredStartupFailures(t *testing.T) {
 		{"kafka mTLS with a certificate of another CA", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM=",
 			"CAPPER_KAFKA_TLS_CERT_FILE=" + strangerCert, "CAPPER_KAFKA_TLS_KEY_FILE=" + strangerKey},
 			[]string{"kafka [" + sec.MTLS[0] + "]", "TLS: the server refused capper's client certificate", "kafka.tls", "bad certificate"}},
+		{"kafka plaintext against the SASL_SSL listener", []string{"CAPPER_KAFKA_TLS_ENABLED=false"},
+			[]string{"kafka [" + sec.Kafka[0] + "]", "the broker expects TLS on this port", "kafka.tls.enabled"}},
+		{"kafka TLS against a plaintext listener", []string{"CAPPER_KAFKA_BROKERS=" + plain[0]},
+			[]string{"kafka [" + plain[0] + "]", "the broker does not speak TLS on this port", "kafka.tls.enabled"}},
 		{"kafka mTLS with an expired client certificate", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM=",
 			"CAPPER_KAFKA_TLS_CERT_FILE=" + expiredCert, "CAPPER_KAFKA_TLS_KEY_FILE=" + expiredKey},
 			[]string{"kafka.tls.cert_file", "CN=capper", "expired at"}},
@@ -218,6 +223,9 @@ func TestSecuredStartupFailures(t *testing.T) {
 			took := time.Since(began)
 			if err == nil {
 				t.Fatalf("exited 0:\n%s", out.String())
+			}
+			if took > 20*time.Second { // a backend that does not answer is retried for 30 s: this is not one
+				t.Errorf("stopped after %v: the cause was retried instead of recognised", took)
 			}
 			var errs []string
 			for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {

@@ -9,6 +9,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -99,15 +100,47 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 		if perr := permanent("kafka", c.Brokers, err); perr != nil {
 			return perr
 		}
+		if merr := mismatch(ctx, c, err); merr != nil {
+			return merr
+		}
 		d := retry.Next()
 		log.Warn("kafka not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
 		if !backoff.Sleep(ctx, d) {
-			if !c.TLS.Enabled && errors.Is(err, io.ErrUnexpectedEOF) {
-				return fmt.Errorf("kafka %v: the broker closes the connection (a TLS listener? see kafka.tls.enabled): %w", c.Brokers, err)
-			}
 			return fmt.Errorf("kafka %v: %w", c.Brokers, err)
 		}
 	}
+}
+
+// mismatch recognises a broker that hangs up on the first request because it
+// speaks another protocol on that port: a TLS listener given plaintext (with
+// or without a SASL handshake), or a plaintext listener given a TLS
+// ClientHello. No retry fixes either, so it names the setting at once. It
+// probes the first broker once each way and only to classify: nothing is sent
+// over the probes but a handshake.
+func mismatch(ctx context.Context, c config.Kafka, err error) error {
+	if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil
+	}
+	addr := c.Brokers[0]
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if !c.TLS.Enabled {
+		d := tls.Dialer{Config: &tls.Config{InsecureSkipVerify: true}} // a handshake to see whether it speaks TLS; never used
+		if conn, terr := d.DialContext(ctx, "tcp", addr); terr == nil {
+			_ = conn.Close()
+			return fmt.Errorf("kafka [%s]: the broker expects TLS on this port: set kafka.tls.enabled (CAPPER_KAFKA_TLS_ENABLED) and kafka.tls.ca_file, or use its plaintext listener: %w", addr, err)
+		}
+		return nil
+	}
+	plain := &kafka.Dialer{Timeout: 3 * time.Second}
+	if conn, perr := plain.DialContext(ctx, "tcp", addr); perr == nil {
+		_, verr := conn.ApiVersions()
+		_ = conn.Close()
+		if verr == nil {
+			return fmt.Errorf("kafka [%s]: the broker does not speak TLS on this port (it answers plaintext): set kafka.tls.enabled false (CAPPER_KAFKA_TLS_ENABLED), or use its TLS listener: %w", addr, err)
+		}
+	}
+	return nil
 }
 
 // connect opens and closes one connection, to the first broker that takes
