@@ -200,61 +200,115 @@ func TestSecuredStartupFailures(t *testing.T) {
 			"CAPPER_KAFKA_TLS_CERT_FILE=" + expiredCert, "CAPPER_KAFKA_TLS_KEY_FILE=" + expiredKey},
 			[]string{"kafka.tls.cert_file", "CN=capper", "expired at"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(capperBin, "run", "--config", s.Config)
-			cmd.Env = append(append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
-				"CAPPER_METRICS_ADDR="+freeAddr(t)), tc.env...)
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			began := time.Now()
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(45 * time.Second):
-				_ = cmd.Process.Kill()
-				<-done
-				t.Fatalf("still running after 45 s (a hang):\n%s", out.String())
-			}
-			took := time.Since(began)
-			if err == nil {
-				t.Fatalf("exited 0:\n%s", out.String())
-			}
-			if took > 20*time.Second { // a backend that does not answer is retried for 30 s: this is not one
-				t.Errorf("stopped after %v: the cause was retried instead of recognised", took)
-			}
-			var errs []string
-			for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-				var v map[string]any
-				if json.Unmarshal([]byte(line), &v) == nil && v["level"] == "ERROR" {
-					errs = append(errs, fmt.Sprint(v["err"]))
-				}
-			}
-			if len(errs) != 1 {
-				t.Fatalf("%d error lines, want 1:\n%s", len(errs), out.String())
-			}
-			rest := errs[0]
-			for _, w := range tc.want {
-				i := strings.Index(rest, w)
-				if i < 0 {
-					t.Errorf("the error does not say %q (in order): %s", w, errs[0])
-					break
-				}
-				rest = rest[i+len(w):]
-			}
-			noSecret(t, "the output", out.String(), secret)
-			t.Logf("%.1f s: %s", took.Seconds(), errs[0])
-		})
+		t.Run(tc.name, func(t *testing.T) { expectStartupError(t, s.Config, tc.env, tc.want, secret) })
 	}
 	// --help with every secret in the environment prints none of them.
 	cmd := exec.Command(capperBin, "run", "--help")
 	cmd.Env = append(os.Environ(), "CAPPER_REDIS_PASSWORD="+sec.Secret(t, "redis-capper"), "CAPPER_KAFKA_SASL_PASSWORD="+sec.Secret(t, "kafka-capper"), "CAPPER_CONFIG="+s.Config)
 	help, _ := cmd.CombinedOutput()
 	noSecret(t, "capper run --help", string(help), secret)
+}
+
+// expectStartupError runs the worker with config and env and expects it to
+// stop on its own within seconds, with exactly one error line that says
+// each of want, in order, and prints no secret.
+func expectStartupError(t *testing.T, config string, env, want, secret []string) {
+	t.Helper()
+	cmd := exec.Command(capperBin, "run", "--config", config)
+	cmd.Env = append(append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1",
+		"CAPPER_METRICS_ADDR="+freeAddr(t)), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(45 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("still running after 45 s (a hang):\n%s", out.String())
+	}
+	took := time.Since(began)
+	if err == nil {
+		t.Fatalf("exited 0:\n%s", out.String())
+	}
+	if took > 20*time.Second { // a backend that does not answer is retried for 30 s: this is not one
+		t.Errorf("stopped after %v: the cause was retried instead of recognised", took)
+	}
+	var errs []string
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var v map[string]any
+		if json.Unmarshal([]byte(line), &v) == nil && v["level"] == "ERROR" {
+			errs = append(errs, fmt.Sprint(v["err"]))
+		}
+	}
+	if len(errs) != 1 {
+		t.Fatalf("%d error lines, want 1:\n%s", len(errs), out.String())
+	}
+	rest := errs[0]
+	for _, w := range want {
+		i := strings.Index(rest, w)
+		if i < 0 {
+			t.Errorf("the error does not say %q (in order): %s", w, errs[0])
+			break
+		}
+		rest = rest[i+len(w):]
+	}
+	noSecret(t, "the output", out.String(), secret)
+	t.Logf("%.1f s: %s", took.Seconds(), errs[0])
+}
+
+// TestSecuredStartupMissingRead starts a holding worker with one Read grant
+// missing each time: on the input topic or group, on the delay topics or
+// groups. Metadata shows none of them (Describe is kept, and Read implies
+// it); the start-up probes must, naming the topic or group, before the worker
+// joins anything.
+func TestSecuredStartupMissingRead(t *testing.T) {
+	sec := testenv.SecureStack(t)
+	for _, tc := range []struct {
+		name     string
+		resource kafka.ResourceType
+		pick     func(kafkaacl.Names) string
+		want     func(kafkaacl.Names) []string
+	}{
+		{"input topic", kafka.ResourceTypeTopic, func(n kafkaacl.Names) string { return n.Input },
+			func(n kafkaacl.Names) []string {
+				return []string{"permission denied", "topic " + n.Input + ": Read refused", "Topic Authorization Failed"}
+			}},
+		{"input group", kafka.ResourceTypeGroup, func(n kafkaacl.Names) string { return n.Group },
+			func(n kafkaacl.Names) []string {
+				return []string{"permission denied", "consumer group " + n.Group + ": Read refused", "Group Authorization Failed"}
+			}},
+		{"delay topics", kafka.ResourceTypeTopic, func(n kafkaacl.Names) string { return n.DelayPrefix },
+			func(n kafkaacl.Names) []string {
+				return []string{"permission denied", "topic " + n.DelayPrefix + "1s: Read refused", "Topic Authorization Failed"}
+			}},
+		{"delay groups", kafka.ResourceTypeGroup, func(n kafkaacl.Names) string { return n.Group + ".delay." },
+			func(n kafkaacl.Names) []string {
+				return []string{"permission denied", "consumer group " + n.Group + ".delay.1s: Read refused", "Group Authorization Failed"}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			omitted := false
+			s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{HoldTiers: []string{"1s"},
+				Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
+					if g.Resource == tc.resource && g.Name == tc.pick(n) && g.Operation == kafka.ACLOperationTypeRead {
+						omitted = true
+						return true
+					}
+					return false
+				}})
+			if !omitted {
+				t.Fatal("no such Read grant to leave out")
+			}
+			expectStartupError(t, s.Config, nil, tc.want(s.ACLNames()), secrets(t, sec))
+		})
+	}
 }
 
 // TestSecuredMissingWriteGrant takes Write on the capped topic away from the

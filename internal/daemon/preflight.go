@@ -64,10 +64,11 @@ func connectRedis(ctx context.Context, rdb capping.Client, addrs []string, lc ca
 }
 
 // checkKafka connects to the brokers and checks that the input and output
-// topics (the held and delay topics too when holding, w != nil) exist and
-// that the worker may describe them and its consumer group. Write and Read
-// grants cannot be checked without writing or joining: a missing one shows
-// at the first batch (the worker retries, not ready, and logs the cause).
+// topics (the held and delay topics too when holding, w != nil) exist, that
+// the worker may describe them and its consumer group, and that it may read
+// the topics and groups it consumes (probeRead). Write grants cannot be
+// checked without writing: a missing one shows at the first batch (the
+// worker retries, not ready, and logs the cause).
 func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Logger) error {
 	dialer, transport, err := KafkaClients(c)
 	if err != nil {
@@ -160,6 +161,39 @@ func connect(ctx context.Context, dialer *kafka.Dialer, brokers []string) error 
 	return err
 }
 
+// probeGroupRead asks group to let a member that does not exist leave: Kafka
+// checks Read on the group first, then answers UNKNOWN_MEMBER_ID for the
+// member and changes nothing. kafka-go 0.4.51 decodes the group-level answers
+// of LeaveGroup and Heartbeat v1+ with the throttle time and the error code
+// swapped, so a refusal arrives as no error and a throttle of 30 ms (30 is
+// GROUP_AUTHORIZATION_FAILED); both forms are read as a refusal. A group
+// coordinator that is loading or moving passes (the reader retries it).
+func probeGroupRead(ctx context.Context, client *kafka.Client, group string) error {
+	resp, err := client.LeaveGroup(ctx, &kafka.LeaveGroupRequest{GroupID: group,
+		Members: []kafka.LeaveGroupRequestMember{{ID: "capper-startup-check"}}})
+	if err != nil {
+		if errors.Is(err, kafka.GroupAuthorizationFailed) {
+			return err
+		}
+		return nil
+	}
+	if errors.Is(resp.Error, kafka.GroupAuthorizationFailed) {
+		return resp.Error
+	}
+	for _, m := range resp.Members {
+		if errors.Is(m.Error, kafka.GroupAuthorizationFailed) {
+			return m.Error
+		}
+		if m.Error != nil {
+			return nil // UNKNOWN_MEMBER_ID: the group let us ask
+		}
+	}
+	if resp.Error == nil && resp.Throttle == time.Duration(kafka.GroupAuthorizationFailed)*time.Millisecond {
+		return kafka.GroupAuthorizationFailed
+	}
+	return nil
+}
+
 type missingTopics struct {
 	topics []string
 	w      *hold.Wheel
@@ -216,6 +250,34 @@ func describe(ctx context.Context, client *kafka.Client, group string, topics []
 			if p.Error != nil {
 				return fmt.Errorf("consumer group %s, partition %d: %w", group, p.Partition, p.Error)
 			}
+		}
+	}
+	return probeRead(ctx, client, group, topics[0], w)
+}
+
+// probeRead checks the Read grants the worker needs and metadata does not
+// show, on the input and on every delay tier: a fetch of at most one byte
+// from partition 0 of the topic (Kafka checks Read on the topic first), and
+// a LeaveGroup of a member that does not exist (probeGroupRead). Any answer
+// but an authorization failure passes: the readers handle the rest.
+func probeRead(ctx context.Context, client *kafka.Client, group, input string, w *hold.Wheel) error {
+	type read struct{ topic, group string }
+	reads := []read{{input, group}}
+	if w != nil {
+		for _, t := range w.Tiers() {
+			reads = append(reads, read{t.Topic, TierGroup(group, t.Name)})
+		}
+	}
+	for _, r := range reads {
+		f, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: r.topic, Partition: 0, Offset: 0, MinBytes: 1, MaxBytes: 1, MaxWait: time.Millisecond})
+		if err == nil {
+			err = f.Error
+		}
+		if errors.Is(err, kafka.TopicAuthorizationFailed) {
+			return fmt.Errorf("topic %s: Read refused (capper consumes it): %w", r.topic, err)
+		}
+		if err := probeGroupRead(ctx, client, r.group); err != nil {
+			return fmt.Errorf("consumer group %s: Read refused (capper joins it): %w", r.group, err)
 		}
 	}
 	return nil

@@ -89,6 +89,9 @@ const (
 type SecureOptions struct {
 	// Omit drops grants from capper's Kafka ACLs, to test a missing one.
 	Omit func(kafkaacl.Grant, kafkaacl.Names) bool
+	// HoldTiers, when set, enables holding on these delay tiers (EnableHold)
+	// before the grants, which then cover the delay topics and groups.
+	HoldTiers []string
 }
 
 // NewSecureStack is NewStack on the secured stack: the admin creates the
@@ -126,6 +129,9 @@ func NewSecureStack(t *testing.T, mode string, partitions int, o SecureOptions) 
 		t.Fatalf("unknown mode %q", mode)
 	}
 	s.create(partitions, nil, b)
+	if len(o.HoldTiers) > 0 {
+		s.EnableHold(partitions, o.HoldTiers...)
+	}
 	s.grant(o.Omit)
 	return s
 }
@@ -145,7 +151,8 @@ func (s *Stack) grant(omit func(kafkaacl.Grant, kafkaacl.Names) bool) {
 
 // ACLNames returns the Kafka resources of this slice's worker.
 func (s *Stack) ACLNames() kafkaacl.Names {
-	return kafkaacl.NamesOf(s.group(), config.Topics{Input: s.Topics[0], Allowed: s.Topics[1], Capped: s.Topics[2], DLQ: s.Topics[3], Held: s.Held}, false)
+	return kafkaacl.NamesOf(s.group(), config.Topics{Input: s.Topics[0], Allowed: s.Topics[1], Capped: s.Topics[2], DLQ: s.Topics[3],
+		Held: s.Held, DelayPrefix: s.Topics[0] + ".delay."}, s.Held != "")
 }
 
 func (s *Stack) group() string { return s.Topics[0] } // the config's group_id is the input topic's name
