@@ -150,3 +150,33 @@ func TestBrokerRestartMidStream(t *testing.T) {
 		})
 	}
 }
+
+// TestEndpointsServedDuringStartup: while start-up waits for a broker that
+// does not answer (retried for 30 s), /metrics and /readyz are served, and
+// /readyz answers 503, from the first moment: an orchestrator sees a pod
+// that is starting, not one that refuses connections.
+func TestEndpointsServedDuringStartup(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	w := startWith(s, true, nil, "CAPPER_KAFKA_BROKERS="+freeAddr(t)) // nothing listens there
+	var code int
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if code = readyz(t, w.metrics); code != 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("/readyz not served within 20 s of the start:\n%s", w.logText())
+		}
+	}
+	if code != 503 {
+		t.Fatalf("/readyz answers %d while the broker does not answer, want 503", code)
+	}
+	if !strings.Contains(scrape(t, w.metrics), "go_goroutines") {
+		t.Error("/metrics does not serve the registry during start-up")
+	}
+	if _, _, ok := w.logTime("kafka not ready; retrying", time.Time{}); !ok {
+		w.waitLog(t, "kafka not ready; retrying", time.Time{})
+	}
+	if code := readyz(t, w.metrics); code != 503 {
+		t.Errorf("/readyz answers %d while start-up retries the broker, want 503", code)
+	}
+}

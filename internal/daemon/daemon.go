@@ -85,8 +85,7 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 	}
 	b.Log = NewLogger(cfg.LogLevel, cmp.Or[io.Writer](opts.Stderr, os.Stderr))
 	if b.Registry == nil {
-		b.Registry = prometheus.NewRegistry()
-		b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		b.Registry = newRegistry()
 	}
 	var err error
 	if b.Rules, err = rules.Compile(cfg.Rules, 1); err != nil {
@@ -149,6 +148,13 @@ func (b *Backends) Close() {
 	b.closes = nil
 }
 
+// newRegistry is a registry with the Go runtime's and the process's collectors.
+func newRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
 // Daemon is one capper worker process. Make it with New, run it once with
 // Run, and Close it.
 type Daemon struct {
@@ -161,6 +167,9 @@ type Daemon struct {
 	metrics *consumer.Metrics
 	srv     *http.Server
 	addr    string
+	built   atomic.Bool // New has finished: until then /readyz answers 503
+
+	readersClosed sync.Once
 
 	snapshot atomic.Pointer[segments.Snapshot] // the last one a worker was given
 
@@ -170,14 +179,26 @@ type Daemon struct {
 }
 
 // New connects the backends and builds the worker; nothing is consumed
-// before Run. The HTTP endpoints are served from New on, so /readyz can be
-// watched during start-up.
+// before Run. The HTTP endpoints are served before anything else, so that
+// /metrics and /readyz (503) answer while start-up waits for a backend.
 func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error) {
+	if opts.Registry == nil {
+		opts.Registry = newRegistry()
+	}
+	d := &Daemon{opts: opts}
+	if cfg.MetricsAddr != "off" {
+		if err := d.serveHTTP(cfg.MetricsAddr, opts.Registry, cfg.DebugPprof); err != nil {
+			return nil, err
+		}
+	}
 	b, err := Connect(ctx, cfg, opts)
 	if err != nil {
+		if d.srv != nil {
+			_ = d.srv.Close()
+		}
 		return nil, err
 	}
-	d := &Daemon{Backends: b, opts: opts, version: b.Rules.Version}
+	d.Backends, d.version = b, b.Rules.Version
 	if opts.ConfigPath != "" {
 		d.lastConfig, _ = os.ReadFile(opts.ConfigPath)
 	}
@@ -246,12 +267,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			}
 		}
 	}
-	if cfg.MetricsAddr != "off" {
-		if err := d.serveHTTP(cfg.MetricsAddr); err != nil {
-			d.Close()
-			return nil, err
-		}
-	}
+	d.built.Store(true)
 	return d, nil
 }
 
@@ -357,11 +373,11 @@ func (d *Daemon) addWorker(c consumer.Config) error {
 	return nil
 }
 
-// Ready reports whether the worker has a segment snapshot, its clock is
+// Ready reports whether New has finished, the worker has a segment snapshot, its clock is
 // within max_clock_skew of Redis's, and the last batch of each of its readers
 // went through without a backend failure (what /readyz answers).
 func (d *Daemon) Ready() bool {
-	if d.Store.Snapshot() == nil || !d.Skew.Within() {
+	if !d.built.Load() || d.Store.Snapshot() == nil || !d.Skew.Within() {
 		return false
 	}
 	for _, w := range d.workers {
@@ -409,24 +425,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.Log.Warn("giving budget tokens back failed; they lapse when their bucket leaves the window", "err", err)
 	}
 	cancel()
-	// Leave the groups; a commit is never left to Close (it can hang).
-	closed := make(chan error, len(d.readers))
-	for _, r := range d.readers {
-		go func() { closed <- r.Close() }()
-	}
-	timeout := time.After(10 * time.Second)
-wait:
-	for range d.readers {
-		select {
-		case err := <-closed:
-			if err != nil {
-				d.Log.Warn("closing a kafka reader", "err", err)
-			}
-		case <-timeout:
-			d.Log.Warn("closing the kafka readers timed out")
-			break wait
-		}
-	}
+	d.closeReaders() // leave the groups; a commit is never left to Close (it can hang)
 	if runErr := errors.Join(errs...); runErr != nil {
 		return runErr
 	}
@@ -434,12 +433,36 @@ wait:
 	return nil
 }
 
-// Close stops the HTTP endpoints and closes the writer and the backends.
-// Call it after Run returned (or instead of Run).
+// closeReaders closes the Kafka readers once, each leaving its group, within 10 s.
+func (d *Daemon) closeReaders() {
+	d.readersClosed.Do(func() {
+		closed := make(chan error, len(d.readers))
+		for _, r := range d.readers {
+			go func() { closed <- r.Close() }()
+		}
+		timeout := time.After(10 * time.Second)
+		for range d.readers {
+			select {
+			case err := <-closed:
+				if err != nil {
+					d.Log.Warn("closing a kafka reader", "err", err)
+				}
+			case <-timeout:
+				d.Log.Warn("closing the kafka readers timed out")
+				return
+			}
+		}
+	})
+}
+
+// Close stops the HTTP endpoints and closes the readers (when Run did not),
+// the writer and the backends. Call it after Run returned (or instead of Run,
+// as New's error paths do).
 func (d *Daemon) Close() {
 	if d.srv != nil {
 		_ = d.srv.Close()
 	}
+	d.closeReaders()
 	if d.writer != nil {
 		_ = d.writer.Close()
 	}
@@ -505,10 +528,10 @@ func (d *Daemon) watchRules(ctx context.Context, every time.Duration) {
 	}
 }
 
-func (d *Daemon) serveHTTP(addr string) error {
+func (d *Daemon) serveHTTP(addr string, reg *prometheus.Registry, pprofOn bool) error {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
-	if d.Config.DebugPprof {
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	if pprofOn {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
@@ -516,6 +539,10 @@ func (d *Daemon) serveHTTP(addr string) error {
 	}
 	mux.HandleFunc("/healthz", func(rw http.ResponseWriter, _ *http.Request) { fmt.Fprintln(rw, "ok") })
 	mux.HandleFunc("/readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if !d.built.Load() {
+			http.Error(rw, "not ready: starting (connecting the backends, loading the segments)", http.StatusServiceUnavailable)
+			return
+		}
 		if !d.Ready() {
 			http.Error(rw, "not ready: waiting for segments or a backend", http.StatusServiceUnavailable)
 			return

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/daemon"
 	"github.com/capper-dev/capper/internal/testenv"
@@ -214,4 +216,41 @@ func mustZone(t *testing.T, name string) *time.Location {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// TestCloseLeavesTheGroup: a daemon closed without Run (as New's error paths
+// and a failed start do) takes its readers out of their consumer groups at
+// once, instead of leaving members behind until the broker expires them.
+func TestCloseLeavesTheGroup(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	t.Setenv("AWS_REGION", "us-east-1")
+	s := testenv.NewStack(t, 1, nil)
+	s.EditConfig("session_timeout: 6s", "session_timeout: 60s") // the broker would keep a dead member a minute
+	cfg, err := config.Load(s.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := daemon.New(context.Background(), cfg, daemon.Options{ConfigPath: s.Config, Stderr: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	group := cfg.Kafka.GroupID
+	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Timeout: 10 * time.Second}
+	members := func() int {
+		resp, err := client.DescribeGroups(context.Background(), &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+		if err != nil || len(resp.Groups) != 1 {
+			t.Fatalf("describe group %s: %v", group, err)
+		}
+		return len(resp.Groups[0].Members)
+	}
+	for end := time.Now().Add(30 * time.Second); members() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the reader did not join its group within 30 s")
+		}
+	}
+	d.Close()
+	if n := members(); n != 0 {
+		t.Errorf("%d members left in group %s after Close (the session timeout is 60 s)", n, group)
+	}
 }
