@@ -428,7 +428,7 @@ cmd_up() {
 }
 
 cmd_down() {
-  local files=("$STATE/s3.pid" "$STATE/devstack.pid")
+  local files=("$STATE/s3.pid" "$STATE/devstack.pid") # devstack.pid: the fake broker of a stack started before 4.4.0
   for p in "${REDIS_PORTS[@]}"; do files+=("$STATE/redis/$p.pid"); done
   stop_pids -w 30 "$STATE/kafka/kafka.pid" & # a clean shutdown spares the next start a log recovery
   stop_pids "${files[@]}"

@@ -163,7 +163,7 @@ func (s *Stack) CreateACLs(entries ...kafka.ACLEntry) {
 	if len(entries) == 0 {
 		return
 	}
-	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+	client := s.adminClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := client.CreateACLs(ctx, &kafka.CreateACLsRequest{ACLs: entries})
@@ -177,6 +177,11 @@ func (s *Stack) CreateACLs(entries ...kafka.ACLEntry) {
 	}
 }
 
+// adminClient is a client of the slice's broker as the stack's admin (kafka-go's default on the plain stack).
+func (s *Stack) adminClient() *kafka.Client {
+	return &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+}
+
 // DeleteACLs deletes exactly these ACL entries as the secured stack's admin.
 func (s *Stack) DeleteACLs(entries ...kafka.ACLEntry) {
 	s.T.Helper()
@@ -186,7 +191,7 @@ func (s *Stack) DeleteACLs(entries ...kafka.ACLEntry) {
 			ResourcePatternTypeFilter: e.ResourcePatternType, PrincipalFilter: e.Principal, HostFilter: e.Host,
 			Operation: e.Operation, PermissionType: e.PermissionType})
 	}
-	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+	client := s.adminClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	resp, err := client.DeleteACLs(ctx, &kafka.DeleteACLsRequest{Filters: filters})
@@ -251,7 +256,7 @@ func (s *Secure) IssueCert(t testing.TB, ca, cn string, notBefore, notAfter time
 // has committed (the sum of its committed offsets).
 func (s *Stack) Committed(t testing.TB) int64 {
 	t.Helper()
-	client := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper(), Timeout: 10 * time.Second}
+	client := s.adminClient()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{s.Topics[0]}})
