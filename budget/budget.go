@@ -260,6 +260,19 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 			b.refuse(st, now, idx, grants)
 			return nil
 		}
+		// The tokens asked for go to the wants that asked, even when their
+		// bucket ended during the call (a call late in a 100 ms bucket, or a
+		// slow one, would otherwise lapse them all and refuse sends within
+		// the budget): they are counted in their bucket, so the limit holds
+		// by token time. Only the lease beyond this demand can lapse.
+		n := min(granted, len(idx))
+		for _, i := range idx[:n] {
+			grants[i].OK = true
+		}
+		st.reserve -= n
+		st.used += n
+		idx = idx[n:]
+		st.usedC.Add(float64(n))
 	}
 	return nil
 }

@@ -251,3 +251,36 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	}
 	t.Logf("%d tokens granted in 10 s, %d in the busiest second; Redis calls per 1,000 tokens: %.1f", len(stamps), worst, 1000*calls/float64(len(stamps)))
 }
+
+// TestTokensOfASlowCall: a Redis call that returns after its bucket has
+// ended (one made late in a 100 ms bucket, or slow on a busy machine) still
+// hands its tokens to the wants that asked for them: sends within the budget
+// are not refused, and no more tokens are counted than were used.
+func TestTokensOfASlowCall(t *testing.T) {
+	c := &clock{t: time.UnixMilli(1_800_000_000_050)} // half-way through a 100 ms bucket
+	b, _ := newBudgets(t, c, true)                    // no lease: each call asks for the demand alone
+	SetScripter(b, slowScripter{Scripter(b), c})
+	spec := &Spec{Name: "slow", Limit: 3, Window: time.Second}
+	gs, err := b.Take(context.Background(), wants(spec, "slow", 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := granted(gs); n != 3 {
+		t.Errorf("%d of 3 wants within a budget of 3 granted when the call outlived its bucket", n)
+	}
+	if calls := Calls(b, "slow"); calls != 1 {
+		t.Errorf("%v Redis calls, want 1 (the tokens were not taken twice)", calls)
+	}
+}
+
+// slowScripter moves the test clock 150 ms on during each script call.
+type slowScripter struct {
+	redis.Scripter
+	c *clock
+}
+
+func (s slowScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
+	cmd := s.Scripter.EvalSha(ctx, sha, keys, args...)
+	s.c.add(150 * time.Millisecond)
+	return cmd
+}
