@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,12 +73,24 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
+// Validate reports whether the configuration is usable.
+func (c Config) Validate() error {
+	switch {
+	case c.Client == nil:
+		return errors.New("budget: a Redis client is required")
+	case strings.ContainsAny(c.KeyPrefix, "{}"):
+		return fmt.Errorf("budget: key prefix %q must not contain { or }: the hash tag is the budget key", c.KeyPrefix)
+	}
+	return nil
+}
+
 // Budgets leases tokens of many budget keys. Safe for concurrent use.
 type Budgets struct {
-	cfg  Config
-	mu   sync.Mutex
-	keys map[string]*state
-	m    metrics
+	cfg     Config
+	mu      sync.Mutex
+	keys    map[string]*state
+	sweepAt int // len(keys) at which idle keys are dropped next
+	m       metrics
 }
 
 // state is one budget key's local reserve.
@@ -93,14 +106,15 @@ type state struct {
 	inflight chan struct{}
 	next     time.Time // when tokens come back, from the last refused call
 	queue    time.Time // the retry-at handed to the last refused job
+	touched  time.Time // the last Take of the key
 	// the budget's token counters, resolved once
 	usedC, putBackC, lapsedC, grantedC prometheus.Counter
 }
 
 // New returns Budgets.
 func New(cfg Config) (*Budgets, error) {
-	if cfg.Client == nil {
-		return nil, errors.New("budget: a Redis client is required")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.KeyPrefix == "" {
 		cfg.KeyPrefix = "fc"
@@ -108,7 +122,7 @@ func New(cfg Config) (*Budgets, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	b := &Budgets{cfg: cfg, keys: map[string]*state{}}
+	b := &Budgets{cfg: cfg, keys: map[string]*state{}, sweepAt: minSweep}
 	if err := b.m.register(cfg.Registerer); err != nil {
 		return nil, err
 	}
@@ -152,17 +166,52 @@ func (b *Budgets) state(w Want) *state {
 		n := w.Spec.Name
 		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
 			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted")}
+		if len(b.keys) >= b.sweepAt {
+			b.sweep()
+		}
 		b.keys[w.Key] = st
 	}
 	return st
+}
+
+// minSweep is the fewest keys at which idle ones are dropped.
+const minSweep = 1024
+
+// sweep drops the keys that are idle: no live reserve, nothing in flight,
+// not asked for over a window, and no refused job's pacing to remember. A
+// per-campaign budget makes a key per campaign: without this the map only
+// grew. The next sweep comes when the map has doubled. b.mu is held.
+func (b *Budgets) sweep() {
+	now := b.cfg.Clock()
+	for k, st := range b.keys {
+		if !st.mu.TryLock() {
+			continue // in use
+		}
+		idle := st.inflight == nil && !now.Before(st.expires) && now.Sub(st.touched) > st.spec.Window &&
+			!now.Before(st.next) && !now.Before(st.queue)
+		st.mu.Unlock()
+		if idle {
+			delete(b.keys, k)
+		}
+	}
+	b.sweepAt = max(minSweep, 2*len(b.keys))
+}
+
+// Keys returns how many budget keys the process keeps state for.
+func (b *Budgets) Keys() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.keys)
 }
 
 // Take answers each want in order: one token each, from the local reserve of
 // its key, refilled from Redis when it runs short (one call per key at a
 // time; concurrent callers of the same key wait for it). Keys are served
 // concurrently. The tokens of wants that are not needed after all (their
-// job was capped) go back with Return. An error means Redis could not be
-// asked: no want of that key was granted.
+// job was capped) go back with Return. With an error (Redis could not be
+// asked for a key), the wants it left unanswered are not granted; the grants
+// it returns (some of a failing key's may come from the local reserve) are
+// valid, and go back with Return if they are not used.
 func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
 	grants := make([]Grant, len(wants))
 	byKey := map[string][]int{}
@@ -196,6 +245,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 	defer st.mu.Unlock()
 	for len(idx) > 0 {
 		now := b.cfg.Clock()
+		st.touched = now
 		if st.reserve > 0 && !now.Before(st.expires) {
 			st.lapsedC.Add(float64(st.reserve))
 			st.reserve = 0
@@ -367,6 +417,11 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 	return int(r[0]), r[2], r[3], nil
 }
 
+// script runs budget.lua once, outside any pipeline: go-redis's Script.Run
+// sends EVALSHA and, on NOSCRIPT (a promoted replica, a restarted node), EVAL
+// with the body, which caches it again. capping loads its script by hand
+// instead because its calls are pipelined, and a NOSCRIPT inside a pipeline
+// is not retried for it.
 func (b *Budgets) script(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) ([4]int64, error) {
 	var out [4]int64
 	width := s.Window.Milliseconds() / Buckets

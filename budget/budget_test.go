@@ -2,6 +2,7 @@ package budget_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -283,4 +284,42 @@ func (s slowScripter) EvalSha(ctx context.Context, sha string, keys []string, ar
 	cmd := s.Scripter.EvalSha(ctx, sha, keys, args...)
 	s.c.add(150 * time.Millisecond)
 	return cmd
+}
+
+// TestIdleKeysAreDropped: a per-campaign budget makes a key per campaign;
+// the keys not asked for over a window are dropped once there are many, so
+// a process that sees a new campaign every day does not grow for ever. A key
+// in use keeps its state.
+func TestIdleKeysAreDropped(t *testing.T) {
+	c := &clock{t: time.UnixMilli(1_800_000_000_000)}
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "campaign", Limit: 100, Window: time.Second}
+	ctx := context.Background()
+	for i := range 1500 {
+		if _, err := b.Take(ctx, wants(spec, fmt.Sprintf("campaign:%d", i), 1)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 999 {
+			c.add(2 * time.Second) // the first thousand campaigns are over
+		}
+	}
+	if _, err := b.Take(ctx, wants(spec, "campaign:1499", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.Keys(); n < 500 || n > 1024 {
+		t.Errorf("%d keys kept after 1000 of 1500 went idle, want the 500 live ones and fewer than 1024", n)
+	}
+	if LeaseSize(b, "campaign:1499") == 0 {
+		t.Error("a live key lost its state")
+	}
+}
+
+// TestConfigValidate: a key prefix with a hash tag's braces is refused.
+func TestConfigValidate(t *testing.T) {
+	if _, err := New(Config{Client: redis.NewClient(&redis.Options{}), KeyPrefix: "fc{x}"}); err == nil {
+		t.Error("a key prefix with braces was accepted")
+	}
+	if _, err := New(Config{}); err == nil {
+		t.Error("no client was accepted")
+	}
 }

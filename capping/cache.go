@@ -143,8 +143,9 @@ const maxCaps = 32
 
 // evaluate is decide.lua's decision in record mode over a copy of the log
 // (oldest first), written into head: status, cap, retry_at, then the counts.
-// It must stay line for line what the script does; TestCacheMatchesScript
-// and the property test hold them together.
+// It must stay line for line what the script does; TestNearCacheDecidesAsRedis
+// (the same requests to the cache and to Redis, with random clocks, caps and
+// reloads) holds them together.
 func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 	horizon := a.now - a.retention
 	first := 0

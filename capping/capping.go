@@ -166,6 +166,12 @@ type Request struct {
 	// Retention is how long the log keeps the send: at least the longest
 	// window of any cap the rules may apply to the user. Zero: the longest of Caps.
 	Retention time.Duration
+	// DuplicateOnly asks only whether the job id is in the user's log, for a
+	// send that must not go (expired, in quiet hours, short of a budget token)
+	// but may be a redelivery of one that went: nothing is checked, recorded
+	// or evicted, and Caps must be empty. Its Decision is Duplicate (with
+	// Recorded) when the job is in the log, else the zero decision.
+	DuplicateOnly bool
 }
 
 func (r *Request) validate() error {
@@ -178,7 +184,10 @@ func (r *Request) validate() error {
 	if len(r.Tags) > MaxTags {
 		return fmt.Errorf("%d tags, at most %d", len(r.Tags), MaxTags)
 	}
-	if len(r.Caps) == 0 && r.Retention <= 0 {
+	if r.DuplicateOnly && len(r.Caps) > 0 {
+		return errors.New("a duplicate check with caps")
+	}
+	if len(r.Caps) == 0 && r.Retention <= 0 && !r.DuplicateOnly {
 		return errors.New("no caps and no retention")
 	}
 	for _, c := range r.Caps {

@@ -309,3 +309,48 @@ func TestLogKeepsDecisionOrder(t *testing.T) {
 		t.Fatalf("redelivery: %+v, want a duplicate recorded at +1s", d)
 	}
 }
+
+// TestDuplicateOnly: a duplicate check finds a job that was allowed, and
+// records, counts and evicts nothing for one that was not, with the near
+// cache on (it is neither answered from nor changes the cache's copy).
+func TestDuplicateOnly(t *testing.T) {
+	e := newEnv(t)
+	lim, err := capping.New(context.Background(), e.rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: e.clock.Now, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := capping.Cap{Name: "one", Window: time.Hour, Limit: 1}
+	sent := job(7, "push", one)
+	decide := func(reqs ...capping.Request) []capping.Decision {
+		t.Helper()
+		ds, err := lim.Decide(context.Background(), reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds
+	}
+	if d := decide(sent)[0]; !d.Allowed || d.Duplicate {
+		t.Fatalf("first send: %+v", d)
+	}
+	e.clock.Add(time.Minute)
+	again := capping.Request{UserID: 7, JobID: sent.JobID, Channel: "push", DuplicateOnly: true}
+	other := capping.Request{UserID: 7, JobID: "never-sent", Channel: "push", DuplicateOnly: true}
+	ds := decide(again, other)
+	if !ds[0].Duplicate || !ds[0].Recorded.Equal(base) {
+		t.Errorf("duplicate check of an allowed job: %+v, want a duplicate recorded at %v", ds[0], base)
+	}
+	if ds[1].Allowed || ds[1].Duplicate || ds[1].Cap != "" {
+		t.Errorf("duplicate check of a new job: %+v, want the zero decision", ds[1])
+	}
+	// nothing was recorded: the user's one slot is still taken by the first
+	// send only, and the checked job id is still new
+	if d := decide(job(7, "push", one))[0]; d.Allowed || d.Cap != "one" || !d.RetryAt.Equal(base.Add(time.Hour)) {
+		t.Errorf("send after the checks: %+v, want capped by one until %v", d, base.Add(time.Hour))
+	}
+	if d := decide(capping.Request{UserID: 7, JobID: "never-sent", Channel: "push", Caps: []capping.Cap{{Name: "ten", Window: time.Hour, Limit: 10}}})[0]; !d.Allowed || d.Duplicate || d.Counts[0] != 1 {
+		t.Errorf("the checked job id sent for real: %+v, want allowed, one earlier send counted", d)
+	}
+	if _, err := lim.Decide(context.Background(), []capping.Request{{UserID: 7, JobID: "x", Channel: "push", DuplicateOnly: true, Caps: []capping.Cap{one}}}); !errors.Is(err, capping.ErrInvalidRequest) {
+		t.Errorf("a duplicate check with caps: %v, want ErrInvalidRequest", err)
+	}
+}

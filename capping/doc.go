@@ -25,7 +25,7 @@
 // worse (a replica ahead by d deletes entries that others still count), so
 // entries are kept Config.ClockMargin longer than the longest window. The
 // daemon measures each worker's clock against Redis and stops deciding beyond
-// max_clock_skew (see internal/daemon and the clock package).
+// max_clock_skew (see internal/daemon and package skew).
 //
 // A Limiter sends a batch of decisions as pipelines grouped by the cluster
 // master that owns each user (Config.Pipelines groups of users, each split per

@@ -34,11 +34,8 @@ type Client interface {
 }
 
 // node is one Redis server a pipeline goes to: a cluster master's client, or
-// the single-node Client itself.
-type node interface {
-	Pipeline() redis.Pipeliner
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
-}
+// the single-node Client itself. It needs what a Client offers.
+type node = Client
 
 // Config configures a Limiter. A zero value means the default of each field.
 type Config struct {
@@ -320,7 +317,10 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				if err == nil && (decs[i].Allowed && record) && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
 				}
-				if err == nil && cache != nil {
+				if err == nil && reqs[i].DuplicateOnly && !decs[i].Duplicate {
+					decs[i] = Decision{At: now} // looked, and not found
+				}
+				if err == nil && cache != nil && !reqs[i].DuplicateOnly { // a look changes nothing
 					if len(tail) > 0 {
 						cache.install(&reqs[i], &b.args[i], gen, tail)
 					} else {
@@ -487,7 +487,11 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			p = nd.Pipeline()
 			pipes[k] = p
 		}
-		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(b.eval, key, r, &b.args[i], b.record, b.maxLog)...)
+		record, maxLog := b.record, b.maxLog
+		if r.DuplicateOnly {
+			record, maxLog = false, 0
+		}
+		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(b.eval, key, r, &b.args[i], record, maxLog)...)
 		_ = p.Process(ctx, b.cmds[i]) // queued; the result is read per command
 	}
 	l.calls.Add(uint64(len(pending)))

@@ -1,8 +1,7 @@
 package consumer
 
 import (
-	"sync"
-	"sync/atomic"
+	"unique"
 )
 
 // scanJob is DecodeJob's fast path: one pass over the message that fills r
@@ -422,43 +421,9 @@ func (s *scanner) digits() bool {
 	return s.i > start
 }
 
-// interned keeps one copy of the short strings that repeat across jobs
+// intern returns the one copy of a short string that repeats across jobs
 // (channels, categories, tags, zones, campaigns), so decoding them does not
-// allocate: a copy-on-write map, read without a lock, of at most internMax strings.
-var (
-	interned   atomic.Pointer[map[string]string]
-	internMu   sync.Mutex
-	internMax  = 4096
-	internLong = 64
-)
-
-func intern(b []byte) string {
-	if m := interned.Load(); m != nil {
-		if v, ok := (*m)[string(b)]; ok { // no allocation for the lookup
-			return v
-		}
-	}
-	v := string(b)
-	if len(b) > internLong {
-		return v
-	}
-	internMu.Lock()
-	defer internMu.Unlock()
-	old := interned.Load()
-	n := 0
-	if old != nil {
-		n = len(*old)
-	}
-	if n >= internMax {
-		return v
-	}
-	m := make(map[string]string, n+1)
-	if old != nil {
-		for k, x := range *old {
-			m[k] = x
-		}
-	}
-	m[v] = v
-	interned.Store(&m)
-	return v
-}
+// allocate. The copies are the standard library's unique handles: weak, so a
+// campaign id that no job carries any more is collected (a map of its own
+// only grew, or stopped interning once full).
+func intern(b []byte) string { return unique.Make(string(b)).Value() }

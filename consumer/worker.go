@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,28 +19,6 @@ import (
 	"github.com/capper-dev/capper/rules"
 )
 
-// Headers capper adds to the messages it writes.
-const (
-	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, unchecked, capped, held, dlq
-	HeaderSegment  = "capper-segment"  // the user's segment, or "default"
-	HeaderCap      = "capper-cap"      // capped, held: the cap that was hit, or quiet_hours, or expired
-	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
-	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
-	// HeaderReason says why a capped job was not held: never, expired,
-	// beyond max_hold, quiet_hours (absent under the drop policy of a cap).
-	HeaderReason = "capper-reason"
-	// HeaderDecidedAt is when the job was decided (RFC 3339, ms), on every
-	// allowed, capped and held output.
-	HeaderDecidedAt = "capper-decided-at"
-	// HeaderHeldFor is, on the final output of a job that was held, the
-	// seconds from its first hold to this decision; the hold headers of
-	// package hold (capper-hold-count, capper-held-since, capper-due-at) come with it.
-	HeaderHeldFor = "capper-held-for"
-	// HeaderShadow names, comma-separated, the shadow caps that would have
-	// capped a forwarded send (absent when none would have).
-	HeaderShadow = "capper-shadow-capped"
-)
-
 // Defaults of Config fields that the process wiring also needs (the reader's
 // queue and the writer's batch limit follow them).
 const (
@@ -53,25 +30,6 @@ const (
 // their framing), for the check that an output fits MaxOutputBytes before
 // the job is decided.
 const reservedHeaderBytes = 1024
-
-// truncatedValueBytes is how much of the value an oversize job keeps on the
-// dead-letter topic: enough to identify it.
-const truncatedValueBytes = 4096
-
-// Decision header values.
-const (
-	DecisionAllowed   = "allowed"
-	DecisionDuplicate = "duplicate"
-	DecisionExempt    = "exempt"
-	DecisionCapped    = "capped"
-	DecisionDLQ       = "dlq"
-	// DecisionUnchecked: forwarded without a cap check because Redis was
-	// unavailable for longer than the fail-open rule of its category or segment allows.
-	DecisionUnchecked = "unchecked"
-	// DecisionHeld: an audit record on the held topic; the job waits on the
-	// delay topics and is decided again at its due time. Not final.
-	DecisionHeld = "held"
-)
 
 // Reader is what the Worker needs of a consumer-group reader (*kafka.Reader).
 type Reader interface {
@@ -215,11 +173,9 @@ type Worker struct {
 	uncommitted map[topicPartition]kafka.Message
 	// buf keeps a batch's working arrays for the next one (consume stage only).
 	buf struct {
-		items    []item
-		reqs     []capping.Request
-		reqItems []int
-		caps     []capping.Cap
-		wants    []budget.Want
+		entries []entry
+		reqs    []capping.Request
+		plans   rules.Buffers
 	}
 }
 
@@ -381,208 +337,14 @@ func (w *Worker) fetch(ctx context.Context) ([]kafka.Message, error) {
 	return batch, nil
 }
 
-// item is one job of a batch on its way to an output topic.
-type item struct {
-	msg       *kafka.Message
-	job       Job
-	segment   string
-	inSegment bool
-	decision  string
-	cap       string
-	retryAt   time.Time
-	reason    string    // dead-letter: the error; capped: why it was not held
-	truncate  bool      // dead-letter an oversize message with the start of its value only
-	shadow    []string  // shadow caps that would have capped it
-	at        time.Time // when it was decided
-	// hold: the state it arrived with from a delay tier (Count 0: never held),
-	// then, for a held or moved job, the state it leaves with.
-	hold  hold.State
-	since time.Time // when it was submitted: where max_hold counts from
-	tier  hold.Tier // held, moved: the delay tier it goes to
-	// refuse, when set, is decided by Redis only to recognise a duplicate,
-	// and otherwise capped by refuseCap with this reason (expired, quiet hours).
-	refuse, refuseCap string
-	// req is its request to Redis when decide is set.
-	req    capping.Request
-	decide bool
-	// wants are the budget tokens it needs, taken is how many of them it got
-	// (given back if it is not allowed after all); byBudget: held for a token.
-	wants    []budget.Want
-	taken    bool
-	byBudget bool
-}
-
-// decisionMove is a held job that is not due yet and moves to a shorter
-// delay tier: internal, never an output decision.
-const decisionMove = "move"
-
-// decided is a batch whose outputs are ready to be written.
-type decided struct {
-	batch     []kafka.Message
-	outs      []kafka.Message
-	decisions map[string]int // jobs by decision, counted once the outputs are acknowledged
-	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap
-	cappedBy  map[string]int // capped jobs, by the cap that refused them
-	start     time.Time
-}
-
-// prepare decodes and decides one batch and builds its outputs. It returns an
-// error only when ctx ends before the batch is decided. The path of a job:
-// decode -> segment -> (a tier's job not due yet: move on) -> classify
-// (expiry, exempt, quiet hours, the caps and budgets that apply) -> budget
-// tokens (short of one: held) -> Redis -> allowed, or capped and then held or
-// refused by its policy (tokens of jobs not forwarded go back) -> outputs.
-func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, error) {
-	start := w.cfg.Now()
-	var trips0 uint64
-	if w.cfg.RoundTrips != nil {
-		trips0 = w.cfg.RoundTrips()
-	}
-	rs := w.rules.Load()
-	seg := w.cfg.Segments()
-	// The batch's working arrays are the last batch's, cleared: nothing
-	// outlives prepare but the outputs, which do not point into them.
-	items := w.buf.items[:0]
-	if cap(items) < len(batch) {
-		items = make([]item, len(batch))
-	}
-	items = items[:len(batch)]
-	clear(items)
-	reqs, reqItems := w.buf.reqs[:0], w.buf.reqItems[:0]
-	caps := w.buf.caps[:0]   // one backing array for the batch's caps
-	wants := w.buf.wants[:0] // and for its budget wants
-	defer func() {
-		clear(reqs)
-		clear(caps)
-		clear(wants)
-		w.buf.items, w.buf.reqs, w.buf.reqItems, w.buf.caps, w.buf.wants = items, reqs, reqItems, caps, wants
-	}()
-	for i := range batch {
-		it := &items[i]
-		it.msg, it.at = &batch[i], start
-		if n := messageBytes(&batch[i]) + reservedHeaderBytes; n > w.cfg.MaxOutputBytes {
-			it.decision, it.truncate = DecisionDLQ, true
-			it.reason = fmt.Sprintf("%v: message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", ErrMalformed, n, w.cfg.MaxOutputBytes, truncatedValueBytes)
-			continue
-		}
-		job, err := DecodeJob(batch[i].Value, w.cfg.MaxMessageBytes)
-		if err == nil && w.cfg.Tier != "" {
-			err = w.released(it, start)
-		}
-		if err != nil {
-			it.decision, it.reason = DecisionDLQ, err.Error()
-			continue
-		}
-		it.job = job
-		if it.hold.Count == 0 { // submitted now, or when its producer stamped it
-			it.since = cmp.Or(batch[i].Time, start)
-		}
-		it.segment, it.inSegment = seg.Lookup(job.UserID)
-		if !it.inSegment {
-			it.segment = "default"
-		}
-		if it.decision == decisionMove {
-			continue
-		}
-		caps, wants = w.classify(rs, it, start, caps, wants)
-	}
-	if len(wants) > 0 {
-		if err := w.takeBudgets(ctx, rs, items, start); err != nil {
-			return nil, err
-		}
-	}
-	for i := range items {
-		if items[i].decide {
-			reqs = append(reqs, items[i].req)
-			reqItems = append(reqItems, i)
-		}
-	}
-	if err := w.decide(ctx, reqs, reqItems, items); err != nil {
-		return nil, err
-	}
-	w.returnBudgets(items)
-	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
-		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
-	}
-	for _, i := range reqItems {
-		if it := &items[i]; it.decision == DecisionCapped {
-			w.capped(rs, it)
-		}
-	}
-	outs := make([]kafka.Message, 0, len(items))
-	decisions := make(map[string]int, 5)
-	shadow, cappedBy := map[string]int{}, map[string]int{}
-	hv := newHeaderValues()
-	for i := range items {
-		outs = w.outputs(outs, &items[i], hv)
-		decisions[items[i].decision]++
-		switch items[i].decision {
-		case DecisionAllowed:
-			for _, c := range items[i].shadow {
-				shadow[c]++
-			}
-		case DecisionCapped:
-			cappedBy[items[i].cap]++
-		}
-	}
-	return &decided{batch: batch, outs: outs, decisions: decisions, shadow: shadow, cappedBy: cappedBy, start: start}, nil
-}
-
-// classify decides what a decoded job needs before Redis: expired, exempt,
-// held for quiet hours, or to be decided (it.decide) with its caps and budget
-// wants, appended to the batch's backing arrays caps and wants.
-func (w *Worker) classify(rs *rules.Rules, it *item, now time.Time, caps []capping.Cap, wants []budget.Want) ([]capping.Cap, []budget.Want) {
-	job := &it.job
-	exempt := rs.IsExempt(job.Category)
-	expired := !job.ExpiresAt.IsZero() && !now.Before(job.ExpiresAt)
-	switch {
-	case expired && exempt: // never logged, so there is no earlier send to recognise
-		it.decision, it.cap, it.reason = DecisionCapped, ReasonExpired, ReasonExpired
-		w.countNotHeld(it)
-		return caps, wants
-	case expired:
-		it.refuse, it.refuseCap = ReasonExpired, ReasonExpired
-	case exempt:
-		it.decision = DecisionExempt
-		return caps, wants
-	default:
-		if until := rs.QuietUntil(it.segment, it.inSegment, job.Category, job.Zone, now); !until.IsZero() {
-			p := rs.OnCapped(it.segment, it.inSegment, job.Category, "")
-			if w.holdOrRefuse(it, p, until, ReasonQuietHours, now) {
-				return caps, wants
-			}
-			it.refuse, it.refuseCap = it.reason, ReasonQuietHours
-		}
-	}
-	req := capping.Request{UserID: job.UserID, JobID: job.JobID, Channel: job.Channel, Campaign: job.CampaignID,
-		Tags: job.AllTags(), Retention: rs.Retention()}
-	switch {
-	case it.refuse != "":
-		req.Caps = refuseCaps
-	case !rs.IsCountOnly(job.Category): // a count-only send is recorded without a check
-		n := len(caps)
-		caps = rs.Caps(caps, it.segment, it.inSegment, rules.Send{Campaign: job.CampaignID, Zone: job.Zone}, now)
-		req.Caps = caps[n:len(caps):len(caps)]
-	}
-	if it.refuse == "" && w.cfg.Budgets != nil {
-		n := len(wants)
-		wants = rs.Budgets(wants, job.Channel, req.Tags, job.CampaignID)
-		it.wants = wants[n:len(wants):len(wants)]
-	}
-	it.req, it.decide = req, true
-	return caps, wants
-}
-
 // deliver writes a decided batch's outputs and then commits its offsets. It
 // returns an error only when ctx ends before the outputs are acknowledged.
 func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	if err := w.write(ctx, d.outs); err != nil {
 		return err
 	}
-	for decision, n := range d.decisions {
-		if decision != decisionMove { // a move is not a decision; its metric is counted with the output
-			w.m.jobs.WithLabelValues(decision).Add(float64(n))
-		}
+	for k, n := range d.decisions {
+		w.m.jobs.WithLabelValues(k.String()).Add(float64(n))
 	}
 	for c, n := range d.shadow {
 		w.m.shadowCapped.WithLabelValues(c).Add(float64(n))
@@ -593,102 +355,8 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	w.commit(ctx, d.batch)
 	w.ready.Store(true)
 	w.m.batchSize.Observe(float64(len(d.batch)))
-	w.m.batchSeconds.Observe(time.Since(d.start).Seconds())
+	w.m.batchSeconds.Observe(w.cfg.Now().Sub(d.start).Seconds())
 	return nil
-}
-
-// decide decides reqs, retrying the failed ones with capped exponential
-// backoff until all are decided or ctx ends. Invalid requests go to the
-// dead-letter topic. A job whose fail-open rule allows it is forwarded
-// unchecked once Redis has been failing for longer than the rule's limit.
-func (w *Worker) decide(ctx context.Context, reqs []capping.Request, reqItems []int, items []item) error {
-	retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
-	rs := w.rules.Load()
-	for len(reqs) > 0 {
-		w.expire(reqs, reqItems, items)
-		ds, err := w.cfg.Decider.Decide(ctx, reqs)
-		var re capping.RequestErrors
-		if err != nil && !errors.As(err, &re) {
-			re = make(capping.RequestErrors, len(reqs))
-			for i := range re {
-				re[i] = err
-			}
-		}
-		var retryReqs []capping.Request
-		var retryItems []int
-		transient := false
-		for j, i := range reqItems {
-			it := &items[i]
-			if re != nil && re[j] != nil {
-				if errors.Is(re[j], capping.ErrInvalidRequest) {
-					it.decision, it.reason = DecisionDLQ, re[j].Error()
-					continue
-				}
-				transient = true
-				if w.failOpen(rs, it) {
-					it.decision = DecisionUnchecked
-					continue
-				}
-				retryReqs = append(retryReqs, reqs[j])
-				retryItems = append(retryItems, i)
-				continue
-			}
-			d := ds[j]
-			it.at = d.At
-			switch {
-			case d.Duplicate:
-				it.decision = DecisionDuplicate
-				if !d.Recorded.IsZero() { // decided when it was first allowed
-					it.at = d.Recorded
-				}
-			case d.Allowed:
-				it.decision = DecisionAllowed
-				if !d.Recorded.IsZero() {
-					it.at = d.Recorded
-				}
-			default:
-				it.decision = DecisionCapped
-				it.cap = d.Cap
-				it.retryAt = d.RetryAt
-			}
-			it.shadow = d.Shadow
-		}
-		w.redisHealth(transient, err)
-		if len(retryReqs) == 0 {
-			return nil
-		}
-		if !retry.wait(ctx, "redis decisions failed; retrying", len(retryReqs), err) {
-			return fmt.Errorf("consumer: stopped with %d undecided jobs (left uncommitted): %w", len(retryReqs), ctx.Err())
-		}
-		reqs, reqItems = retryReqs, retryItems
-	}
-	return nil
-}
-
-// redisHealth tracks how long decisions have been failing: it starts the
-// clock at the first failure and, at the first attempt without one, logs and
-// records how long Redis was unavailable.
-func (w *Worker) redisHealth(failed bool, err error) {
-	now := time.Now()
-	switch {
-	case failed && w.redisDownSince.IsZero():
-		w.redisDownSince, w.redisAttempts = now, 1
-		w.cfg.Logger.Warn("redis decisions failing", "err", err)
-	case failed:
-		w.redisAttempts++
-	case !w.redisDownSince.IsZero():
-		down := now.Sub(w.redisDownSince)
-		w.m.redisOutage.Observe(down.Seconds())
-		w.cfg.Logger.Info("redis decisions recovered", "unavailable_seconds", down.Seconds(), "failed_attempts", w.redisAttempts)
-		w.redisDownSince, w.redisAttempts = time.Time{}, 0
-	}
-}
-
-// failOpen reports whether the job of it may go out unchecked: Redis has been
-// failing for longer than its category's or segment's fail-open limit.
-func (w *Worker) failOpen(rs *rules.Rules, it *item) bool {
-	after := rs.FailOpenAfter(it.job.Category, it.segment)
-	return after > 0 && !w.redisDownSince.IsZero() && time.Since(w.redisDownSince) >= after
 }
 
 // write writes outs, retrying the failed messages until all are acknowledged

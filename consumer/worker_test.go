@@ -454,27 +454,50 @@ func TestRulesSwapBetweenBatches(t *testing.T) {
 }
 
 // TestFailOpenAfterItsLimit: while Redis fails, a job of a fail-open category
-// goes out unchecked once the outage is longer than the rule's limit; other
-// jobs wait for Redis.
+// goes out unchecked once the outage is longer than the rule's limit (on the
+// worker's clock); other jobs wait for Redis however long it fails.
 func TestFailOpenAfterItsLimit(t *testing.T) {
 	var mu sync.Mutex
-	down := true
-	d := &fakeDecider{decide: func(int, capping.Request) (capping.Decision, error) {
+	now, down := t0, true
+	attempts := map[string]int{} // failed attempts per job
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if down {
+			attempts[r.JobID]++
+			now = now.Add(10 * time.Millisecond) // each attempt takes 10 ms of the worker's clock
 			return capping.Decision{}, errors.New("i/o timeout")
 		}
-		return capping.Decision{Allowed: true}, nil
+		return capping.Decision{Allowed: true, At: now}, nil
 	}}
-	h := start(t, consumer.Config{Decider: d, Rules: compile(t, 10, rules.FailOpen{Category: "alerts", After: rules.Duration(50 * time.Millisecond)}), BatchSize: 1})
+	limit := 50 * time.Millisecond
+	h := start(t, consumer.Config{Decider: d, Rules: compile(t, 10, rules.FailOpen{Category: "alerts", After: rules.Duration(limit)}), BatchSize: 1, Now: clock})
 	h.send(job("alert", 1, "alerts"))
 	outs := h.waitOutputs(t, 1)
 	if header(outs[0], consumer.HeaderDecision) != consumer.DecisionUnchecked || outs[0].Topic != "allowed" {
 		t.Fatalf("alert while Redis is down: %q on %q, want unchecked on allowed", header(outs[0], consumer.HeaderDecision), outs[0].Topic)
 	}
+	mu.Lock()
+	failedFor := time.Duration(attempts["alert"]-1) * 10 * time.Millisecond // from the first failure to the last
+	mu.Unlock()
+	if failedFor < limit || failedFor > limit+20*time.Millisecond {
+		t.Errorf("the alert went out unchecked after %v of failures, want just past its limit of %v", failedFor, limit)
+	}
 	h.send(job("promo", 1, "marketing"))
-	time.Sleep(100 * time.Millisecond)
+	// The marketing job has no fail-open rule: it is retried far beyond the
+	// alert's limit and does not go out.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := attempts["promo"]
+		mu.Unlock()
+		if n >= 20 { // 200 ms of the worker's clock
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the marketing job was tried %d times in 10 s", n)
+		}
+	}
 	if n := len(h.w.outputs()); n != 1 {
 		t.Fatalf("%d outputs: the marketing job went out while Redis was down", n)
 	}

@@ -96,7 +96,7 @@ func (w *Wheel) Route(now, due time.Time) (Tier, time.Time) {
 // State is a held job's hold record, carried in the headers of its messages
 // on the delay topics and of its final output.
 type State struct {
-	Since  time.Time // when it was first held: its input message's timestamp
+	Since  time.Time // when the job was submitted (its input message's timestamp): max_hold counts from it
 	Due    time.Time // when it may be decided again
 	Wake   time.Time // when its tier's reader returns it (<= Due)
 	Count  int       // how often it was held, this hold included

@@ -144,7 +144,10 @@ type holdRules struct {
 // else the category's, else the segment's, else the rules' on_capped, else drop.
 // cap "" (quiet hours) skips the cap's.
 func (r *Rules) OnCapped(segment string, inSegment bool, category, cap string) Policy {
-	seg := r.segmentKey(segment, inSegment)
+	return r.onCapped(r.segmentKey(segment, inSegment), category, cap)
+}
+
+func (r *Rules) onCapped(seg, category, cap string) Policy {
 	if p := r.hold.capPolicy[seg][cap]; p != nil && cap != "" {
 		return *p
 	}

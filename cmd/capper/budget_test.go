@@ -49,7 +49,7 @@ rules:
 			t.Errorf("job %s reached no final topic", j.ID)
 			continue
 		case o.Decision != "allowed":
-			t.Errorf("job %s: %s by %q (%s), want allowed", j.ID, o.Decision, o.Cap, o.HoldReason)
+			t.Errorf("job %s: %s by %q (%s), want allowed", j.ID, o.Decision, o.Cap, o.Reason)
 		case j.Campaign == "cold" && o.HoldCount > 0:
 			t.Errorf("job %s of the campaign within its budget was held", j.ID)
 		}

@@ -57,20 +57,28 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			allTags = append(allTags, t)
 		}
 	}
-	caps := b.Rules.Caps(nil, segment, ok, rules.Send{Campaign: *campaign, Zone: zone}, now)
+	inSegment := ok
 	if !ok {
-		segment = "default (in no segment)"
+		segment = "default"
 	}
-	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s\n", uid, segment, b.Limiter.Key(uid), zone)
+	// The same plan the worker makes of such a send.
+	plan := b.Rules.Plan(rules.Job{Channel: *channel, Category: *category, Tags: allTags, Campaign: *campaign, Zone: zone,
+		Segment: segment, InSegment: inSegment}, now, nil)
+	caps := plan.Caps
+	shown := segment
+	if !inSegment {
+		shown = "default (in no segment)"
+	}
+	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s\n", uid, shown, b.Limiter.Key(uid), zone)
 	switch {
-	case b.Rules.IsExempt(*category):
+	case plan.Exempt:
 		fmt.Fprintf(stdout, "category %s is exempt: such a send is neither counted nor capped\n", *category)
 		return nil
-	case b.Rules.IsCountOnly(*category):
+	case plan.CountOnly:
 		fmt.Fprintf(stdout, "category %s is count-only: such a send is counted but never capped\n", *category)
 	}
 	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Campaign: *campaign,
-		Tags: allTags, Caps: caps, Retention: b.Rules.Retention()})
+		Tags: allTags, Caps: caps, Retention: plan.Retention})
 	if err != nil {
 		return err
 	}
@@ -90,12 +98,12 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	for _, s := range d.Shadow {
 		fmt.Fprintf(stdout, "shadow cap %s would cap this send\n", s)
 	}
-	if until := b.Rules.QuietUntil(segment, ok, *category, zone, d.At); !until.IsZero() {
+	if until := plan.QuietUntil; !until.IsZero() {
 		fmt.Fprintf(stdout, "a %s send now: in quiet hours until %s; %s\n", *channel, until.In(zone).Format(time.RFC3339),
-			policy(b.Rules.OnCapped(segment, ok, *category, "")))
+			policy(plan.OnCapped("")))
 		return nil
 	}
-	if d.Allowed || b.Rules.IsCountOnly(*category) {
+	if d.Allowed || plan.CountOnly {
 		fmt.Fprintf(stdout, "a %s send now: allowed\n", *channel)
 		return nil
 	}
@@ -103,7 +111,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !d.RetryAt.IsZero() {
 		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.In(zone).Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
 	}
-	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", *channel, d.Cap, retry, policy(b.Rules.OnCapped(segment, ok, *category, d.Cap)))
+	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", *channel, d.Cap, retry, policy(plan.OnCapped(d.Cap)))
 	return nil
 }
 

@@ -132,13 +132,13 @@ func TestHoldAndRelease(t *testing.T) {
 			want[fmt.Sprintf("burst-%d-%d", u, i)] = struct{ decision, cap, reason string }{"allowed", "", ""}
 		}
 	}
-	if o := final["exp-2"]; o.Cap == "expired" && o.HoldReason == "expired" {
+	if o := final["exp-2"]; o.Cap == "expired" && o.Reason == "expired" {
 		want["exp-2"] = want["late"] // a slow machine reached it after its expiry
 	}
 	for id, w := range want {
 		o := final[id]
-		if o.Decision != w.decision || o.Cap != w.cap || o.HoldReason != w.reason {
-			t.Errorf("job %s: decision %q cap %q reason %q, want %q %q %q", id, o.Decision, o.Cap, o.HoldReason, w.decision, w.cap, w.reason)
+		if o.Decision != w.decision || o.Cap != w.cap || o.Reason != w.reason {
+			t.Errorf("job %s: decision %q cap %q reason %q, want %q %q %q", id, o.Decision, o.Cap, o.Reason, w.decision, w.cap, w.reason)
 		}
 	}
 	// Held jobs: the three later sends of each burst user, fit-2 and promo;

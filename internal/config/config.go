@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/rules"
 )
@@ -119,7 +120,7 @@ type Redis struct {
 	Password     Secret   `yaml:"-"`
 	PasswordFile string   `yaml:"password_file"`
 	TLS          TLS      `yaml:"tls"`
-	KeyPrefix    string   `yaml:"key_prefix"`    // capping.Config.KeyPrefix (0 = its default).
+	KeyPrefix    string   `yaml:"key_prefix"`    // capping.Config.KeyPrefix (empty: its default).
 	DialTimeout  Duration `yaml:"dial_timeout"`  // Defaults to 1s.
 	ReadTimeout  Duration `yaml:"read_timeout"`  // Defaults to 1s.
 	WriteTimeout Duration `yaml:"write_timeout"` // Defaults to 1s.
@@ -305,7 +306,7 @@ func (c *Config) Validate() error {
 		bad("segments.source", "an s3://bucket/prefix URI or a directory is required")
 	}
 	if c.Batch.Size < 0 || c.Batch.Size > 100000 {
-		bad("batch.size", "%d is not in 1..100000", c.Batch.Size)
+		bad("batch.size", "%d is not in 0..100000 (0: the default, %d)", c.Batch.Size, consumer.DefaultBatchSize)
 	}
 	if c.MaxClockSkew < 0 {
 		bad("max_clock_skew", "%v is negative", time.Duration(c.MaxClockSkew))
@@ -320,17 +321,21 @@ func (c *Config) Validate() error {
 	}
 	if rs, err := rules.Compile(c.Rules, 0); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
-	} else if err := c.CheckRules(rs); err != nil {
-		errs = append(errs, err)
+	} else if w, err := c.Wheel(); err == nil {
+		if err := CheckRules(rs, w); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// CheckRules reports whether rs can run with these settings: rules that hold
-// jobs need the delay topics.
-func (c *Config) CheckRules(rs *rules.Rules) error {
-	if w, err := c.Wheel(); err == nil && w == nil && rs.Holds() {
-		return fmt.Errorf("config: rules hold jobs (a hold policy or quiet hours) but hold.tiers is empty (%s): holding needs the delay topics", envName("hold.tiers"))
+// CheckRules reports whether rs can run on the delay tiers of wheel (nil:
+// none): rules that hold jobs (a hold policy, quiet hours, a budget) need
+// them. A rules reload is checked against the running worker's wheel, not
+// the new file's hold.tiers, which only apply after a restart.
+func CheckRules(rs *rules.Rules, wheel *hold.Wheel) error {
+	if wheel == nil && rs.Holds() {
+		return fmt.Errorf("config: rules hold jobs (a hold policy, quiet hours or a budget) but there are no delay tiers (hold.tiers, %s, empty when the worker started): holding needs the delay topics", envName("hold.tiers"))
 	}
 	return nil
 }

@@ -498,6 +498,12 @@ func (d *Daemon) reloadRules(force bool) error {
 	if err == nil && !slices.Equal(next.SegmentNames(), d.Rules.SegmentNames()) {
 		err = errors.New("the list of segments changed: that needs a restart")
 	}
+	if err == nil {
+		err = config.CheckRules(next, d.wheel) // the tiers this worker runs, not the file's
+	}
+	if err == nil && !sameTiers(cfg, d.wheel) {
+		d.Log.Warn("rules reload: hold.tiers changed in the file; the delay tiers change at the next restart", "rules_version", d.version+1)
+	}
 	if err != nil {
 		d.Log.Error("rules reload rejected; keeping the rules in force", "err", err, "rules_version", d.version)
 		return fmt.Errorf("rules reload rejected: %w", err)
@@ -509,6 +515,15 @@ func (d *Daemon) reloadRules(force bool) error {
 	d.version++
 	d.Log.Info("rules reloaded", "rules_version", d.version)
 	return nil
+}
+
+// sameTiers reports whether cfg's hold.tiers are the running wheel's.
+func sameTiers(cfg *config.Config, running *hold.Wheel) bool {
+	w, err := cfg.Wheel()
+	if err != nil || (w == nil) != (running == nil) {
+		return false
+	}
+	return w == nil || slices.Equal(w.Tiers(), running.Tiers())
 }
 
 // watchRules reloads the rules when the config file changes.

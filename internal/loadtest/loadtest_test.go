@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/rules"
 )
@@ -44,12 +45,12 @@ func scenario() ([]loadtest.Sent, []loadtest.Output) {
 	}
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	outs := []loadtest.Output{
-		{Role: "allowed", ID: "m1", Decision: "allowed", Segment: "new", Time: at(10), ProducedAt: at(0)},
-		{Role: "allowed", ID: "m2", Decision: "allowed", Segment: "new", Time: at(20), ProducedAt: at(0)},
-		{Role: "capped", ID: "m3", Decision: "capped", Segment: "new", Cap: "daily", Time: at(30), ProducedAt: at(0)},
-		{Role: "allowed", ID: "m4", Decision: "duplicate", Segment: "new", Time: at(40), ProducedAt: at(0)},
-		{Role: "allowed", ID: "m5", Decision: "exempt", Segment: "default", Time: at(50), ProducedAt: at(0)},
-		{Role: "dlq", ID: "m6", Decision: "dlq", Time: at(1000), ProducedAt: at(0)},
+		{Role: "allowed", ID: "m1", Time: at(10), ProducedAt: at(0), Output: consumer.Output{Decision: "allowed", Segment: "new"}},
+		{Role: "allowed", ID: "m2", Time: at(20), ProducedAt: at(0), Output: consumer.Output{Decision: "allowed", Segment: "new"}},
+		{Role: "capped", ID: "m3", Time: at(30), ProducedAt: at(0), Output: consumer.Output{Decision: "capped", Segment: "new", Cap: "daily"}},
+		{Role: "allowed", ID: "m4", Time: at(40), ProducedAt: at(0), Output: consumer.Output{Decision: "duplicate", Segment: "new"}},
+		{Role: "allowed", ID: "m5", Time: at(50), ProducedAt: at(0), Output: consumer.Output{Decision: "exempt", Segment: "default"}},
+		{Role: "dlq", ID: "m6", Time: at(1000), ProducedAt: at(0), Output: consumer.Output{Decision: "dlq"}},
 	}
 	return sent, outs
 }
@@ -91,7 +92,7 @@ func TestCheckCatchesProblems(t *testing.T) {
 			return s, o
 		}, 0, 1, `cap "push", which allows 1`},
 		{"a job in two topics", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
-			return s, append(o, loadtest.Output{Role: "capped", ID: "m4", Decision: "capped", Time: t0})
+			return s, append(o, loadtest.Output{Role: "capped", ID: "m4", Time: t0, Output: consumer.Output{Decision: "capped"}})
 		}, 1, 0, "2 output topics"},
 		{"a malformed message forwarded", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
 			o[5].Role = "allowed"
@@ -121,8 +122,8 @@ func TestCheckWindowEdge(t *testing.T) {
 	one := compile(t, nil, rules.Cap{Name: "d", Window: rules.Duration(24 * time.Hour), Limit: limit(1)})
 	for gap, violations := range map[time.Duration]int{24 * time.Hour: 0, 24*time.Hour - time.Millisecond: 1} {
 		outs := []loadtest.Output{
-			{Role: "allowed", ID: "a", Decision: "allowed", Time: t0},
-			{Role: "allowed", ID: "b", Decision: "allowed", Time: t0.Add(gap)},
+			{Role: "allowed", ID: "a", Time: t0, Output: consumer.Output{Decision: "allowed"}},
+			{Role: "allowed", ID: "b", Time: t0.Add(gap), Output: consumer.Output{Decision: "allowed"}},
 		}
 		if r := loadtest.Check(sent, outs, one, t0.Add(time.Hour)); r.Violations != violations {
 			t.Errorf("gap %v: %d violations, want %d", gap, r.Violations, violations)
@@ -181,7 +182,7 @@ func TestCheckUncheckedSends(t *testing.T) {
 	}
 	// A checked send over the cap is still caught with unchecked ones around.
 	sent = append(sent, loadtest.Sent{ID: "m7", JobID: "j7", UserID: 1, Channel: "email", Category: "marketing", Kind: loadtest.KindJob})
-	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Decision: "allowed", Time: t0.Add(time.Second), ProducedAt: t0})
+	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Time: t0.Add(time.Second), ProducedAt: t0, Output: consumer.Output{Decision: "allowed"}})
 	if r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour)); r.Violations != 1 {
 		t.Fatalf("a checked third send: %d violations, want 1 (problems %v)", r.Violations, r.Problems)
 	}
@@ -192,7 +193,7 @@ func TestCheckUncheckedSends(t *testing.T) {
 func TestCheckExemptionComesFromTheRules(t *testing.T) {
 	sent, outs := scenario()
 	sent = append(sent, loadtest.Sent{ID: "m8", JobID: "j8", UserID: 1, Channel: "email", Category: "receipts", Kind: loadtest.KindExempt})
-	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Decision: "exempt", Time: t0.Add(time.Second), ProducedAt: t0})
+	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Time: t0.Add(time.Second), ProducedAt: t0, Output: consumer.Output{Decision: "exempt"}})
 	receipts := compile(t, []string{"receipts"},
 		rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
 		rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Scope: rules.Scope{Channel: "push"}})
@@ -249,7 +250,7 @@ func TestCheckCalendarAndScopedCaps(t *testing.T) {
 				id := fmt.Sprint("m", i)
 				sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 1, Channel: s.channel, Category: s.category,
 					Campaign: s.campaign, Tags: s.tags, Timezone: "Asia/Kolkata", Kind: loadtest.KindJob})
-				outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Decision: "allowed", Time: s.t, ProducedAt: s.t})
+				outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Time: s.t, ProducedAt: s.t, Output: consumer.Output{Decision: "allowed"}})
 			}
 			res := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
 			problems := strings.Join(res.Problems, "\n")
@@ -275,13 +276,13 @@ func TestCheckHeld(t *testing.T) {
 	sent := []loadtest.Sent{job("released"), job("pending"), job("lost"), job("early"), job("expired")}
 	sent[4].ExpiresAt = at(100)
 	outs := []loadtest.Output{
-		{Role: "held", ID: "m-released", Decision: "held", DueAt: at(5000), HoldCount: 1},
-		{Role: "allowed", ID: "m-released", Decision: "allowed", DueAt: at(5000), HoldCount: 1, DecidedAt: at(5100), Time: at(5102)},
-		{Role: "held", ID: "m-pending", Decision: "held", DueAt: now.Add(time.Hour), HoldCount: 1},
-		{Role: "held", ID: "m-lost", Decision: "held", DueAt: now.Add(-loadtest.ReleaseGrace - time.Second), HoldCount: 1},
-		{Role: "held", ID: "m-early", Decision: "held", DueAt: at(9000), HoldCount: 1},
-		{Role: "capped", ID: "m-early", Decision: "capped", DueAt: at(9000), HoldCount: 1, DecidedAt: at(8000), Time: at(8001)},
-		{Role: "allowed", ID: "m-expired", Decision: "allowed", DecidedAt: at(200), Time: at(201)},
+		{Role: "held", ID: "m-released", Output: consumer.Output{Decision: "held", DueAt: at(5000), HoldCount: 1}},
+		{Role: "allowed", ID: "m-released", Time: at(5102), Output: consumer.Output{Decision: "allowed", DueAt: at(5000), HoldCount: 1, DecidedAt: at(5100)}},
+		{Role: "held", ID: "m-pending", Output: consumer.Output{Decision: "held", DueAt: now.Add(time.Hour), HoldCount: 1}},
+		{Role: "held", ID: "m-lost", Output: consumer.Output{Decision: "held", DueAt: now.Add(-loadtest.ReleaseGrace - time.Second), HoldCount: 1}},
+		{Role: "held", ID: "m-early", Output: consumer.Output{Decision: "held", DueAt: at(9000), HoldCount: 1}},
+		{Role: "capped", ID: "m-early", Time: at(8001), Output: consumer.Output{Decision: "capped", DueAt: at(9000), HoldCount: 1, DecidedAt: at(8000)}},
+		{Role: "allowed", ID: "m-expired", Time: at(201), Output: consumer.Output{Decision: "allowed", DecidedAt: at(200)}},
 	}
 	r := loadtest.Check(sent, outs, policy, now)
 	if r.Held != 4 || r.Released != 2 || r.Pending != 1 || r.Unaccounted != 1 || r.Violations != 2 {
@@ -316,7 +317,7 @@ func TestCheckBudget(t *testing.T) {
 		for i := 0; i < n; i++ {
 			id := fmt.Sprintf("%s-%d", campaign, len(sent))
 			sent = append(sent, loadtest.Sent{ID: id, JobID: id, UserID: uint32(len(sent) + 1), Channel: "push", Category: "marketing", Kind: loadtest.KindJob, Campaign: campaign})
-			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Decision: "allowed", DecidedAt: t0.Add(time.Duration(i) * gap)})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Output: consumer.Output{Decision: "allowed", DecidedAt: t0.Add(time.Duration(i) * gap)}})
 		}
 	}
 	add("slow", 12, 200*time.Millisecond) // 5 per second

@@ -14,7 +14,6 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
-	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -31,22 +30,15 @@ const (
 // end plus this is pending, not lost.
 const ReleaseGrace = 30 * time.Second
 
-// Output is one message read from an output topic.
+// Output is one message read from an output topic: what capper says of it
+// (consumer.ParseOutput), its topic's role, loadgen's id and when it was
+// produced and written.
 type Output struct {
-	Role       string // RoleAllowed, RoleCapped or RoleDLQ
+	consumer.Output
+	Role       string // RoleAllowed, RoleCapped, RoleDLQ or RoleHeld
 	ID         string // HeaderID
-	Decision   string // capper-decision
-	Segment    string // capper-segment
-	Cap        string // capper-cap
 	Time       time.Time
 	ProducedAt time.Time
-	// DecidedAt is capper-decided-at (zero on older outputs and dead letters).
-	DecidedAt time.Time
-	// HoldCount and DueAt: on a held record, this hold; on a final output,
-	// how often the job was held and its last due time.
-	HoldCount int
-	DueAt     time.Time
-	Reason    string // capper-reason: why a capped job was not held
 }
 
 // at is when o was decided: capper-decided-at, else its write time.
@@ -451,7 +443,11 @@ func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 					}
 					return
 				}
-				o := parseOutput(role, m)
+				o, err := parseOutput(role, m)
+				if err != nil {
+					errs <- err
+					return
+				}
 				mu.Lock()
 				outs = append(outs, o)
 				switch {
@@ -511,32 +507,21 @@ loop:
 	return outs, nil
 }
 
-func parseOutput(role string, m kafka.Message) Output {
+func parseOutput(role string, m kafka.Message) (Output, error) {
 	o := Output{Role: role, Time: m.Time}
 	for _, h := range m.Headers {
-		v := string(h.Value)
 		switch h.Key {
 		case HeaderID:
-			o.ID = v
+			o.ID = string(h.Value)
 		case HeaderProducedAt:
-			if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
 				o.ProducedAt = time.UnixMilli(ms)
 			}
-		case consumer.HeaderDecision:
-			o.Decision = v
-		case consumer.HeaderSegment:
-			o.Segment = v
-		case consumer.HeaderCap:
-			o.Cap = v
-		case consumer.HeaderReason:
-			o.Reason = v
-		case consumer.HeaderDecidedAt:
-			o.DecidedAt, _ = time.Parse(time.RFC3339Nano, v)
-		case hold.HeaderDue:
-			o.DueAt, _ = time.Parse(time.RFC3339Nano, v)
-		case hold.HeaderCount:
-			o.HoldCount, _ = strconv.Atoi(v)
 		}
 	}
-	return o
+	var err error
+	if o.Output, err = consumer.ParseOutput(m.Headers); err != nil {
+		return o, fmt.Errorf("report: %s partition %d offset %d (loadgen id %q): %w", m.Topic, m.Partition, m.Offset, o.ID, err)
+	}
+	return o, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/segments/segtool"
 )
@@ -234,15 +235,12 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 	s.T.Errorf("produce: %v", err)
 }
 
-// Output is one message on an output topic.
+// Output is one message on an output topic: what capper says of it
+// (consumer.ParseOutput), its topic, and its job's id and user.
 type Output struct {
-	Topic, JobID, Decision, Segment, Cap, RetryAt, Reason, Shadow string
-	User                                                          uint32
-	// Hold headers: the cap or reason that held it, how often it was held,
-	// its (last) due time, when it was decided, why it was not held.
-	HoldCount           int
-	DueAt, DecidedAt    time.Time
-	HeldFor, HoldReason string
+	consumer.Output
+	Topic, JobID string
+	User         uint32
 }
 
 // Collect reads the three output topics until want messages arrived or the
@@ -296,31 +294,8 @@ func (s *Stack) collect(topics []string, done func([]Output) bool, timeout time.
 					return
 				}
 				o := Output{Topic: topic}
-				for _, h := range m.Headers {
-					switch h.Key {
-					case "capper-decision":
-						o.Decision = string(h.Value)
-					case "capper-segment":
-						o.Segment = string(h.Value)
-					case "capper-cap":
-						o.Cap = string(h.Value)
-					case "capper-retry-at":
-						o.RetryAt = string(h.Value)
-					case "capper-error":
-						o.Reason = string(h.Value)
-					case "capper-shadow-capped":
-						o.Shadow = string(h.Value)
-					case "capper-reason":
-						o.HoldReason = string(h.Value)
-					case "capper-hold-count":
-						o.HoldCount, _ = strconv.Atoi(string(h.Value))
-					case "capper-due-at":
-						o.DueAt, _ = time.Parse(time.RFC3339Nano, string(h.Value))
-					case "capper-decided-at":
-						o.DecidedAt, _ = time.Parse(time.RFC3339Nano, string(h.Value))
-					case "capper-held-for":
-						o.HeldFor = string(h.Value)
-					}
+				if o.Output, err = consumer.ParseOutput(m.Headers); err != nil {
+					s.T.Errorf("%s offset %d: %v", topic, m.Offset, err)
 				}
 				var j struct {
 					JobID  string `json:"job_id"`

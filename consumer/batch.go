@@ -1,0 +1,362 @@
+package consumer
+
+// One batch on its way through the worker, as a data flow:
+//
+//	decode -> release (tiers) -> plan -> budget tokens -> Redis (retry,
+//	fail-open) -> give tokens back -> encode
+//
+// After each step that learns something of a job, route (route.go) gives its
+// outcome, or the step it waits for (Outcome.Ask).
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/budget"
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/rules"
+)
+
+// entry is one job of a batch.
+type entry struct {
+	msg       *kafka.Message
+	job       Job
+	tags      []string // its category and tags (the log's and the scopes')
+	segment   string   // the user's segment, or "default"
+	inSegment bool
+	plan      rules.Plan
+	facts     facts
+	at        time.Time // when its last step was taken: route's clock reading
+	out       Outcome
+}
+
+// route routes e at e.at.
+func (w *Worker) route(e *entry) { e.out = route(&e.plan, &e.facts, w.cfg.Wheel, e.at) }
+
+// decided is a batch whose outputs are ready to be written.
+type decided struct {
+	batch     []kafka.Message
+	outs      []kafka.Message
+	decisions map[Kind]int   // final and held jobs by kind, counted once the outputs are acknowledged
+	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap
+	cappedBy  map[string]int // capped jobs, by the cap that refused them
+	start     time.Time
+}
+
+// prepare takes one batch through its steps and builds its outputs. It
+// returns an error only when ctx ends before the batch is decided.
+func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, error) {
+	start := w.cfg.Now()
+	var trips0 uint64
+	if w.cfg.RoundTrips != nil {
+		trips0 = w.cfg.RoundTrips()
+	}
+	rs := w.rules.Load() // one rules version for the whole batch
+	seg := w.cfg.Segments()
+	// The batch's working arrays are the last batch's, cleared: nothing
+	// outlives prepare but the outputs, which do not point into them.
+	es := w.buf.entries[:0]
+	if cap(es) < len(batch) {
+		es = make([]entry, len(batch))
+	}
+	es = es[:len(batch)]
+	clear(es)
+	w.buf.plans.Reset()
+	defer func() { w.buf.entries = es }()
+	for i := range batch {
+		e := &es[i]
+		e.msg, e.at = &batch[i], start
+		if !w.decode(e, seg, start) {
+			continue
+		}
+		e.plan = rs.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID,
+			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment}, start, &w.buf.plans)
+		w.route(e)
+	}
+	if err := w.takeTokens(ctx, es); err != nil {
+		return nil, err
+	}
+	if err := w.decide(ctx, es); err != nil {
+		return nil, err
+	}
+	w.returnTokens(es)
+	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
+		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
+	}
+	return w.encode(batch, es, start), nil
+}
+
+// decode reads the job of e and, for a delay tier's worker, the hold state
+// it arrived with. It reports false when the job's outcome is already
+// known: dead-lettered (malformed, or too large for its output), or moved
+// to a shorter tier (not due yet).
+func (w *Worker) decode(e *entry, seg Segmenter, now time.Time) bool {
+	m := e.msg
+	if n := messageBytes(m) + reservedHeaderBytes; n > w.cfg.MaxOutputBytes {
+		e.out = Outcome{Kind: DeadLetter, Truncate: true, Error: fmt.Sprintf("%v: message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", ErrMalformed, n, w.cfg.MaxOutputBytes, truncatedValueBytes)}
+		return false
+	}
+	job, err := DecodeJob(m.Value, w.cfg.MaxMessageBytes)
+	if err == nil && w.cfg.Tier != "" {
+		e.facts.arrived, err = w.arrived(m)
+	}
+	if err != nil {
+		e.out = Outcome{Kind: DeadLetter, Error: err.Error()}
+		return false
+	}
+	if w.cfg.Tier != "" {
+		if o, moved := release(e.facts.arrived, w.cfg.Wheel, now); moved {
+			e.out = o
+			return false
+		}
+		w.m.releaseLag.Observe(now.Sub(e.facts.arrived.Due).Seconds())
+	}
+	e.job, e.tags = job, job.AllTags()
+	e.facts.expiresAt = job.ExpiresAt
+	e.facts.since = cmp.Or(m.Time, now) // submitted now, or when its producer stamped it
+	if e.facts.arrived.Count > 0 {
+		e.facts.since = e.facts.arrived.Since
+	}
+	if e.segment, e.inSegment = seg.Lookup(job.UserID); !e.inSegment {
+		e.segment = "default"
+	}
+	return true
+}
+
+// arrived reads the hold state of a message from a delay tier.
+func (w *Worker) arrived(m *kafka.Message) (hold.State, error) {
+	s, ok, err := hold.ParseState(m.Headers)
+	switch {
+	case err != nil:
+		return s, fmt.Errorf("%w: %v", ErrMalformed, err)
+	case !ok:
+		return s, fmt.Errorf("%w: a message on the delay tier %s without hold headers", ErrMalformed, w.cfg.Tier)
+	}
+	return s, nil
+}
+
+// takeTokens takes a token of every budget each job that asks for them
+// needs, retrying while Redis fails. A job short of a token gives back the
+// tokens it got and is told when one is expected back for it: the latest
+// such time of its budgets.
+func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
+	var wants []budget.Want
+	var owners []int
+	for i := range es {
+		e := &es[i]
+		if e.out.Ask != AskTokens {
+			continue
+		}
+		if w.cfg.Budgets == nil { // budgets are not enforced
+			e.facts.tokens.taken = true
+			w.route(e)
+			continue
+		}
+		for _, wt := range e.plan.Wants {
+			wants = append(wants, wt)
+			owners = append(owners, i)
+		}
+	}
+	if len(wants) == 0 {
+		return nil
+	}
+	retry := w.newRetry("redis_budget", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
+	var grants []budget.Grant
+	for {
+		var err error
+		if grants, err = w.cfg.Budgets.Take(ctx, wants); err == nil {
+			break
+		}
+		for j, g := range grants { // what was granted before the failure goes back
+			if g.OK {
+				w.cfg.Budgets.Return(wants[j], 1)
+			}
+		}
+		if !retry.wait(ctx, "budget tokens failed; retrying", len(wants), err) {
+			return fmt.Errorf("consumer: stopped waiting for budget tokens (batch left uncommitted): %w", ctx.Err())
+		}
+	}
+	for j, g := range grants {
+		t := &es[owners[j]].facts.tokens
+		t.taken = true
+		if !g.OK && (t.short == "" || g.RetryAt.After(t.retryAt)) {
+			t.short, t.retryAt = wants[j].Spec.Name, g.RetryAt
+		}
+	}
+	for j, g := range grants {
+		if g.OK && es[owners[j]].facts.tokens.short != "" {
+			w.cfg.Budgets.Return(wants[j], 1)
+		}
+	}
+	for j, i := range owners {
+		if j == 0 || owners[j-1] != i {
+			w.route(&es[i])
+		}
+	}
+	return nil
+}
+
+// holdsTokens reports whether e took the tokens of its plan.
+func (w *Worker) holdsTokens(e *entry) bool {
+	return w.cfg.Budgets != nil && e.facts.tokens.taken && e.facts.tokens.short == "" && len(e.plan.Wants) > 0
+}
+
+// returnTokens gives back the tokens of jobs that were not forwarded after
+// all (capped, duplicate: sent before, dead-lettered), once per budget key.
+func (w *Worker) returnTokens(es []entry) {
+	var back map[string]int
+	var wants map[string]budget.Want
+	for i := range es {
+		e := &es[i]
+		if !w.holdsTokens(e) || e.out.Kind == Allowed || e.out.Kind == Unchecked {
+			continue // forwarded: the tokens are used
+		}
+		if back == nil {
+			back, wants = map[string]int{}, map[string]budget.Want{}
+		}
+		for _, wt := range e.plan.Wants {
+			back[wt.Key]++
+			wants[wt.Key] = wt
+		}
+	}
+	for key, n := range back {
+		w.cfg.Budgets.Return(wants[key], n)
+	}
+}
+
+// request is e's request to Redis: a decision, or a duplicate check.
+func (w *Worker) request(e *entry) capping.Request {
+	r := capping.Request{UserID: e.job.UserID, JobID: e.job.JobID, Channel: e.job.Channel, Campaign: e.job.CampaignID,
+		Tags: e.tags, Retention: e.plan.Retention}
+	if e.out.Ask == AskDuplicate {
+		r.DuplicateOnly = true
+	} else {
+		r.Caps = e.plan.Caps
+	}
+	return r
+}
+
+// decide asks Redis what the jobs waiting for it need to know, retrying the
+// failed requests with capped exponential backoff until all are answered or
+// ctx ends. Each attempt routes its jobs again first (one may have expired
+// while Redis failed: it is then only checked for a duplicate). A request
+// Redis can never decide goes to the dead-letter topic; a job whose
+// fail-open limit has passed goes out unchecked.
+func (w *Worker) decide(ctx context.Context, es []entry) error {
+	var pending []int
+	for i := range es {
+		if a := es[i].out.Ask; a == AskDecision || a == AskDuplicate {
+			pending = append(pending, i)
+		}
+	}
+	retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
+	reqs := w.buf.reqs[:0]
+	defer func() { clear(reqs); w.buf.reqs = reqs }()
+	for len(pending) > 0 {
+		now := w.cfg.Now()
+		reqs = reqs[:0]
+		for _, i := range pending {
+			e := &es[i]
+			e.at = now
+			w.route(e)
+			reqs = append(reqs, w.request(e))
+		}
+		ds, err := w.cfg.Decider.Decide(ctx, reqs)
+		var re capping.RequestErrors
+		if err != nil && !errors.As(err, &re) {
+			re = make(capping.RequestErrors, len(reqs))
+			for i := range re {
+				re[i] = err
+			}
+		}
+		failed, again := false, pending[:0]
+		for j, i := range pending {
+			e := &es[i]
+			switch {
+			case re != nil && re[j] != nil && errors.Is(re[j], capping.ErrInvalidRequest):
+				e.facts.redis = answer{asked: true, invalid: re[j].Error()}
+			case re != nil && re[j] != nil:
+				failed = true
+				if !w.failOpen(e, now) {
+					again = append(again, i)
+					continue
+				}
+				e.facts.redis = answer{asked: true, unchecked: true}
+			default:
+				e.facts.redis = answer{asked: true, dec: ds[j]}
+			}
+			w.route(e)
+		}
+		w.redisHealth(failed, err, now)
+		if len(again) == 0 {
+			return nil
+		}
+		if !retry.wait(ctx, "redis decisions failed; retrying", len(again), err) {
+			return fmt.Errorf("consumer: stopped with %d undecided jobs (left uncommitted): %w", len(again), ctx.Err())
+		}
+		pending = again
+	}
+	return nil
+}
+
+// redisHealth tracks how long decisions have been failing: it starts the
+// clock at the first failure and, at the first attempt without one, logs and
+// records how long Redis was unavailable.
+func (w *Worker) redisHealth(failed bool, err error, now time.Time) {
+	switch {
+	case failed && w.redisDownSince.IsZero():
+		w.redisDownSince, w.redisAttempts = now, 1
+		w.cfg.Logger.Warn("redis decisions failing", "err", err)
+	case failed:
+		w.redisAttempts++
+	case !w.redisDownSince.IsZero():
+		down := now.Sub(w.redisDownSince)
+		w.m.redisOutage.Observe(down.Seconds())
+		w.cfg.Logger.Info("redis decisions recovered", "unavailable_seconds", down.Seconds(), "failed_attempts", w.redisAttempts)
+		w.redisDownSince, w.redisAttempts = time.Time{}, 0
+	}
+}
+
+// failOpen reports whether e may go out unchecked at now: Redis has been
+// failing for longer than its plan's fail-open limit.
+func (w *Worker) failOpen(e *entry, now time.Time) bool {
+	after := e.plan.FailOpenAfter
+	return after > 0 && !w.redisDownSince.IsZero() && now.Sub(w.redisDownSince) >= after
+}
+
+// encode builds the batch's messages from its outcomes and counts them.
+func (w *Worker) encode(batch []kafka.Message, es []entry, start time.Time) *decided {
+	enc := newEncoder(w.cfg.Topics, w.cfg.Tier != "", w.cfg.MaxOutputBytes)
+	d := &decided{batch: batch, outs: make([]kafka.Message, 0, len(es)), decisions: make(map[Kind]int, 5),
+		shadow: map[string]int{}, cappedBy: map[string]int{}, start: start}
+	for i := range es {
+		e := &es[i]
+		o := &e.out
+		d.outs = enc.append(d.outs, e.msg, e.segment, o)
+		switch o.Kind {
+		case Moved: // not a decision
+			w.m.moves.WithLabelValues(o.Tier.Name).Inc()
+			continue
+		case Held:
+			w.m.held.WithLabelValues(o.HeldBy).Inc()
+		case Allowed:
+			for _, c := range o.Shadow {
+				d.shadow[c]++
+			}
+		case Capped:
+			d.cappedBy[o.Cap]++
+			if o.Reason != "" {
+				w.m.notHeld.WithLabelValues(strings.ReplaceAll(o.Reason, " ", "_")).Inc()
+			}
+		}
+		d.decisions[o.Kind]++
+	}
+	return d
+}

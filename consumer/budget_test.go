@@ -1,0 +1,194 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/budget"
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/rules"
+)
+
+// fakeBudgets grants a token of every want unless grant says otherwise, and
+// keeps each key's balance: tokens taken minus tokens given back.
+type fakeBudgets struct {
+	mu      sync.Mutex
+	calls   int
+	grant   func(call int, w budget.Want) (budget.Grant, error) // nil: grant all
+	taken   map[string]int
+	returns int
+}
+
+func (b *fakeBudgets) Take(_ context.Context, wants []budget.Want) ([]budget.Grant, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls++
+	if b.taken == nil {
+		b.taken = map[string]int{}
+	}
+	gs := make([]budget.Grant, 0, len(wants))
+	for _, w := range wants {
+		g := budget.Grant{OK: true}
+		if b.grant != nil {
+			var err error
+			if g, err = b.grant(b.calls, w); err != nil {
+				return gs, err // the grants so far, as budget.Budgets answers a failure
+			}
+		}
+		if g.OK {
+			b.taken[w.Key]++
+		}
+		gs = append(gs, g)
+	}
+	return gs, nil
+}
+
+func (b *fakeBudgets) Return(w budget.Want, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.taken[w.Key] -= n
+	b.returns += n
+}
+
+func (b *fakeBudgets) balance() map[string]int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]int{}
+	for k, n := range b.taken {
+		if n != 0 {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+// budgetRules: every send has a daily cap of 10; SMS also need a token of
+// "sms" and push of "push" (held for up to an hour).
+func budgetRules(t *testing.T) *rules.Rules {
+	t.Helper()
+	return holdRules(t, rules.Config{
+		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: intp(10)}},
+		Budgets: []rules.Budget{
+			{Name: "sms", Limit: intp(5), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "sms"}, MaxHold: rules.Duration(time.Hour)},
+			{Name: "all-sms", Limit: intp(50), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "sms"}, MaxHold: rules.Duration(time.Hour)},
+		},
+	})
+}
+
+func smsJob(id string, user uint32) kafka.Message {
+	m := job(id, user, "")
+	m.Value = []byte(`{"job_id":"` + id + `","user_id":1,"campaign_id":"c","channel":"sms"}`)
+	return m
+}
+
+// TestBudgetTokensFollowTheOutcome: a forwarded send keeps its tokens; a
+// capped one, a duplicate and one short of another budget's token give
+// theirs back; the budgets are asked once per batch.
+func TestBudgetTokensFollowTheOutcome(t *testing.T) {
+	b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
+		return budget.Grant{OK: true}, nil
+	}}
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+		switch r.JobID {
+		case "capped":
+			return capping.Decision{Cap: "daily", RetryAt: t0.Add(time.Hour), At: t0}, nil
+		case "dup":
+			return capping.Decision{Allowed: true, Duplicate: true, At: t0, Recorded: t0.Add(-time.Minute)}, nil
+		}
+		return capping.Decision{Allowed: true, At: t0}, nil
+	}}
+	h := start(t, consumer.Config{Rules: budgetRules(t), Decider: d, Budgets: b, Now: func() time.Time { return t0 }, BatchSize: 3})
+	h.send(smsJob("sent", 1), smsJob("capped", 2), smsJob("dup", 3))
+	outs := byJob(h.waitOutputs(t, 3))
+	for id, want := range map[string]string{"sent": "allowed", "capped": "capped", "dup": "duplicate"} {
+		if got := header(outs[id], consumer.HeaderDecision); got != want {
+			t.Errorf("%s: %q, want %q", id, got, want)
+		}
+	}
+	if got := b.balance(); got["sms"] != 1 || got["all-sms"] != 1 || len(got) != 2 {
+		t.Errorf("tokens kept: %v, want one of each budget (the forwarded send's)", got)
+	}
+}
+
+// TestBudgetShortHoldsOrCaps: a send short of a token is held until one is
+// expected back (on the delay tiers, with the budget named), without asking
+// Redis, and gives back the tokens of its other budgets. Without delay tiers
+// it is capped naming the budget, with the retry-at, after Redis only
+// checked whether it is a redelivery (issue 24, defect 1: it was capped by
+// a cap called "refused" with no retry-at).
+func TestBudgetShortHoldsOrCaps(t *testing.T) {
+	due := t0.Add(1500 * time.Millisecond)
+	for _, tiers := range []bool{true, false} {
+		b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
+			if w.Key == "sms" {
+				return budget.Grant{RetryAt: due}, nil
+			}
+			return budget.Grant{OK: true}, nil
+		}}
+		cfg := consumer.Config{Rules: budgetRules(t), Budgets: b, Now: func() time.Time { return t0 }}
+		if tiers {
+			cfg.Wheel = wheel(t)
+		}
+		h := start(t, cfg)
+		h.send(smsJob("short", 1))
+		if tiers {
+			outs := h.waitOutputs(t, 2)
+			var audit, tier kafka.Message
+			for _, o := range outs {
+				if o.Topic == "held" {
+					audit = o
+				} else {
+					tier = o
+				}
+			}
+			if tier.Topic != "delay.1s" || header(audit, consumer.HeaderCap) != "sms" || header(audit, "capper-due-at") != "2026-11-22T12:00:01.500Z" {
+				t.Errorf("with tiers: on %q and %q, cap %q due %q; want held on delay.1s for sms until 12:00:01.500",
+					tier.Topic, audit.Topic, header(audit, consumer.HeaderCap), header(audit, "capper-due-at"))
+			}
+			if n := len(h.d.requests()); n != 0 {
+				t.Errorf("with tiers: Redis asked %d times, want never (a held job is decided when it is due)", n)
+			}
+		} else {
+			o := h.waitOutputs(t, 1)[0]
+			if o.Topic != "capped" || header(o, consumer.HeaderCap) != "sms" || header(o, consumer.HeaderRetryAt) != "2026-11-22T12:00:01.5Z" {
+				t.Errorf("without tiers: on %q, cap %q, retry-at %q; want capped by sms, retry at 12:00:01.5", o.Topic, header(o, consumer.HeaderCap), header(o, consumer.HeaderRetryAt))
+			}
+			calls := h.d.requests()
+			if len(calls) != 1 || !calls[0][0].DuplicateOnly || len(calls[0][0].Caps) != 0 {
+				t.Errorf("without tiers: Redis was asked %+v, want one duplicate check without caps", calls)
+			}
+		}
+		if got := b.balance(); len(got) != 0 {
+			t.Errorf("tiers %v: tokens kept %v, want none (all-sms's token given back)", tiers, got)
+		}
+	}
+}
+
+// TestBudgetFailureIsRetried: tokens granted before a failed call go back,
+// and the batch asks again; nothing goes out before the tokens are taken.
+func TestBudgetFailureIsRetried(t *testing.T) {
+	b := &fakeBudgets{grant: func(call int, w budget.Want) (budget.Grant, error) {
+		if call == 1 && w.Key == "all-sms" {
+			return budget.Grant{}, errors.New("i/o timeout")
+		}
+		return budget.Grant{OK: true}, nil
+	}}
+	h := start(t, consumer.Config{Rules: budgetRules(t), Budgets: b, Now: func() time.Time { return t0 }})
+	h.send(smsJob("a", 1))
+	o := h.waitOutputs(t, 1)[0]
+	if header(o, consumer.HeaderDecision) != "allowed" {
+		t.Fatalf("after a failed token call: %q, want allowed", header(o, consumer.HeaderDecision))
+	}
+	b.mu.Lock()
+	calls, returns := b.calls, b.returns
+	b.mu.Unlock()
+	if got := b.balance(); calls != 2 || returns != 1 || got["sms"] != 1 || got["all-sms"] != 1 {
+		t.Errorf("%d calls, %d tokens given back, kept %v; want 2 calls, sms's first token given back, one of each kept", calls, returns, got)
+	}
+}

@@ -1,0 +1,182 @@
+package consumer
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/rules"
+)
+
+// routeRules hold capped sends for up to two days, except promotions
+// (dropped); night and quiet-held sends have quiet hours (dropped, held); SMS
+// have a budget that holds for up to an hour.
+const routeRules = `
+default_caps:
+  - {name: daily, window: 24h, limit: 2}
+on_capped: {policy: hold, max_hold: 48h}
+exempt_categories: [transactional]
+fail_open: [{category: marketing, after: 10s}]
+categories:
+  - {name: promo, on_capped: {policy: drop}}
+  - {name: night, quiet_hours: {from: "22:00", to: "08:00"}, on_capped: {policy: drop}}
+  - {name: quiet-held, quiet_hours: {from: "22:00", to: "08:00"}}
+budgets:
+  - {name: sms, channel: sms, limit: 10, window: 1s, max_hold: 1h}
+`
+
+// TestRoute is route's table, on a fixed clock: each case gives what is
+// known of a job and the outcome (or next step) it must get.
+func TestRoute(t *testing.T) {
+	var cfg rules.Config
+	if err := yaml.Unmarshal([]byte(routeRules), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.Compile(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wheel, err := hold.NewWheel("sends.delay.", []time.Duration{time.Second, time.Minute, time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noon := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	night := time.Date(2026, 11, 23, 23, 0, 0, 0, time.UTC)
+	morning := time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC)
+	h := time.Hour
+	allowed := answer{asked: true, dec: capping.Decision{Allowed: true, At: noon, Recorded: noon.Add(time.Millisecond)}}
+	dup := answer{asked: true, dec: capping.Decision{Allowed: true, Duplicate: true, At: noon, Recorded: noon.Add(-h)}}
+	notFound := answer{asked: true, dec: capping.Decision{At: noon}}
+	capped := func(retry time.Duration) answer {
+		d := capping.Decision{Cap: "daily", At: noon}
+		if retry > 0 {
+			d.RetryAt = noon.Add(retry)
+		}
+		return answer{asked: true, dec: d}
+	}
+	tokens := grant{taken: true}
+	short := func(in time.Duration) grant { return grant{taken: true, short: "sms", retryAt: noon.Add(in)} }
+	email := rules.Job{Channel: "email", Category: "marketing", Tags: []string{"marketing"}}
+	sms := rules.Job{Channel: "sms", Category: "marketing", Tags: []string{"marketing"}}
+	cat := func(c string) rules.Job { return rules.Job{Channel: "email", Category: c, Tags: []string{c}} }
+	for _, c := range []struct {
+		name    string
+		job     rules.Job
+		f       facts
+		now     time.Time // zero: noon
+		noWheel bool
+		want    string
+	}{
+		{name: "new job: Redis decides", job: email, want: "pending ask=decision"},
+		{name: "allowed", job: email, f: facts{redis: allowed}, want: "allowed at=12:00:00.001"},
+		{name: "duplicate", job: email, f: facts{redis: dup}, want: "duplicate at=11:00:00"},
+		{name: "capped, held by the rules' policy", job: email, f: facts{since: noon, redis: capped(3 * h)},
+			want: "held cap=daily due=15:00:00 by=cap count=1 tier=1h"},
+		{name: "capped again after a hold: counted", job: email, f: facts{since: noon.Add(-h), arrived: hold.State{Count: 2, Since: noon.Add(-h)}, redis: capped(3 * h)},
+			want: "held cap=daily due=15:00:00 by=cap count=3 tier=1h"},
+		{name: "beyond max_hold", job: email, f: facts{since: noon.Add(-46 * h), redis: capped(3 * h)},
+			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
+		{name: "its slot comes after it expires", job: email, f: facts{since: noon, expiresAt: noon.Add(2 * h), redis: capped(3 * h)},
+			want: "capped cap=daily reason=expired retry=15:00:00 at=12:00:00"},
+		{name: "never: a limit of 0 under hold", job: email, f: facts{since: noon, redis: capped(0)},
+			want: "capped cap=daily reason=never at=12:00:00"},
+		{name: "drop policy of its category", job: cat("promo"), f: facts{since: noon, redis: capped(3 * h)},
+			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
+		{name: "no delay tiers: a hold policy drops", job: email, noWheel: true, f: facts{since: noon, redis: capped(3 * h)},
+			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
+		{name: "expired on arrival: only a duplicate check", job: email, f: facts{expiresAt: noon}, want: "pending ask=duplicate"},
+		{name: "expired, not sent before", job: email, f: facts{expiresAt: noon, redis: notFound},
+			want: "capped cap=expired reason=expired at=12:00:00"},
+		{name: "expired, a redelivery of a job that went", job: email, f: facts{expiresAt: noon, redis: dup}, want: "duplicate at=11:00:00"},
+		{name: "expired, Redis down beyond fail-open: capped, not forwarded", job: email, f: facts{expiresAt: noon, redis: answer{asked: true, unchecked: true}},
+			want: "capped cap=expired reason=expired at=12:00:00"},
+		{name: "Redis down beyond fail-open", job: email, f: facts{redis: answer{asked: true, unchecked: true}}, want: "unchecked at=12:00:00"},
+		{name: "invalid request", job: email, f: facts{redis: answer{asked: true, invalid: "empty channel"}}, want: "dlq error=empty channel"},
+		{name: "exempt", job: cat("transactional"), want: "exempt at=12:00:00"},
+		{name: "exempt and expired", job: cat("transactional"), f: facts{expiresAt: noon}, want: "capped cap=expired reason=expired at=12:00:00"},
+		{name: "quiet hours, drop: a duplicate check first", job: cat("night"), now: night, want: "pending ask=duplicate"},
+		{name: "quiet hours, drop: capped until they end", job: cat("night"), now: night, f: facts{redis: notFound},
+			want: "capped cap=quiet_hours reason=quiet_hours retry=08:00:00 at=12:00:00"},
+		{name: "quiet hours, hold", job: cat("quiet-held"), now: night, f: facts{since: night},
+			want: "held cap=quiet_hours due=08:00:00 by=quiet_hours count=1 tier=1h"},
+		{name: "quiet hours, hold, expires first", job: cat("quiet-held"), now: night, f: facts{since: night, expiresAt: morning.Add(-h)}, want: "pending ask=duplicate"},
+		{name: "budget: tokens first", job: sms, want: "pending ask=tokens"},
+		{name: "budget: granted, Redis decides", job: sms, f: facts{tokens: tokens}, want: "pending ask=decision"},
+		{name: "budget exhausted: held until a token", job: sms, f: facts{since: noon, tokens: short(2 * time.Second)},
+			want: "held cap=sms due=12:00:02 by=budget count=1 tier=1s"},
+		{name: "budget exhausted beyond its max_hold", job: sms, f: facts{since: noon.Add(-h), tokens: short(2 * time.Second), redis: notFound},
+			want: "capped cap=sms reason=beyond max_hold retry=12:00:02 at=12:00:00"},
+		{name: "budget exhausted, no delay tiers: capped naming the budget", job: sms, noWheel: true, f: facts{since: noon, tokens: short(2 * time.Second), redis: notFound},
+			want: "capped cap=sms retry=12:00:02 at=12:00:00"},
+		{name: "budget exhausted, a redelivery", job: sms, noWheel: true, f: facts{since: noon, tokens: short(time.Second), redis: dup}, want: "duplicate at=11:00:00"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			now := c.now
+			if now.IsZero() {
+				now = noon
+			}
+			p := rs.Plan(c.job, now, nil)
+			w := wheel
+			if c.noWheel {
+				w = nil
+			}
+			if got := describe(route(&p, &c.f, w, now)); got != c.want {
+				t.Errorf("route:\n got %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
+
+// TestRelease: a job from a delay tier before its due time moves to the
+// tier that fits what is left of its wait; at its due time it is decided.
+func TestRelease(t *testing.T) {
+	wheel, err := hold.NewWheel("sends.delay.", []time.Duration{time.Second, time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	s := hold.State{Since: now.Add(-time.Hour), Due: now.Add(90 * time.Second), Count: 1, Reason: "daily"}
+	o, moved := release(s, wheel, now)
+	if !moved || o.Kind != Moved || o.Tier.Name != "1m" || !o.Hold.Wake.Equal(now.Add(time.Minute)) || !o.Hold.Due.Equal(s.Due) || o.Hold.Count != 1 {
+		t.Errorf("90 s before due: %+v, moved %v; want moved to 1m, waking in 1m", o, moved)
+	}
+	if _, moved := release(s, wheel, s.Due); moved {
+		t.Error("at its due time: moved, want decided")
+	}
+}
+
+// describe prints the parts of an outcome that its kind uses, times as
+// UTC clock readings.
+func describe(o Outcome) string {
+	clock := func(t time.Time) string { return t.UTC().Format("15:04:05.999") }
+	s := o.Kind.String()
+	if o.Kind == Pending {
+		return s + " ask=" + [...]string{"nothing", "tokens", "decision", "duplicate"}[o.Ask]
+	}
+	add := func(k, v string) {
+		if v != "" {
+			s += " " + k + "=" + v
+		}
+	}
+	add("cap", o.Cap)
+	add("reason", o.Reason)
+	add("error", o.Error)
+	if !o.RetryAt.IsZero() {
+		add("retry", clock(o.RetryAt))
+	}
+	if o.Kind == Held {
+		add("due", clock(o.Hold.Due))
+		add("by", o.HeldBy)
+		add("count", fmt.Sprint(o.Hold.Count))
+		add("tier", o.Tier.Name)
+		return s
+	}
+	if !o.DecidedAt.IsZero() {
+		add("at", clock(o.DecidedAt))
+	}
+	return s
+}

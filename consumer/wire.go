@@ -1,0 +1,253 @@
+package consumer
+
+// The wire format of outcomes: the messages that carry a job to its topics,
+// and ParseOutput, which reads them back (for capper report, the tests and
+// any consumer of the output topics written in Go).
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/hold"
+)
+
+// Headers capper adds to the messages it writes.
+const (
+	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, unchecked, capped, held, dlq
+	HeaderSegment  = "capper-segment"  // the user's segment, or "default"
+	HeaderCap      = "capper-cap"      // capped, held: the cap that was hit, or quiet_hours, or expired
+	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
+	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
+	// HeaderReason says why a capped job was not held: never, expired,
+	// beyond max_hold, quiet_hours (absent under the drop policy of a cap).
+	HeaderReason = "capper-reason"
+	// HeaderDecidedAt is when the job was decided (RFC 3339, ms), on every
+	// allowed, capped and held output.
+	HeaderDecidedAt = "capper-decided-at"
+	// HeaderHeldFor is, on the final output of a job that was held, the
+	// seconds from its first hold to this decision; the hold headers of
+	// package hold (capper-hold-count, capper-held-since, capper-due-at) come with it.
+	HeaderHeldFor = "capper-held-for"
+	// HeaderShadow names, comma-separated, the shadow caps that would have
+	// capped a forwarded send (absent when none would have).
+	HeaderShadow = "capper-shadow-capped"
+)
+
+// truncatedValueBytes is how much of the value an oversize job keeps on the
+// dead-letter topic: enough to identify it.
+const truncatedValueBytes = 4096
+
+// Decision header values.
+const (
+	DecisionAllowed   = "allowed"
+	DecisionDuplicate = "duplicate"
+	DecisionExempt    = "exempt"
+	DecisionCapped    = "capped"
+	DecisionDLQ       = "dlq"
+	// DecisionUnchecked: forwarded without a cap check because Redis was
+	// unavailable for longer than the fail-open rule of its category or segment allows.
+	DecisionUnchecked = "unchecked"
+	// DecisionHeld: an audit record on the held topic; the job waits on the
+	// delay topics and is decided again at its due time. Not final.
+	DecisionHeld = "held"
+)
+
+// encoder turns the outcomes of a batch into messages.
+type encoder struct {
+	topics   Topics
+	fromTier bool // the input is a delay tier: its hold headers are not passed on
+	maxBytes int  // the largest message that may be written
+	hv       headerValues
+}
+
+func newEncoder(topics Topics, fromTier bool, maxBytes int) *encoder {
+	return &encoder{topics: topics, fromTier: fromTier, maxBytes: maxBytes, hv: headerValues{m: make(map[string][]byte, 16)}}
+}
+
+// headerValues hands out one []byte per distinct header value of a batch:
+// decisions, caps, segments and decision times repeat across its jobs (the
+// writer only reads them).
+type headerValues struct {
+	m    map[string][]byte
+	t    time.Time // the last time formatted, and its value
+	tval []byte
+}
+
+func (h *headerValues) get(s string) []byte {
+	if b, ok := h.m[s]; ok {
+		return b
+	}
+	b := []byte(s)
+	h.m[s] = b
+	return b
+}
+
+// time formats t (ms), once for the run of jobs decided at one instant.
+func (h *headerValues) time(t time.Time) []byte {
+	if !t.Equal(h.t) || h.tval == nil {
+		h.t, h.tval = t, []byte(hold.FormatTime(t))
+	}
+	return h.tval
+}
+
+// empty is the value of a header that is present and says nothing (a
+// capped send's retry-at when it will never pass): zero bytes, never null,
+// which clients in other languages read as a missing value.
+var empty = []byte{}
+
+// append appends the messages that carry a job (msg, segment) with outcome o
+// to its topics: its original key, value and headers (without the hold
+// headers of a delay tier) and capper's. A held job has two: the audit
+// record on the held topic and the job on its delay tier; a moved job only
+// the latter.
+func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment string, o *Outcome) []kafka.Message {
+	hv := &e.hv
+	orig := msg.Headers
+	if e.fromTier {
+		orig = make([]kafka.Header, 0, len(msg.Headers))
+		for _, h := range msg.Headers {
+			if !hold.IsHeader(h.Key) {
+				orig = append(orig, h)
+			}
+		}
+	}
+	m := kafka.Message{Key: msg.Key, Value: msg.Value}
+	m.Headers = append(make([]kafka.Header, 0, len(orig)+8), orig...)
+	add := func(k string, v []byte) { m.Headers = append(m.Headers, kafka.Header{Key: k, Value: v}) }
+	switch o.Kind {
+	case Moved:
+		m.Topic = o.Tier.Topic
+		m.Headers = o.Hold.AppendHeaders(m.Headers)
+		return append(outs, m)
+	case Held:
+		wait := kafka.Message{Key: m.Key, Value: m.Value, Topic: o.Tier.Topic, Headers: o.Hold.AppendHeaders(append([]kafka.Header(nil), orig...))}
+		outs = append(outs, wait)
+		m.Topic = e.topics.Held
+		add(HeaderDecision, hv.get(DecisionHeld))
+		add(HeaderCap, hv.get(o.Cap))
+		add(hold.HeaderDue, []byte(hold.FormatTime(o.Hold.Due)))
+		add(hold.HeaderCount, hv.get(strconv.Itoa(o.Hold.Count)))
+		add(HeaderDecidedAt, hv.time(o.DecidedAt))
+		add(HeaderSegment, hv.get(segment))
+		return append(outs, m)
+	case DeadLetter:
+		m.Topic = e.topics.DLQ
+		add(HeaderDecision, hv.get(DecisionDLQ))
+		add(HeaderError, []byte(o.Error))
+		if o.Truncate && len(m.Value) > truncatedValueBytes {
+			m.Value = m.Value[:truncatedValueBytes]
+		}
+		if over := messageBytes(&m) - e.maxBytes; over > 0 {
+			// Keep as much of the value as fits and the headers; drop the
+			// original headers too if they alone are too large.
+			m.Value = m.Value[:max(0, len(m.Value)-over-64)]
+			if messageBytes(&m) > e.maxBytes {
+				m.Headers = m.Headers[len(orig):]
+			}
+		}
+		return append(outs, m)
+	case Capped:
+		m.Topic = e.topics.Capped
+		add(HeaderDecision, hv.get(DecisionCapped))
+		add(HeaderCap, hv.get(o.Cap))
+		retry := empty
+		if !o.RetryAt.IsZero() {
+			retry = o.RetryAt.UTC().AppendFormat(make([]byte, 0, 24), time.RFC3339Nano)
+		}
+		add(HeaderRetryAt, retry)
+		if o.Reason != "" {
+			add(HeaderReason, hv.get(o.Reason))
+		}
+	case Allowed, Duplicate, Exempt, Unchecked:
+		m.Topic = e.topics.Allowed
+		add(HeaderDecision, hv.get(o.Kind.String()))
+		if len(o.Shadow) > 0 {
+			add(HeaderShadow, hv.get(strings.Join(o.Shadow, ",")))
+		}
+	default:
+		panic(fmt.Sprintf("consumer: a %v outcome has no output", o.Kind))
+	}
+	add(HeaderDecidedAt, hv.time(o.DecidedAt))
+	if h := o.Hold; h.Count > 0 { // released: how often and how long it was held
+		add(hold.HeaderCount, hv.get(strconv.Itoa(h.Count)))
+		add(hold.HeaderSince, []byte(hold.FormatTime(h.Since)))
+		add(hold.HeaderDue, []byte(hold.FormatTime(h.Due)))
+		add(HeaderHeldFor, strconv.AppendFloat(nil, o.DecidedAt.Sub(h.Since).Seconds(), 'f', 3, 64))
+	}
+	add(HeaderSegment, hv.get(segment))
+	return append(outs, m)
+}
+
+// Output is what capper says on one message of an output topic (allowed,
+// capped, dead-letter, held), as ParseOutput reads it.
+type Output struct {
+	// Decision is capper-decision: allowed, duplicate, exempt, unchecked,
+	// capped, dlq, or held (an audit record on the held topic).
+	Decision string
+	Segment  string // capper-segment
+	Cap      string // capped, held: what refused or held it
+	Reason   string // capped: why it was not held (capper-reason)
+	Error    string // dead-letter: why it is malformed (capper-error)
+	// RetryAt is a capped send's capper-retry-at; zero when it is empty
+	// (never) or absent.
+	RetryAt time.Time
+	// Shadow names the shadow caps that would have capped an allowed send.
+	Shadow []string
+	// DecidedAt is capper-decided-at (zero on a dead letter).
+	DecidedAt time.Time
+	// HoldCount and DueAt: on a held record, this hold; on a final output,
+	// how often the job was held and its last due time, with HeldSince and
+	// HeldFor (seconds from its first hold to its decision).
+	HoldCount        int
+	HeldSince, DueAt time.Time
+	HeldFor          float64
+}
+
+// ParseOutput reads capper's headers of an output message; other headers
+// are ignored. It fails on a header capper wrote that does not parse.
+func ParseOutput(hs []kafka.Header) (Output, error) {
+	var o Output
+	var err error
+	for _, h := range hs {
+		v := string(h.Value)
+		switch h.Key {
+		case HeaderDecision:
+			o.Decision = v
+		case HeaderSegment:
+			o.Segment = v
+		case HeaderCap:
+			o.Cap = v
+		case HeaderReason:
+			o.Reason = v
+		case HeaderError:
+			o.Error = v
+		case HeaderShadow:
+			o.Shadow = strings.Split(v, ",")
+		case HeaderRetryAt:
+			if v != "" {
+				o.RetryAt, err = time.Parse(time.RFC3339Nano, v)
+			}
+		case HeaderDecidedAt:
+			o.DecidedAt, err = time.Parse(time.RFC3339Nano, v)
+		case HeaderHeldFor:
+			o.HeldFor, err = strconv.ParseFloat(v, 64)
+		case hold.HeaderCount:
+			o.HoldCount, err = strconv.Atoi(v)
+		case hold.HeaderSince:
+			o.HeldSince, err = time.Parse(time.RFC3339Nano, v)
+		case hold.HeaderDue:
+			o.DueAt, err = time.Parse(time.RFC3339Nano, v)
+		}
+		if err != nil {
+			return o, fmt.Errorf("consumer: output header %s: %w", h.Key, err)
+		}
+	}
+	if o.Decision == "" {
+		return o, fmt.Errorf("consumer: not an output of capper: no %s header", HeaderDecision)
+	}
+	return o, nil
+}

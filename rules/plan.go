@@ -1,0 +1,109 @@
+package rules
+
+// A job's plan: everything the rules say about one send at one instant,
+// computed in one place so that the worker, capper check and the policies of
+// its outcome all read the same answer.
+
+import (
+	"time"
+
+	"github.com/capper-dev/capper/budget"
+	"github.com/capper-dev/capper/capping"
+)
+
+// Job is what the rules look at in a send.
+type Job struct {
+	Channel  string
+	Category string   // "" when the job has none
+	Tags     []string // its tags, its category among them (budget and cap scopes)
+	Campaign string
+	Zone     *time.Location // nil: the rules' default
+	// Segment is the user's segment; InSegment false: the user is in none
+	// (the default caps apply).
+	Segment   string
+	InSegment bool
+}
+
+// Plan is what the rules say about one send at one instant (Rules.Plan).
+type Plan struct {
+	// Exempt sends bypass the caps: not counted, not capped, no quiet hours.
+	Exempt bool
+	// CountOnly sends are recorded without a check: Caps is empty.
+	CountOnly bool
+	// QuietUntil is when the quiet hours that hold the send end; zero when
+	// none holds.
+	QuietUntil time.Time
+	// Caps are the caps that apply (calendar periods bounded at the plan's
+	// instant, per-campaign scopes narrowed to its campaign); empty for an
+	// exempt or count-only send.
+	Caps []capping.Cap
+	// Wants are the budget tokens the send needs; empty for an exempt send.
+	Wants []budget.Want
+	// Retention is how long its user's log must keep it.
+	Retention time.Duration
+	// FailOpenAfter is how long Redis may be unavailable before the send
+	// goes out unchecked; 0: never (fail-closed).
+	FailOpenAfter time.Duration
+
+	r        *Rules
+	segKey   string
+	category string
+}
+
+// Buffers lets the plans of a batch share backing arrays for their caps and
+// wants. The zero value is ready; Reset before reusing it for another batch
+// (the plans made with it must be done with).
+type Buffers struct {
+	caps  []capping.Cap
+	wants []budget.Want
+}
+
+// Reset empties b, keeping its arrays.
+func (b *Buffers) Reset() {
+	clear(b.caps)
+	clear(b.wants)
+	b.caps, b.wants = b.caps[:0], b.wants[:0]
+}
+
+// Plan returns the plan of job at now. b (nil: none) provides the arrays of
+// its caps and wants.
+func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
+	if b == nil {
+		b = &Buffers{}
+	}
+	p := Plan{r: r, segKey: r.segmentKey(job.Segment, job.InSegment), category: job.Category,
+		Exempt: r.exempt[job.Category], CountOnly: r.countOnly[job.Category], Retention: r.retention,
+		FailOpenAfter: r.FailOpenAfter(job.Category, job.Segment)}
+	if p.Exempt {
+		return p
+	}
+	p.QuietUntil = r.QuietUntil(job.Segment, job.InSegment, job.Category, job.Zone, now)
+	if !p.CountOnly {
+		n := len(b.caps)
+		b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone}, now)
+		p.Caps = b.caps[n:len(b.caps):len(b.caps)]
+	}
+	n := len(b.wants)
+	b.wants = r.Budgets(b.wants, job.Channel, job.Tags, job.Campaign)
+	p.Wants = b.wants[n:len(b.wants):len(b.wants)]
+	return p
+}
+
+// OnCapped returns the policy of the send when cap refuses it: the cap's own,
+// else its category's, else its segment's, else the rules', else drop. cap
+// "" (quiet hours) skips the cap's.
+func (p *Plan) OnCapped(cap string) Policy {
+	if p.r == nil {
+		return Policy{}
+	}
+	return p.r.onCapped(p.segKey, p.category, cap)
+}
+
+// OnShort returns the policy of the send when budget has no token for it:
+// held, up to the budget's max_hold.
+func (p *Plan) OnShort(budget string) Policy {
+	if p.r == nil {
+		return Policy{}
+	}
+	return Policy{Hold: true, MaxHold: p.r.budgetHold[budget]}
+}
