@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget
 
 GO ?= go
 
@@ -10,6 +10,10 @@ demo:
 ## test: the whole test suite against the local stack (what CI runs)
 test:
 	scripts/test.sh
+
+## test-contended: the whole test suite with one busy process per core (a busy machine)
+test-contended:
+	scripts/test.sh --contended
 
 ## build: the release binary into bin/capper (static, reproducible, version stamped: scripts/build.sh)
 build:

@@ -173,7 +173,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: rs, Segment: snap.Lookup}, time.Now())
+	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup}, time.Now())
 	printReport(stdout, &r, len(outs))
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))

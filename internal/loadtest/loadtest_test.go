@@ -3,11 +3,14 @@ package loadtest_test
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/rules"
@@ -18,11 +21,7 @@ var t0 = time.Date(2026, 11, 21, 16, 0, 0, 0, time.UTC)
 // compile builds rules of default caps only (every user in no segment) with
 // the given exempt categories.
 func compile(t testing.TB, exempt []string, caps ...rules.Cap) loadtest.Policy {
-	r, err := rules.Compile(rules.Config{DefaultCaps: caps, ExemptCategories: exempt}, 1)
-	if err != nil {
-		panic(err) // the test's own rules
-	}
-	return loadtest.Policy{Rules: r, Segment: func(uint32) (string, bool) { return "", false }}
+	return loadtest.Policy{Rules: rules.Config{DefaultCaps: caps, ExemptCategories: exempt}, Segment: func(uint32) (string, bool) { return "", false }}
 }
 
 func limit(n int) *int { return &n }
@@ -209,18 +208,14 @@ func TestCheckExemptionComesFromTheRules(t *testing.T) {
 // the job's zone, tag and per-campaign scopes, count-only sends and shadow
 // caps the way the worker does, and fails on a crafted violation of each.
 func TestCheckCalendarAndScopedCaps(t *testing.T) {
-	r, err := rules.Compile(rules.Config{
+	p := loadtest.Policy{Rules: rules.Config{
 		CountOnlyCategories: []string{"receipt"},
 		DefaultCaps: []rules.Cap{
 			{Name: "today", Calendar: "day", Limit: limit(2)},
 			{Name: "promo-today", Calendar: "day", Limit: limit(1), Scope: rules.Scope{Tags: []string{"promotional"}}},
 			{Name: "campaign-week", Calendar: "week", Limit: limit(1), Scope: rules.Scope{PerCampaign: true, Channel: "push"}},
 			{Name: "shadow-hour", Window: rules.Duration(time.Hour), Limit: limit(0), Shadow: true},
-		}}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := loadtest.Policy{Rules: r, Segment: func(uint32) (string, bool) { return "", false }}
+		}}, Segment: func(uint32) (string, bool) { return "", false }}
 	// 18:00 UTC is 23:30 in Kolkata; 19:00 UTC is 00:30 the next day there.
 	at := func(h, m int) time.Time { return time.Date(2026, 11, 20, h, m, 0, 0, time.UTC) } // a Friday
 	type send struct {
@@ -303,14 +298,10 @@ func TestCheckHeld(t *testing.T) {
 // bucket's share are a violation; the other campaign's are not counted in it.
 func TestCheckBudget(t *testing.T) {
 	limit := 5
-	rs, err := rules.Compile(rules.Config{
+	p := loadtest.Policy{Rules: rules.Config{
 		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: &limit}},
 		Budgets:     []rules.Budget{{Name: "speed", Scope: rules.Scope{PerCampaign: true}, Limit: &limit, Window: rules.Duration(time.Second)}},
-	}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := loadtest.Policy{Rules: rs, Segment: func(uint32) (string, bool) { return "", false }}
+	}, Segment: func(uint32) (string, bool) { return "", false }}
 	var sent []loadtest.Sent
 	var outs []loadtest.Output
 	add := func(campaign string, n int, gap time.Duration) {
@@ -328,5 +319,107 @@ func TestCheckBudget(t *testing.T) {
 	add("fast", 7, 100*time.Millisecond) // 7 in 0.7 s
 	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 1 || !strings.Contains(r.Problems[0], "budget speed:fast") {
 		t.Fatalf("violations %d %v, want one for speed:fast", r.Violations, r.Problems)
+	}
+}
+
+// TestJudgeIsIndependent: capper report reads the rules itself (judge.go),
+// so a bug in the worker's rules is caught rather than repeated. A worker is
+// simulated here with the production rules (rules.Plan, capping.Member,
+// Scope.Matches) over four random nights of sends to a user in Kolkata: as it is, the report
+// agrees with every decision; with a deliberate bug (calendar days bounded
+// in UTC rather than the user's zone; the category left out of the tags a
+// scope matches) it allows sends the report flags.
+func TestJudgeIsIndependent(t *testing.T) {
+	cfg := rules.Config{DefaultCaps: []rules.Cap{
+		{Name: "today", Calendar: "day", Limit: limit(3)},
+		{Name: "promo-today", Calendar: "day", Limit: limit(1), Scope: rules.Scope{Tags: []string{"promotional"}}},
+		{Name: "push-hour", Window: rules.Duration(time.Hour), Limit: limit(1), Scope: rules.Scope{Channel: "push"}},
+	}}
+	rs, err := rules.Compile(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := loadtest.Policy{Rules: cfg, Segment: func(uint32) (string, bool) { return "", false }}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	var sent []loadtest.Sent
+	var times []time.Time
+	// Each evening and night from 19:00 to 03:00 UTC: 00:30 to 08:30 in
+	// Kolkata, one local day across two UTC days.
+	for day := range 4 {
+		evening := time.Date(2026, 11, 20+day, 19, 0, 0, 0, time.UTC)
+		for range 30 {
+			times = append(times, evening.Add(time.Duration(rnd.IntN(8*3600))*time.Second))
+		}
+	}
+	slices.SortFunc(times, func(a, b time.Time) int { return a.Compare(b) })
+	for i := range times {
+		sent = append(sent, loadtest.Sent{ID: fmt.Sprint("m", i), JobID: fmt.Sprint("j", i), UserID: 1, Channel: []string{"email", "push", "sms"}[rnd.IntN(3)],
+			Category: []string{"marketing", "promotional"}[rnd.IntN(2)], Campaign: fmt.Sprint("c", rnd.IntN(5)), Timezone: "Asia/Kolkata", Kind: loadtest.KindJob})
+	}
+	type entry struct {
+		t      time.Time
+		member string
+	}
+	worker := func(bug string) []loadtest.Output {
+		var log []entry
+		var outs []loadtest.Output
+		for i := range sent {
+			s, now := &sent[i], times[i]
+			zone, _ := rules.Location(s.Timezone)
+			tags := (&consumer.Job{Category: s.Category, Tags: s.Tags}).AllTags()
+			switch bug {
+			case "utc":
+				zone = time.UTC
+			case "category":
+				tags = s.Tags
+			}
+			member := capping.Member(s.JobID, s.Channel, s.Campaign, tags)
+			plan := rs.Plan(rules.Job{Channel: s.Channel, Category: s.Category, Tags: tags, Campaign: s.Campaign, Zone: zone}, now, nil)
+			ok := true
+			for _, c := range plan.Caps {
+				if !c.Scope.Matches(member) {
+					continue
+				}
+				since := c.Since
+				if c.Window > 0 {
+					since = now.Add(-c.Window + time.Millisecond)
+				}
+				n := 0
+				for _, e := range log {
+					if !e.t.Before(since) && c.Scope.Matches(e.member) {
+						n++
+					}
+				}
+				ok = ok && n < c.Limit
+			}
+			o := loadtest.Output{Role: "capped", ID: s.ID, Time: now, ProducedAt: now, Output: consumer.Output{Decision: "capped", DecidedAt: now}}
+			if ok {
+				log = append(log, entry{now, member})
+				o.Role, o.Decision = "allowed", "allowed"
+			}
+			outs = append(outs, o)
+		}
+		return outs
+	}
+	for _, c := range []struct {
+		bug, cap string // the cap a buggy worker lets through ("" : none)
+	}{{"", ""}, {"utc", `cap "today"`}, {"category", `cap "promo-today"`}} {
+		outs := worker(c.bug)
+		allowed := 0
+		for _, o := range outs {
+			if o.Decision == "allowed" {
+				allowed++
+			}
+		}
+		r := loadtest.Check(sent, outs, p, times[len(times)-1].Add(time.Hour))
+		problems := strings.Join(r.Problems, "\n")
+		switch {
+		case allowed < 6 || allowed == len(outs):
+			t.Fatalf("worker %q allowed %d of %d: the day does not exercise the caps", c.bug, allowed, len(outs))
+		case c.bug == "" && r.Violations != 0:
+			t.Errorf("the production rules and the report disagree on %d sends:\n%s", r.Violations, problems)
+		case c.bug != "" && (r.Violations == 0 || !strings.Contains(problems, c.cap)):
+			t.Errorf("a worker with bug %q allowed %d sends, and the report found %d violations (want %s): %s", c.bug, allowed, r.Violations, c.cap, problems)
+		}
 	}
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/rules"
 )
@@ -86,9 +85,10 @@ func (r *Result) problem(format string, args ...any) {
 	}
 }
 
-// Policy is what Check needs of the worker: its rules and each user's segment.
+// Policy is what Check needs of the worker: its rules as configured (Check
+// reads them itself: see judge.go) and each user's segment.
 type Policy struct {
-	Rules *rules.Rules
+	Rules rules.Config
 	// Segment returns a user's segment (ok false: in none, the default caps).
 	Segment func(user uint32) (segment string, ok bool)
 }
@@ -115,6 +115,13 @@ type Policy struct {
 //     cap. Shadow caps never block.
 func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c := newChecker(sent, p)
+	j, err := newJudge(p.Rules)
+	if err != nil {
+		c.r.Violations++
+		c.r.problem("the rules cannot be read: %v", err)
+		return c.r
+	}
+	c.j = j
 	for i := range outs {
 		c.r.tally(&outs[i])
 		c.timing(&outs[i])
@@ -131,6 +138,7 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 type checker struct {
 	r           Result
 	p           Policy
+	j           *judge
 	sent        []Sent
 	byID        map[string]*Sent
 	seq         map[string]int                 // message id -> index in sent
@@ -247,7 +255,7 @@ func (c *checker) account(o *Output) {
 		c.r.Violations++
 		c.r.problem("job %q allowed at %s, at or after its expires_at %s", s.JobID, o.at().Format(time.RFC3339Nano), s.ExpiresAt.Format(time.RFC3339Nano))
 	}
-	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.p.Rules.IsExempt(s.Category) {
+	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.j.exempt[category(s)] {
 		return
 	}
 	if c.allowed[s.UserID] == nil {
@@ -305,39 +313,31 @@ func (c *checker) caps() {
 			}
 			return sends[i].seq < sends[j].seq
 		})
-		members := make([]string, len(sends))
-		for i, s := range sends {
-			members[i] = capping.Member(s.sent.JobID, s.sent.Channel, s.sent.Campaign, (&consumer.Job{Category: s.sent.Category, Tags: s.sent.Tags}).AllTags())
-		}
 		segment, inSegment := c.p.Segment(u)
+		caps := c.j.caps(segment, inSegment)
 		violated := map[string]bool{}
 		for i, s := range sends {
-			if c.p.Rules.IsCountOnly(s.sent.Category) {
+			if c.j.countOnly[category(s.sent)] {
 				continue
 			}
-			zone, err := rules.Location(s.sent.Timezone)
-			if err != nil || s.sent.Timezone == "" {
-				zone = c.p.Rules.DefaultZone()
-			}
-			for _, cp := range c.p.Rules.Caps(nil, segment, inSegment, rules.Send{Campaign: s.sent.Campaign, Zone: zone}, s.t) {
-				if cp.Shadow || violated[cp.Name] || !cp.Scope.Matches(members[i]) {
+			zone := c.j.zoneOf(s.sent)
+			for k := range caps {
+				cp := &caps[k]
+				if cp.shadow || violated[cp.name] || !cp.scope.matches(s.sent, s.sent) {
 					continue
 				}
-				since := cp.Since
-				if cp.Window > 0 {
-					since = s.t.Add(-cp.Window + time.Millisecond)
-				}
+				since := c.j.since(cp, s.t, zone)
 				before := 0
 				for j := 0; j < i; j++ {
-					if !sends[j].t.Before(since) && cp.Scope.Matches(members[j]) {
+					if !sends[j].t.Before(since) && cp.scope.matches(sends[j].sent, s.sent) {
 						before++
 					}
 				}
-				if before >= cp.Limit {
-					violated[cp.Name] = true
+				if before >= cp.limit {
+					violated[cp.name] = true
 					c.r.Violations++
 					c.r.problem("user %d: send %s at %s had %d earlier sends in the window of cap %q, which allows %d",
-						u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.Name, cp.Limit)
+						u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.name, cp.limit)
 				}
 			}
 		}
@@ -353,11 +353,17 @@ func (c *checker) budgets() {
 	windows := map[string]time.Duration{}
 	for _, sends := range c.allowed {
 		for _, s := range sends {
-			tags := (&consumer.Job{Category: s.sent.Category, Tags: s.sent.Tags}).AllTags()
-			for _, w := range c.p.Rules.Budgets(nil, s.sent.Channel, tags, s.sent.Campaign) {
-				byKey[w.Key] = append(byKey[w.Key], s.t)
-				limits[w.Key] = w.Spec.Bound()
-				windows[w.Key] = w.Spec.Window
+			for _, b := range c.j.budgets {
+				if !b.scope.matches(s.sent, nil) {
+					continue
+				}
+				key := b.name
+				if b.scope.perCampaign {
+					key += ":" + s.sent.Campaign
+				}
+				byKey[key] = append(byKey[key], s.t)
+				limits[key] = b.limit + b.limit/10 // the documented bound by decision time: one bucket's share more
+				windows[key] = b.window
 			}
 		}
 	}
