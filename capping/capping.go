@@ -215,6 +215,9 @@ type Decision struct {
 	// RetryAt is when the send would pass every cap it exceeds, so a scheduler can
 	// defer it. Zero when allowed, or when a cap with limit 0 blocks it for good.
 	RetryAt time.Time
+	// Exceeded names every cap that refused the send (Cap among them); the
+	// caller may apply the strictest of their policies.
+	Exceeded []string
 	// Shadow names the shadow caps that apply to the send and would have
 	// capped it (their count had reached their limit).
 	Shadow []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -352,5 +353,21 @@ func TestDuplicateOnly(t *testing.T) {
 	}
 	if _, err := lim.Decide(context.Background(), []capping.Request{{UserID: 7, JobID: "x", Channel: "push", DuplicateOnly: true, Caps: []capping.Cap{one}}}); !errors.Is(err, capping.ErrInvalidRequest) {
 		t.Errorf("a duplicate check with caps: %v, want ErrInvalidRequest", err)
+	}
+}
+
+// TestExceededNamesEveryRefusingCap: a send refused by two caps names both
+// (the one that decides retry-at first in Cap); a shadow cap and a cap whose
+// scope the send is not in are not named.
+func TestExceededNamesEveryRefusingCap(t *testing.T) {
+	e := newEnv(t)
+	hour := capping.Cap{Name: "hour", Window: time.Hour, Limit: 1}
+	day := capping.Cap{Name: "day", Window: capping.Daily, Limit: 1}
+	shadow := capping.Cap{Name: "shadow", Window: time.Hour, Limit: 1, Shadow: true}
+	smsOnly := capping.Cap{Name: "sms", Window: time.Hour, Limit: 0, Scope: capping.NewScope([]string{"sms"}, nil)}
+	e.decide(t, job(9, "email", hour, day, shadow, smsOnly))
+	d := e.decide(t, job(9, "email", hour, day, shadow, smsOnly))[0]
+	if d.Allowed || d.Cap != "day" || !slices.Equal(d.Exceeded, []string{"hour", "day"}) {
+		t.Errorf("second send: %+v, want capped by day, exceeding hour and day", d)
 	}
 }

@@ -656,6 +656,11 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 		}
 		i := int(ints[1]) - 1
 		d.Cap = caps[i].label(i)
+		for j, c := range caps {
+			if !c.Shadow && d.Counts[j] >= c.Limit && c.Scope.Matches(member) {
+				d.Exceeded = append(d.Exceeded, c.label(j))
+			}
+		}
 		if ints[2] > 0 {
 			d.RetryAt = time.UnixMilli(ints[2])
 		}

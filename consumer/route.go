@@ -57,7 +57,7 @@ type answer struct {
 //     of a job that went (then a duplicate: one final topic per job);
 //   - the budget tokens of its plan, then Redis: allowed, duplicate,
 //     unchecked (fail-open), dead-letter (invalid), or capped and then held
-//     or not by the capping cap's policy.
+//     or not by the strictest policy of the caps that refused it.
 //
 // A job that must not go is never forwarded unchecked: when Redis cannot say
 // whether it is a redelivery, it is capped.
@@ -114,11 +114,26 @@ func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 	case d.Allowed:
 		return Outcome{Kind: Allowed, DecidedAt: cmp.Or(d.Recorded, at), Hold: f.arrived, Shadow: d.Shadow}
 	}
-	o := holdOrRefuse(f, p.OnCapped(d.Cap), d.RetryAt, d.Cap, "cap", wheel, at)
+	o := holdOrRefuse(f, strictest(p, d), d.RetryAt, d.Cap, "cap", wheel, at)
 	if o.Kind == Held {
 		return o
 	}
 	return Outcome{Kind: Capped, Cap: d.Cap, Reason: o.Reason, RetryAt: d.RetryAt, DecidedAt: at, Hold: f.arrived}
+}
+
+// strictest is the policy of a send refused by several caps: held only if
+// every one of them holds (a cap that drops does not want the send late), for
+// the shortest of their max_holds.
+func strictest(p *rules.Plan, d *capping.Decision) rules.Policy {
+	pol := p.OnCapped(d.Cap)
+	for _, c := range d.Exceeded {
+		q := p.OnCapped(c)
+		if !q.Hold {
+			return q
+		}
+		pol.MaxHold = min(pol.MaxHold, q.MaxHold)
+	}
+	return pol
 }
 
 // holdOrRefuse holds the job until due under policy pol, for cause (a cap,

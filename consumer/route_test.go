@@ -18,6 +18,8 @@ import (
 const routeRules = `
 default_caps:
   - {name: daily, window: 24h, limit: 2}
+  - {name: promo-day, window: 24h, limit: 1, tags: [promotional], on_capped: {policy: drop}}
+  - {name: weekly, window: 168h, limit: 5, on_capped: {policy: hold, max_hold: 2h}}
 on_capped: {policy: hold, max_hold: 48h}
 exempt_categories: [transactional]
 fail_open: [{category: marketing, after: 10s}]
@@ -86,6 +88,10 @@ func TestRoute(t *testing.T) {
 			want: "capped cap=daily reason=never at=12:00:00"},
 		{name: "drop policy of its category", job: cat("promo"), f: facts{since: noon, redis: capped(3 * h)},
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
+		{name: "two caps refuse it, one drops: dropped", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Exceeded: []string{"daily", "promo-day"}}}},
+			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
+		{name: "two caps refuse it, both hold: the shorter max_hold", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Exceeded: []string{"daily", "weekly"}}}},
+			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
 		{name: "no delay tiers: a hold policy drops", job: email, noWheel: true, f: facts{since: noon, redis: capped(3 * h)},
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
 		{name: "expired on arrival: only a duplicate check", job: email, f: facts{expiresAt: noon}, want: "pending ask=duplicate"},

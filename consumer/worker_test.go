@@ -325,11 +325,12 @@ func jobIDs(calls [][]capping.Request) [][]string {
 // through, the commits come in batch order.
 func TestNothingCommittedAfterAFailedDelivery(t *testing.T) {
 	var mu sync.Mutex
-	broken := true
+	broken, failures := true, 0
 	w := &fakeWriter{fail: func(_ int, msgs []kafka.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if broken && byJob(msgs)["b1"].Value != nil {
+			failures++
 			return errors.New("broker unavailable")
 		}
 		return nil
@@ -338,7 +339,18 @@ func TestNothingCommittedAfterAFailedDelivery(t *testing.T) {
 	h.send(job("a1", 1, ""))
 	h.waitOutputs(t, 1)
 	h.send(job("b1", 2, ""), job("c1", 3, ""))
-	time.Sleep(100 * time.Millisecond) // the write of b1 keeps failing meanwhile
+	// The write of b1 fails again and again; c1 is decided meanwhile.
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		n := failures
+		mu.Unlock()
+		if n >= 5 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("b1's write failed %d times in 10 s, want 5", n)
+		}
+	}
 	if got := h.r.committed(); len(got) != 1 || got[0][0] != offsets["a1"] {
 		t.Fatalf("commits %v while b1 fails: want only a1's", got)
 	}
