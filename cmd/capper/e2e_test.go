@@ -296,7 +296,7 @@ func TestTwoWorkersShareTheGroup(t *testing.T) {
 	s := testenv.NewStack(t, 6, nil)
 	w1 := start(s, true)
 	w2 := start(s, true)
-	time.Sleep(2 * time.Second)
+	s.WaitGroupMembers(t, 2, 60*time.Second) // both joined, each with partitions
 	jobs := testenv.Blast("pair", 4000, 400)
 	s.Produce(jobs)
 	outs := s.Collect(len(jobs), 90*time.Second)

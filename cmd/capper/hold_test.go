@@ -149,6 +149,15 @@ func TestHoldAndRelease(t *testing.T) {
 			t.Errorf("job %s: held %d times, want held=%v", id, o.HoldCount, held)
 		}
 	}
+	// Quiet hours under drop say when they end (issue 30); no header capper
+	// writes is null, where a Java or librdkafka consumer would read no value
+	// (a limit of 0 and an expired job have an empty retry-at).
+	if o := final["digest"]; !o.RetryAt.Equal(quietEnd) {
+		t.Errorf("digest, dropped in quiet hours: retry-at %v, want their end %v", o.RetryAt, quietEnd)
+	}
+	if nulls := s.NullHeaders(s.Topics[2]); len(nulls) > 0 {
+		t.Errorf("null header values on the capped topic: %v", nulls)
+	}
 	if o := final["promo"]; o.DecidedAt.Before(quietEnd) {
 		t.Errorf("promo sent at %s, inside its quiet hours (until %s)", o.DecidedAt.Format(time.RFC3339Nano), quietEnd.Format(time.RFC3339Nano))
 	}

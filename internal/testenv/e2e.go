@@ -436,3 +436,48 @@ func (s *Stack) MasterOf(user uint32) string {
 	}
 	return m.Options().Addr
 }
+
+// NullHeaders reads every record of topic with kafka-go's protocol client,
+// which, unlike its Reader, tells a null header value from an empty one (as
+// Java's Header.value() and librdkafka do), and returns "header@offset" for
+// each header whose value is null.
+func (s *Stack) NullHeaders(topic string) []string {
+	s.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := &kafka.Client{Addr: kafka.TCP(s.Brokers...), Transport: s.roundTripper()}
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		s.T.Fatalf("metadata of %s: %v %+v", topic, err, md)
+	}
+	var nulls []string
+	for _, p := range md.Topics[0].Partitions {
+		for offset := int64(0); ; {
+			res, err := c.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p.ID, Offset: offset, MaxBytes: 1 << 20, MaxWait: 100 * time.Millisecond})
+			if err != nil || res.Error != nil {
+				s.T.Fatalf("fetch %s/%d at %d: %v %v", topic, p.ID, offset, err, res.Error)
+			}
+			if offset >= res.HighWatermark {
+				break
+			}
+			read := 0
+			for {
+				r, err := res.Records.ReadRecord()
+				if err != nil {
+					break
+				}
+				read++
+				for _, h := range r.Headers {
+					if h.Value == nil {
+						nulls = append(nulls, fmt.Sprintf("%s@%d/%d", h.Key, p.ID, r.Offset))
+					}
+				}
+				offset = r.Offset + 1
+			}
+			if read == 0 {
+				s.T.Fatalf("fetch %s/%d at %d: no records below the high watermark %d", topic, p.ID, offset, res.HighWatermark)
+			}
+		}
+	}
+	return nulls
+}

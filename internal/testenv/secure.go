@@ -277,3 +277,35 @@ func (s *Stack) Committed(t testing.TB) int64 {
 	}
 	return n
 }
+
+// WaitGroupMembers waits until the worker's group is stable with n members,
+// each with partitions of the input topic assigned, or fails the test after
+// timeout.
+func (s *Stack) WaitGroupMembers(t testing.TB, n int, timeout time.Duration) {
+	t.Helper()
+	client := s.adminClient()
+	var last string
+	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		res, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{s.group()}})
+		cancel()
+		if err != nil || len(res.Groups) != 1 {
+			last = fmt.Sprint(err)
+			continue
+		}
+		g := res.Groups[0]
+		assigned := 0
+		for _, m := range g.Members {
+			for _, tp := range m.MemberAssignments.Topics {
+				if tp.Topic == s.Topics[0] && len(tp.Partitions) > 0 {
+					assigned++
+				}
+			}
+		}
+		if g.GroupState == "Stable" && len(g.Members) == n && assigned == n {
+			return
+		}
+		last = fmt.Sprintf("state %s, %d members, %d with partitions", g.GroupState, len(g.Members), assigned)
+	}
+	t.Fatalf("group %s: not %d members with partitions within %v (last: %s)", s.group(), n, timeout, last)
+}
