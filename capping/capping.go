@@ -26,6 +26,11 @@ type Cap struct {
 	Scope Scope
 	// Shadow caps are counted and reported (Decision.Shadow) but never block.
 	Shadow bool
+	// Reserved is how many more slots the cap has that this send may not use
+	// (kept for more important sends): Limit is what the send may use, Limit
+	// + Reserved the cap's own limit. Decision.Reserved says when they made
+	// the difference. Informational: the script checks Limit.
+	Reserved int
 }
 
 // label is the cap's name in decisions: Name, or "cap<i>" for the i-th cap of a request.
@@ -40,8 +45,8 @@ func (c Cap) label(i int) string {
 func (c Cap) Validate() error {
 	calendar := !c.Since.IsZero() || !c.Until.IsZero()
 	switch {
-	case c.Limit < 0:
-		return fmt.Errorf("cap %q: limit %d must not be negative", c.Name, c.Limit)
+	case c.Limit < 0 || c.Reserved < 0:
+		return fmt.Errorf("cap %q: limit %d and reserved %d must not be negative", c.Name, c.Limit, c.Reserved)
 	case calendar && c.Window != 0:
 		return fmt.Errorf("cap %q: a window and a calendar period: choose one", c.Name)
 	case calendar && !c.Until.After(c.Since):
@@ -218,6 +223,9 @@ type Decision struct {
 	// Exceeded names every cap that refused the send (Cap among them); the
 	// caller may apply the strictest of their policies.
 	Exceeded []string
+	// Reserved reports that Cap refused the send only because its slots left
+	// are reserved for more important sends (Cap.Reserved).
+	Reserved bool
 	// Shadow names the shadow caps that apply to the send and would have
 	// capped it (their count had reached their limit).
 	Shadow []string

@@ -371,3 +371,66 @@ func TestExceededNamesEveryRefusingCap(t *testing.T) {
 		t.Errorf("second send: %+v, want capped by day, exceeding hour and day", d)
 	}
 }
+
+// TestReservedSlotsInTheScript: a cap whose last slot is reserved, as rules
+// hand it to a send below the reservation's priority (Limit less the slot,
+// Reserved the slot) and to one at or above it (the whole limit), on a fixed
+// clock: two low sends pass, the third is capped by the reservation (with
+// the retry-at of the smaller limit), a high send takes the reserved slot,
+// and after it the cap is full for everyone. Calendar and shadow caps alike.
+func TestReservedSlotsInTheScript(t *testing.T) {
+	e := newEnv(t)
+	low := func(c capping.Cap, slots int) capping.Cap { c.Limit -= slots; c.Reserved = slots; return c }
+	daily := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 3}
+	h := time.Hour
+	steps := []struct {
+		at       time.Duration
+		cap      capping.Cap
+		allowed  bool
+		reserved bool
+		retry    time.Duration
+	}{
+		{0, low(daily, 1), true, false, 0},
+		{h, low(daily, 1), true, false, 0},                       // count 1: below limit - slots
+		{2 * h, low(daily, 1), false, true, 24 * h},              // count 2 = limit - slots: capped by the reservation
+		{3 * h, daily, true, false, 0},                           // priority: the reserved slot
+		{4 * h, daily, false, false, 24 * h},                     // full for everyone
+		{5 * h, low(daily, 1), false, false, 25 * h},             // full: not the reservation's doing
+		{24*h + time.Minute, low(daily, 1), false, true, 25 * h}, // one aged out: 2 left in the window, limit - slots
+		{25*h + time.Minute, low(daily, 1), true, false, 0},      // two aged out
+	}
+	for i, s := range steps {
+		e.clock.Set(base.Add(s.at))
+		d := e.decide(t, job(21, "email", s.cap))[0]
+		var retry time.Duration
+		if !d.RetryAt.IsZero() {
+			retry = d.RetryAt.Sub(base)
+		}
+		if d.Allowed != s.allowed || d.Reserved != s.reserved || retry != s.retry {
+			t.Errorf("step %d at +%v (limit %d, reserved %d): allowed %v reserved %v retry +%v; want %v %v +%v",
+				i, s.at, s.cap.Limit, s.cap.Reserved, d.Allowed, d.Reserved, retry, s.allowed, s.reserved, s.retry)
+		}
+	}
+
+	// A calendar day with 2 slots, 1 reserved: the second low send waits
+	// for the next period, the high one goes.
+	e.clock.Set(base)
+	today := capping.Cap{Name: "today", Since: base.Truncate(24 * h), Until: base.Truncate(24 * h).Add(24 * h), Limit: 2}
+	if d := e.decide(t, job(22, "email", low(today, 1)))[0]; !d.Allowed {
+		t.Errorf("first low send of the day: %+v", d)
+	}
+	if d := e.decide(t, job(22, "email", low(today, 1)))[0]; d.Allowed || !d.Reserved || !d.RetryAt.Equal(today.Until) {
+		t.Errorf("second low send of the day: %+v, want capped by the reservation until %v", d, today.Until)
+	}
+	if d := e.decide(t, job(22, "email", today))[0]; !d.Allowed {
+		t.Errorf("high send after it: %+v, want allowed", d)
+	}
+
+	// A shadow cap with a reservation reports what it would have done to a
+	// low send, and blocks nothing.
+	shadow := capping.Cap{Name: "shadow", Window: h, Limit: 2, Shadow: true}
+	e.decide(t, job(23, "email", daily, shadow))
+	if d := e.decide(t, job(23, "email", daily, low(shadow, 1)))[0]; !d.Allowed || len(d.Shadow) != 1 || d.Shadow[0] != "shadow" {
+		t.Errorf("low send at a shadow cap's reserved slot: %+v, want allowed, reported by the shadow cap", d)
+	}
+}

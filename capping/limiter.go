@@ -656,6 +656,7 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 		}
 		i := int(ints[1]) - 1
 		d.Cap = caps[i].label(i)
+		d.Reserved = caps[i].Reserved > 0 && d.Counts[i] < caps[i].Limit+caps[i].Reserved
 		for j, c := range caps {
 			if !c.Shadow && d.Counts[j] >= c.Limit && c.Scope.Matches(member) {
 				d.Exceeded = append(d.Exceeded, c.label(j))

@@ -77,7 +77,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 			continue
 		}
 		e.plan = rs.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID,
-			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment}, start, &w.buf.plans)
+			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment, Priority: e.job.Priority, HasPriority: e.job.HasPriority}, start, &w.buf.plans)
 		w.route(e)
 	}
 	if err := w.takeTokens(ctx, es); err != nil {

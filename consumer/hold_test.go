@@ -141,7 +141,7 @@ func TestTierWorkerMovesOrReleases(t *testing.T) {
 		header(released, hold.HeaderDue) != hold.FormatTime(t0.Add(-200*time.Millisecond)) || header(released, "trace") != "x" {
 		t.Errorf("released job on %s with headers %v", released.Topic, released.Headers)
 	}
-	if n := len(released.Headers); header(released, hold.HeaderWake) != "" || n != 8 {
+	if n := len(released.Headers); header(released, hold.HeaderWake) != "" || n != 9 { // trace, 7 of capper's, capper-priority
 		t.Errorf("released job keeps its tier state or misses headers: %v", released.Headers)
 	}
 }

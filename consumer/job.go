@@ -40,6 +40,11 @@ type Job struct {
 	// ExpiresAt, when set (RFC 3339), is when the send stops being
 	// relevant: it is never allowed at or after it, nor held beyond it.
 	ExpiresAt time.Time `json:"expires_at"`
+	// Priority is 0..rules.MaxPriority, higher is more important (a cap's
+	// reserved slots are for sends of its min_priority and above); when the
+	// job has none (HasPriority false), the rules give its default.
+	Priority    int  `json:"priority"`
+	HasPriority bool `json:"-"`
 }
 
 // AllTags returns the job's category followed by its tags, without repeats:
@@ -79,9 +84,11 @@ type rawJob struct {
 	Tags       []string `json:"tags"`
 	Timezone   string   `json:"timezone"`
 	ExpiresAt  string   `json:"expires_at"`
+	Priority   userID   `json:"priority"`
 }
 
-// userID parses a JSON number into 0..4294967295 without allocating.
+// userID parses a JSON number into 0..4294967295 without allocating (a
+// user_id, or a priority: DecodeJob checks its range).
 type userID struct {
 	v   uint32
 	set bool
@@ -150,7 +157,12 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 			return bad("tag %q is not 1..%d bytes", truncate(t, 40), MaxTagBytes)
 		}
 	}
-	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category, Tags: r.Tags, Timezone: r.Timezone}
+	switch p := r.Priority; {
+	case p.err != "" || (p.set && p.v > rules.MaxPriority):
+		return bad("priority must be an integer in 0..%d", rules.MaxPriority)
+	}
+	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category, Tags: r.Tags, Timezone: r.Timezone,
+		Priority: int(r.Priority.v), HasPriority: r.Priority.set}
 	if r.Timezone != "" {
 		zone, err := rules.Location(r.Timezone)
 		if err != nil {

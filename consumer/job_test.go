@@ -44,6 +44,13 @@ func TestDecodeJob(t *testing.T) {
 		{"too many tags", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":["a","b","c","d","e","f","g","h","i"]}`, consumer.Job{}, "9 tags, at most 8"},
 		{"empty tag", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":[""]}`, consumer.Job{}, "is not 1..64 bytes"},
 		{"long tag", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":["` + strings.Repeat("t", 65) + `"]}`, consumer.Job{}, "is not 1..64 bytes"},
+		{"priority", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":7}`,
+			consumer.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", Priority: 7, HasPriority: true}, ""},
+		{"priority 0", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":0}`,
+			consumer.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", HasPriority: true}, ""},
+		{"priority too high", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":101}`, consumer.Job{}, "priority must be an integer in 0..100"},
+		{"negative priority", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":-1}`, consumer.Job{}, "priority must be an integer in 0..100"},
+		{"priority as a string", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":"7"}`, consumer.Job{}, "priority must be an integer in 0..100"},
 		{"tags not a list", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":"promotional"}`, consumer.Job{}, "tags must be a list of strings"},
 	}
 	for _, tt := range tests {

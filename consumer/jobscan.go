@@ -74,13 +74,14 @@ const (
 	fieldTags
 	fieldTimezone
 	fieldExpiresAt
+	fieldPriority
 )
 
 var fieldNames = [...]string{fieldJobID: "job_id", fieldUserID: "user_id", fieldCampaignID: "campaign_id", fieldChannel: "channel",
-	fieldCategory: "category", fieldTags: "tags", fieldTimezone: "timezone", fieldExpiresAt: "expires_at"}
+	fieldCategory: "category", fieldTags: "tags", fieldTimezone: "timezone", fieldExpiresAt: "expires_at", fieldPriority: "priority"}
 
 func fieldOf(key []byte) field {
-	for f := fieldJobID; f <= fieldExpiresAt; f++ {
+	for f := fieldJobID; f <= fieldPriority; f++ {
 		if string(key) == fieldNames[f] {
 			return f
 		}
@@ -93,7 +94,7 @@ func fieldOf(key []byte) field {
 // folding to k and s): any ASCII case variant, or any non-ASCII key of a
 // plausible length.
 func foldsToField(key []byte) bool {
-	for f := fieldJobID; f <= fieldExpiresAt; f++ {
+	for f := fieldJobID; f <= fieldPriority; f++ {
 		name := fieldNames[f]
 		if len(key) < len(name) || len(key) > 3*len(name) {
 			continue
@@ -139,6 +140,10 @@ func (s *scanner) field(f field, r *rawJob) bool {
 	case fieldUserID:
 		v, ok := s.uint32()
 		r.UserID = userID{v: v, set: true}
+		return ok
+	case fieldPriority:
+		v, ok := s.uint32()
+		r.Priority = userID{v: v, set: true}
 		return ok
 	case fieldTags:
 		if !s.byte('[') {

@@ -82,4 +82,10 @@ type Outcome struct {
 	HeldBy string
 	// Shadow names the shadow caps that would have capped a forwarded send.
 	Shadow []string
+	// Priority is the send's (its own, or the rules' default for it).
+	Priority int
+	// ReservedFor, on a capped or held send, is the min_priority of Cap's
+	// reserved slots when only those were left (the send's priority is
+	// below it); 0 otherwise.
+	ReservedFor int
 }

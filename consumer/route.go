@@ -62,6 +62,12 @@ type answer struct {
 // A job that must not go is never forwarded unchecked: when Redis cannot say
 // whether it is a redelivery, it is capped.
 func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
+	o := routeOf(p, f, wheel, now)
+	o.Priority = p.Priority
+	return o
+}
+
+func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 	expired := !f.expiresAt.IsZero() && !now.Before(f.expiresAt)
 	if p.Exempt {
 		if expired { // never logged, so there is no earlier send to recognise
@@ -115,10 +121,13 @@ func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 		return Outcome{Kind: Allowed, DecidedAt: cmp.Or(d.Recorded, at), Hold: f.arrived, Shadow: d.Shadow}
 	}
 	o := holdOrRefuse(f, strictest(p, d), d.RetryAt, d.Cap, "cap", wheel, at)
-	if o.Kind == Held {
-		return o
+	if o.Kind != Held {
+		o = Outcome{Kind: Capped, Cap: d.Cap, Reason: o.Reason, RetryAt: d.RetryAt, DecidedAt: at, Hold: f.arrived}
 	}
-	return Outcome{Kind: Capped, Cap: d.Cap, Reason: o.Reason, RetryAt: d.RetryAt, DecidedAt: at, Hold: f.arrived}
+	if d.Reserved {
+		_, o.ReservedFor = p.Reservation(d.Cap)
+	}
+	return o
 }
 
 // strictest is the policy of a send refused by several caps: held only if

@@ -17,7 +17,7 @@ import (
 // have a budget that holds for up to an hour.
 const routeRules = `
 default_caps:
-  - {name: daily, window: 24h, limit: 2}
+  - {name: daily, window: 24h, limit: 2, reserve: {slots: 1, min_priority: 7}}
   - {name: promo-day, window: 24h, limit: 1, tags: [promotional], on_capped: {policy: drop}}
   - {name: weekly, window: 168h, limit: 5, on_capped: {policy: hold, max_hold: 2h}}
 on_capped: {policy: hold, max_hold: 48h}
@@ -92,6 +92,8 @@ func TestRoute(t *testing.T) {
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
 		{name: "two caps refuse it, both hold: the shorter max_hold", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Exceeded: []string{"daily", "weekly"}}}},
 			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
+		{name: "capped by a reservation: says for which priority", job: email, noWheel: true, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Reserved: true}}},
+			want: "capped cap=daily reserved-for=7 retry=15:00:00 at=12:00:00"},
 		{name: "no delay tiers: a hold policy drops", job: email, noWheel: true, f: facts{since: noon, redis: capped(3 * h)},
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
 		{name: "expired on arrival: only a duplicate check", job: email, f: facts{expiresAt: noon}, want: "pending ask=duplicate"},
@@ -171,6 +173,9 @@ func describe(o Outcome) string {
 	add("cap", o.Cap)
 	add("reason", o.Reason)
 	add("error", o.Error)
+	if o.ReservedFor > 0 {
+		add("reserved-for", fmt.Sprint(o.ReservedFor))
+	}
 	if !o.RetryAt.IsZero() {
 		add("retry", clock(o.RetryAt))
 	}

@@ -35,6 +35,12 @@ const (
 	// HeaderShadow names, comma-separated, the shadow caps that would have
 	// capped a forwarded send (absent when none would have).
 	HeaderShadow = "capper-shadow-capped"
+	// HeaderPriority is the send's priority (its own, or the rules' default),
+	// on allowed, capped and held outputs.
+	HeaderPriority = "capper-priority"
+	// HeaderReservedFor, on a capped or held send, is the min_priority of the
+	// cap's reserved slots when only those were left for it.
+	HeaderReservedFor = "capper-reserved-for"
 )
 
 // truncatedValueBytes is how much of the value an oversize job keeps on the
@@ -133,6 +139,7 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 		add(hold.HeaderCount, hv.get(strconv.Itoa(o.Hold.Count)))
 		add(HeaderDecidedAt, hv.time(o.DecidedAt))
 		add(HeaderSegment, hv.get(segment))
+		e.priority(add, o)
 		return append(outs, m)
 	case DeadLetter:
 		m.Topic = e.topics.DLQ
@@ -179,7 +186,17 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 		add(HeaderHeldFor, strconv.AppendFloat(nil, o.DecidedAt.Sub(h.Since).Seconds(), 'f', 3, 64))
 	}
 	add(HeaderSegment, hv.get(segment))
+	e.priority(add, o)
 	return append(outs, m)
+}
+
+// priority adds the send's priority and, when a reservation refused it, the
+// priority the slots are kept for.
+func (e *encoder) priority(add func(string, []byte), o *Outcome) {
+	add(HeaderPriority, e.hv.get(strconv.Itoa(o.Priority)))
+	if o.ReservedFor > 0 {
+		add(HeaderReservedFor, e.hv.get(strconv.Itoa(o.ReservedFor)))
+	}
 }
 
 // Output is what capper says on one message of an output topic (allowed,
@@ -205,6 +222,8 @@ type Output struct {
 	HoldCount        int
 	HeldSince, DueAt time.Time
 	HeldFor          float64
+	// Priority is capper-priority; ReservedFor is capper-reserved-for (0: absent).
+	Priority, ReservedFor int
 }
 
 // ParseOutput reads capper's headers of an output message; other headers
@@ -235,6 +254,10 @@ func ParseOutput(hs []kafka.Header) (Output, error) {
 			o.DecidedAt, err = time.Parse(time.RFC3339Nano, v)
 		case HeaderHeldFor:
 			o.HeldFor, err = strconv.ParseFloat(v, 64)
+		case HeaderPriority:
+			o.Priority, err = strconv.Atoi(v)
+		case HeaderReservedFor:
+			o.ReservedFor, err = strconv.Atoi(v)
 		case hold.HeaderCount:
 			o.HoldCount, err = strconv.Atoi(v)
 		case hold.HeaderSince:

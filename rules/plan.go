@@ -22,6 +22,9 @@ type Job struct {
 	// (the default caps apply).
 	Segment   string
 	InSegment bool
+	// Priority is the job's own (HasPriority), else the rules give one.
+	Priority    int
+	HasPriority bool
 }
 
 // Plan is what the rules say about one send at one instant (Rules.Plan).
@@ -44,6 +47,8 @@ type Plan struct {
 	// FailOpenAfter is how long Redis may be unavailable before the send
 	// goes out unchecked; 0: never (fail-closed).
 	FailOpenAfter time.Duration
+	// Priority is the send's: its own, else the rules' default for it.
+	Priority int
 
 	r        *Rules
 	segKey   string
@@ -74,13 +79,17 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	p := Plan{r: r, segKey: r.segmentKey(job.Segment, job.InSegment), category: job.Category,
 		Exempt: r.exempt[job.Category], CountOnly: r.countOnly[job.Category], Retention: r.retention,
 		FailOpenAfter: r.FailOpenAfter(job.Category, job.Segment)}
+	p.Priority = job.Priority
+	if !job.HasPriority {
+		p.Priority = r.DefaultPriority(job.Campaign, job.Category, job.Tags)
+	}
 	if p.Exempt {
 		return p
 	}
 	p.QuietUntil = r.QuietUntil(job.Segment, job.InSegment, job.Category, job.Zone, now)
 	if !p.CountOnly {
 		n := len(b.caps)
-		b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone}, now)
+		b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone, Priority: p.Priority}, now)
 		p.Caps = b.caps[n:len(b.caps):len(b.caps)]
 	}
 	n := len(b.wants)
@@ -106,4 +115,22 @@ func (p *Plan) OnShort(budget string) Policy {
 		return Policy{}
 	}
 	return Policy{Hold: true, MaxHold: p.r.budgetHold[budget]}
+}
+
+// Reservation returns the reserve of the plan's cap named cap: the slots it
+// keeps for sends of minPriority and above (0, 0: none).
+func (p *Plan) Reservation(cap string) (slots, minPriority int) {
+	if p.r == nil {
+		return 0, 0
+	}
+	caps := p.r.def
+	if cs, ok := p.r.bySegment[p.segKey]; ok {
+		caps = cs
+	}
+	for i := range caps {
+		if caps[i].name == cap {
+			return caps[i].reserve, caps[i].minPriority
+		}
+	}
+	return 0, 0
 }

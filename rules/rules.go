@@ -56,6 +56,9 @@ type Config struct {
 	Categories []Category `yaml:"categories"`
 	// Budgets are global send-rate budgets shared by every replica.
 	Budgets []Budget `yaml:"budgets"`
+	// Priorities give jobs without a priority of their own a default, by
+	// campaign, tag or category (see Priority).
+	Priorities []Priority `yaml:"priorities"`
 	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
 	ReloadInterval Duration `yaml:"reload_interval"`
 }
@@ -88,6 +91,8 @@ type Cap struct {
 	Shadow bool `yaml:"shadow"`
 	// OnCapped overrides every other policy for the sends this cap refuses.
 	OnCapped *OnCapped `yaml:"on_capped"`
+	// Reserve keeps the cap's last slots for sends of a minimum priority.
+	Reserve *Reserve `yaml:"reserve"`
 }
 
 // Scope selects sends, for a cap or a budget.
@@ -192,6 +197,7 @@ type Rules struct {
 	hold       holdRules
 	budgets    []compiledBudget
 	budgetHold map[string]time.Duration
+	prio       priorities
 	periods    sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
 }
 
@@ -209,6 +215,8 @@ type compiled struct {
 	scope       capping.Scope // without the campaign
 	perCampaign bool
 	shadow      bool
+	reserve     int // slots kept for sends of minPriority and above
+	minPriority int
 }
 
 // Compile validates c and compiles it as rules version.
@@ -284,6 +292,9 @@ func Compile(c Config, version int64) (*Rules, error) {
 	if err := r.compileBudgets(c.Budgets); err != nil {
 		return nil, err
 	}
+	if err := r.compilePriorities(c.Priorities); err != nil {
+		return nil, err
+	}
 	r.hold.anyHold = r.hold.anyHold || len(r.budgets) > 0 // a job short of a token waits for it
 	return r, nil
 }
@@ -313,6 +324,10 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 			return nil, fmt.Errorf("%s: window %v must be whole milliseconds, at least 1ms", f, cc.window)
 		}
 		cc.limit = *c.Limit
+		var err error
+		if cc.reserve, cc.minPriority, err = compileReserve(f, c.Reserve, cc.limit); err != nil {
+			return nil, err
+		}
 		switch c.Calendar {
 		case "":
 		case "day":
@@ -429,6 +444,7 @@ func (r *Rules) FailOpenAfter(category, segment string) time.Duration {
 type Send struct {
 	Campaign string
 	Zone     *time.Location // nil: the rules' default
+	Priority int            // below a cap's reserve.min_priority, its reserved slots are not the send's
 }
 
 // Caps appends to dst the caps of a user's segment (the default caps when
@@ -449,6 +465,9 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 	for i := range caps {
 		c := &caps[i]
 		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow}
+		if n := c.reservedFor(s.Priority); n > 0 {
+			out.Limit, out.Reserved = c.limit-n, n
+		}
 		if c.perCampaign {
 			out.Scope = c.scope.Campaign(s.Campaign)
 		}

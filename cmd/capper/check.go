@@ -26,7 +26,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tags := fs.String("tags", "", "comma-separated tags of the hypothetical send")
 	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
 	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
-	if err := parseFlags(fs, "capper check --config FILE (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
+	priority := fs.Int("priority", -1, "priority of the hypothetical send, 0..100 (default: the rules' default for it)")
+	if err := parseFlags(fs, "capper check --config FILE (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *budgetName != "" {
@@ -62,14 +63,17 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		segment = "default"
 	}
 	// The same plan the worker makes of such a send.
+	if *priority > rules.MaxPriority {
+		return fmt.Errorf("--priority %d is not in 0..%d", *priority, rules.MaxPriority)
+	}
 	plan := b.Rules.Plan(rules.Job{Channel: *channel, Category: *category, Tags: allTags, Campaign: *campaign, Zone: zone,
-		Segment: segment, InSegment: inSegment}, now, nil)
+		Segment: segment, InSegment: inSegment, Priority: max(0, *priority), HasPriority: *priority >= 0}, now, nil)
 	caps := plan.Caps
 	shown := segment
 	if !inSegment {
 		shown = "default (in no segment)"
 	}
-	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s\n", uid, shown, b.Limiter.Key(uid), zone)
+	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s  priority %d\n", uid, shown, b.Limiter.Key(uid), zone, plan.Priority)
 	switch {
 	case plan.Exempt:
 		fmt.Fprintf(stdout, "category %s is exempt: such a send is neither counted nor capped\n", *category)
@@ -93,6 +97,10 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if c.Shadow {
 			state = "  [shadow: never blocks]"
 		}
+		if c.Reserved > 0 {
+			_, min := plan.Reservation(c.Name)
+			state += fmt.Sprintf("  [%d more reserved for priority %d and above]", c.Reserved, min)
+		}
 		fmt.Fprintf(stdout, "  cap %-20s %3d of %3d since %s (%s)%s\n", c.Name, d.Counts[i], c.Limit, since.In(zone).Format("2006-01-02 15:04 MST"), window, state)
 	}
 	for _, s := range d.Shadow {
@@ -111,7 +119,12 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !d.RetryAt.IsZero() {
 		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.In(zone).Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
 	}
-	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", *channel, d.Cap, retry, policy(plan.OnCapped(d.Cap)))
+	by := d.Cap
+	if d.Reserved {
+		_, min := plan.Reservation(d.Cap)
+		by += fmt.Sprintf(" (the slots left are reserved for priority %d and above)", min)
+	}
+	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", *channel, by, retry, policy(plan.OnCapped(d.Cap)))
 	return nil
 }
 

@@ -32,6 +32,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&g.ExemptShare, "exempt", 0.02, "share of transactional (exempt) jobs")
 	fs.Float64Var(&g.MalformedShare, "malformed", 0.005, "share of malformed messages")
 	fs.Float64Var(&g.ExpireShare, "expire-share", 0, "share of jobs with an expires_at")
+	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
 	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")

@@ -48,6 +48,9 @@ type Sent struct {
 	Timezone string
 	// ExpiresAt is the job's expires_at (zero: none).
 	ExpiresAt time.Time
+	// Priority is the job's own priority field when HasPriority.
+	Priority    int
+	HasPriority bool
 }
 
 // GenConfig shapes a blast.
@@ -66,6 +69,9 @@ type GenConfig struct {
 	// is generated. Default to 0 and 10m.
 	ExpireShare float64
 	ExpiresIn   time.Duration
+	// PriorityShare of the jobs carry a priority of their own, 0..9 at
+	// random. Defaults to 0.
+	PriorityShare float64
 	// Channels to spread jobs over. Defaults to email, push, sms.
 	Channels []string
 	// Seed makes the blast reproducible; RunID prefixes ids so runs never collide.
@@ -78,7 +84,7 @@ func (c *GenConfig) Validate() error {
 	if c.Jobs < 1 || c.Users < 1 {
 		return errors.New("loadgen: --jobs and --users must be at least 1")
 	}
-	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare, c.ExpireShare} {
+	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare, c.ExpireShare, c.PriorityShare} {
 		if s < 0 || s > 1 {
 			return fmt.Errorf("loadgen: share %v is not in 0..1", s)
 		}
@@ -183,6 +189,10 @@ func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
 				s.ExpiresAt = expires
 				job["expires_at"] = expires.Format(time.RFC3339Nano)
 			}
+			if cfg.PriorityShare > 0 && rng.Float64() < cfg.PriorityShare {
+				s.Priority, s.HasPriority = rng.IntN(10), true
+				job["priority"] = s.Priority
+			}
 			value, _ = json.Marshal(job)
 			jobs = append(jobs, len(sent))
 		}
@@ -218,10 +228,10 @@ func Produce(ctx context.Context, w interface {
 }
 
 // manifestHeader names the manifest's columns.
-var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind", "campaign", "tags", "timezone", "expires_at"}
+var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind", "campaign", "tags", "timezone", "expires_at", "priority"}
 
-// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind,campaign,tags,timezone,expires_at
-// (tags separated by "|", expires_at RFC 3339 or empty).
+// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind,campaign,tags,timezone,expires_at,priority
+// (tags separated by "|", expires_at RFC 3339 or empty, priority empty when the job has none).
 func WriteManifest(w io.Writer, sent []Sent) error {
 	cw := csv.NewWriter(w)
 	if err := cw.Write(manifestHeader); err != nil {
@@ -229,12 +239,19 @@ func WriteManifest(w io.Writer, sent []Sent) error {
 	}
 	for _, s := range sent {
 		if err := cw.Write([]string{s.ID, s.JobID, strconv.FormatUint(uint64(s.UserID), 10), s.Channel, s.Category, s.Kind,
-			s.Campaign, strings.Join(s.Tags, "|"), s.Timezone, formatExpiry(s.ExpiresAt)}); err != nil {
+			s.Campaign, strings.Join(s.Tags, "|"), s.Timezone, formatExpiry(s.ExpiresAt), formatPriority(s)}); err != nil {
 			return err
 		}
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+func formatPriority(s Sent) string {
+	if !s.HasPriority {
+		return ""
+	}
+	return strconv.Itoa(s.Priority)
 }
 
 func formatExpiry(t time.Time) string {
@@ -245,7 +262,7 @@ func formatExpiry(t time.Time) string {
 }
 
 // ReadManifest reads what WriteManifest wrote (and manifests of versions
-// without the expires_at column).
+// without the expires_at and priority columns).
 func ReadManifest(r io.Reader) ([]Sent, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = -1
@@ -259,7 +276,7 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("manifest: %w", err)
 		}
-		if n := len(f); n != len(manifestHeader) && n != len(manifestHeader)-1 {
+		if n := len(f); n < len(manifestHeader)-2 || n > len(manifestHeader) {
 			return nil, fmt.Errorf("manifest line %d: %d fields, want %d", line, n, len(manifestHeader))
 		}
 		if line == 1 {
@@ -277,6 +294,12 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 			if sent.ExpiresAt, err = time.Parse(time.RFC3339Nano, f[9]); err != nil {
 				return nil, fmt.Errorf("manifest line %d: expires_at %q", line, f[9])
 			}
+		}
+		if len(f) > 10 && f[10] != "" {
+			if sent.Priority, err = strconv.Atoi(f[10]); err != nil {
+				return nil, fmt.Errorf("manifest line %d: priority %q", line, f[10])
+			}
+			sent.HasPriority = true
 		}
 		out = append(out, sent)
 	}

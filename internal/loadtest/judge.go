@@ -25,6 +25,8 @@ type judge struct {
 	zone      *time.Location
 	weekStart time.Weekday
 	budgets   []jbudget
+	// priorities by campaign, tag and category (rules.priorities)
+	prioCampaign, prioTag, prioCategory map[string]int
 }
 
 // jscope is a cap's or a budget's scope as written.
@@ -37,6 +39,8 @@ type jscope struct {
 type jcap struct {
 	name     string
 	limit    int
+	// reserve slots are for sends of minPriority and above
+	reserve, minPriority int
 	window   time.Duration // rolling; zero for a calendar cap
 	calendar string        // day, week, month
 	shadow   bool
@@ -51,7 +55,18 @@ type jbudget struct {
 }
 
 func newJudge(c rules.Config) (*judge, error) {
-	j := &judge{segments: map[string][]jcap{}, exempt: map[string]bool{}, countOnly: map[string]bool{}, zone: time.UTC, weekStart: time.Monday}
+	j := &judge{segments: map[string][]jcap{}, exempt: map[string]bool{}, countOnly: map[string]bool{}, zone: time.UTC, weekStart: time.Monday,
+		prioCampaign: map[string]int{}, prioTag: map[string]int{}, prioCategory: map[string]int{}}
+	for _, p := range c.Priorities {
+		switch {
+		case p.Campaign != "":
+			j.prioCampaign[p.Campaign] = p.Priority
+		case p.Tag != "":
+			j.prioTag[p.Tag] = p.Priority
+		default:
+			j.prioCategory[p.Category] = p.Priority
+		}
+	}
 	var err error
 	if j.def, err = jcaps(c.DefaultCaps); err != nil {
 		return nil, err
@@ -103,7 +118,11 @@ func jcaps(cs []rules.Cap) ([]jcap, error) {
 		if name == "" {
 			name = fmt.Sprintf("cap%d", i)
 		}
-		out = append(out, jcap{name: name, limit: *c.Limit, window: time.Duration(c.Window), calendar: c.Calendar, shadow: c.Shadow, scope: jscopeOf(c.Scope)})
+		jc := jcap{name: name, limit: *c.Limit, window: time.Duration(c.Window), calendar: c.Calendar, shadow: c.Shadow, scope: jscopeOf(c.Scope)}
+		if c.Reserve != nil {
+			jc.reserve, jc.minPriority = c.Reserve.Slots, c.Reserve.MinPriority
+		}
+		out = append(out, jc)
 	}
 	return out, nil
 }
@@ -173,4 +192,34 @@ func (j *judge) since(c *jcap, t time.Time, zone *time.Location) time.Time {
 		d = 1
 	}
 	return time.Date(y, m, d, 0, 0, 0, 0, zone)
+}
+
+// priority is a send's priority: its own, else its campaign's, else the
+// highest of its tags' (its category among them), else its category's, else 0.
+func (j *judge) priority(s *Sent) int {
+	if s.HasPriority {
+		return s.Priority
+	}
+	if p, ok := j.prioCampaign[s.Campaign]; ok {
+		return p
+	}
+	best, found := 0, false
+	for _, t := range append([]string{category(s)}, s.Tags...) {
+		if p, ok := j.prioTag[t]; ok && (!found || p > best) {
+			best, found = p, true
+		}
+	}
+	if found {
+		return best
+	}
+	return j.prioCategory[category(s)]
+}
+
+// limitFor is the part of cap c's limit a send of priority p may use: all of
+// it, or without the reserved slots when p is below their min_priority.
+func (c *jcap) limitFor(p int) int {
+	if c.reserve > 0 && p < c.minPriority {
+		return c.limit - c.reserve
+	}
+	return c.limit
 }

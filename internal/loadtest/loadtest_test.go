@@ -328,10 +328,11 @@ func TestCheckBudget(t *testing.T) {
 // Scope.Matches) over four random nights of sends to a user in Kolkata: as it is, the report
 // agrees with every decision; with a deliberate bug (calendar days bounded
 // in UTC rather than the user's zone; the category left out of the tags a
-// scope matches) it allows sends the report flags.
+// scope matches; every send taken for important, so reserved slots go to
+// any) it allows sends the report flags.
 func TestJudgeIsIndependent(t *testing.T) {
-	cfg := rules.Config{DefaultCaps: []rules.Cap{
-		{Name: "today", Calendar: "day", Limit: limit(3)},
+	cfg := rules.Config{Priorities: []rules.Priority{{Campaign: "c0", Priority: 8}, {Tag: "promotional", Priority: 2}}, DefaultCaps: []rules.Cap{
+		{Name: "today", Calendar: "day", Limit: limit(3), Reserve: &rules.Reserve{Slots: 1, MinPriority: 7}},
 		{Name: "promo-today", Calendar: "day", Limit: limit(1), Scope: rules.Scope{Tags: []string{"promotional"}}},
 		{Name: "push-hour", Window: rules.Duration(time.Hour), Limit: limit(1), Scope: rules.Scope{Channel: "push"}},
 	}}
@@ -355,6 +356,9 @@ func TestJudgeIsIndependent(t *testing.T) {
 	for i := range times {
 		sent = append(sent, loadtest.Sent{ID: fmt.Sprint("m", i), JobID: fmt.Sprint("j", i), UserID: 1, Channel: []string{"email", "push", "sms"}[rnd.IntN(3)],
 			Category: []string{"marketing", "promotional"}[rnd.IntN(2)], Campaign: fmt.Sprint("c", rnd.IntN(5)), Timezone: "Asia/Kolkata", Kind: loadtest.KindJob})
+		if rnd.IntN(4) == 0 {
+			sent[i].Priority, sent[i].HasPriority = rnd.IntN(10), true
+		}
 	}
 	type entry struct {
 		t      time.Time
@@ -367,14 +371,17 @@ func TestJudgeIsIndependent(t *testing.T) {
 			s, now := &sent[i], times[i]
 			zone, _ := rules.Location(s.Timezone)
 			tags := (&consumer.Job{Category: s.Category, Tags: s.Tags}).AllTags()
+			job := rules.Job{Channel: s.Channel, Category: s.Category, Tags: tags, Campaign: s.Campaign, Zone: zone, Priority: s.Priority, HasPriority: s.HasPriority}
 			switch bug {
 			case "utc":
-				zone = time.UTC
+				job.Zone = time.UTC
 			case "category":
-				tags = s.Tags
+				job.Tags = s.Tags
+			case "no reservations":
+				job.Priority, job.HasPriority = rules.MaxPriority, true
 			}
-			member := capping.Member(s.JobID, s.Channel, s.Campaign, tags)
-			plan := rs.Plan(rules.Job{Channel: s.Channel, Category: s.Category, Tags: tags, Campaign: s.Campaign, Zone: zone}, now, nil)
+			member := capping.Member(s.JobID, s.Channel, s.Campaign, job.Tags)
+			plan := rs.Plan(job, now, nil)
 			ok := true
 			for _, c := range plan.Caps {
 				if !c.Scope.Matches(member) {
@@ -403,7 +410,7 @@ func TestJudgeIsIndependent(t *testing.T) {
 	}
 	for _, c := range []struct {
 		bug, cap string // the cap a buggy worker lets through ("" : none)
-	}{{"", ""}, {"utc", `cap "today"`}, {"category", `cap "promo-today"`}} {
+	}{{"", ""}, {"utc", `cap "today"`}, {"category", `cap "promo-today"`}, {"no reservations", `reserved for priority 7`}} {
 		outs := worker(c.bug)
 		allowed := 0
 		for _, o := range outs {

@@ -321,6 +321,7 @@ func (c *checker) caps() {
 				continue
 			}
 			zone := c.j.zoneOf(s.sent)
+			priority := c.j.priority(s.sent)
 			for k := range caps {
 				cp := &caps[k]
 				if cp.shadow || violated[cp.name] || !cp.scope.matches(s.sent, s.sent) {
@@ -333,11 +334,16 @@ func (c *checker) caps() {
 						before++
 					}
 				}
-				if before >= cp.limit {
+				if limit := cp.limitFor(priority); before >= limit {
 					violated[cp.name] = true
 					c.r.Violations++
-					c.r.problem("user %d: send %s at %s had %d earlier sends in the window of cap %q, which allows %d",
-						u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.name, cp.limit)
+					if limit < cp.limit {
+						c.r.problem("user %d: send %s of priority %d at %s used a slot of cap %q reserved for priority %d and above (%d earlier sends; %d of %d are for any send)",
+							u, s.sent.JobID, priority, s.t.Format(time.RFC3339Nano), cp.name, cp.minPriority, before, limit, cp.limit)
+					} else {
+						c.r.problem("user %d: send %s at %s had %d earlier sends in the window of cap %q, which allows %d",
+							u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.name, cp.limit)
+					}
 				}
 			}
 		}

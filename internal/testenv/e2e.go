@@ -6,6 +6,7 @@ package testenv
 // asserts. Used by the tests of the capper binary and of the daemon.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -37,6 +38,9 @@ type Stack struct {
 	Held    string    // audit records of held jobs (with EnableHold)
 	Prefix  string    // of Redis keys, S3 segment objects, topics and the group
 	Config  string    // path of the worker's config file
+	// DefaultCap is the daily cap of users in no segment that
+	// CheckAccounting holds them to; 0: TestRules' 2.
+	DefaultCap int
 
 	// The secured stack's admin clients (NewSecureStack); zero: plain.
 	dialer    *kafka.Dialer
@@ -191,6 +195,7 @@ type JobSpec struct {
 	Campaign, Timezone    string
 	Tags                  []string
 	ExpiresAt             time.Time
+	Priority              *int // nil: the job has none
 }
 
 func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
@@ -213,6 +218,9 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 		}
 		if !j.ExpiresAt.IsZero() {
 			v["expires_at"] = j.ExpiresAt.UTC().Format(time.RFC3339Nano)
+		}
+		if j.Priority != nil {
+			v["priority"] = *j.Priority
 		}
 		b, _ := json.Marshal(v)
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
@@ -363,7 +371,7 @@ func (s *Stack) CheckAccounting(jobs []JobSpec, outs []Output, exactLog bool) {
 	for u := range users {
 		l, ok := limit[u]
 		if !ok {
-			l = 2
+			l = cmp.Or(s.DefaultCap, 2)
 		}
 		if n := len(allowed[u]); n > l {
 			s.T.Errorf("user %d: %d unique jobs allowed, cap %d", u, n, l)
