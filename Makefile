@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget bench-priority
 
 GO ?= go
 
@@ -52,3 +52,7 @@ bench-hold:
 ## bench-budget: the cost of a global budget that never binds, end to end, side by side with none, and its Redis calls per 1,000 jobs
 bench-budget:
 	scripts/bench-budget.sh
+
+## bench-priority: what priority costs per decision: unused, reserved, arbitrated, every send competing (medians of 3)
+bench-priority:
+	scripts/bench-priority.sh

@@ -124,3 +124,50 @@ func deletePrefix(tb testing.TB, rdb *redis.ClusterClient, prefix string) {
 		return it.Err()
 	})
 }
+
+// BenchmarkPriority is the cost of priority, batches of 512 for random users
+// as BenchmarkDecide/batch=512/pipelines=1: unused (the plain caps), with a
+// reserved slot (the script only sees a smaller limit), arbitrated caps that
+// never reach their last slot (the common case: the script never reads the
+// candidates), and every send competing (a daily cap of 1 arbitrated: each
+// send is a candidate: the candidates are read and one is written).
+// scripts/bench-priority.sh alternates them and prints the medians.
+func BenchmarkPriority(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	prefix := testenv.Unique("bench")
+	defer deletePrefix(b, rdb, prefix)
+	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Pipelines: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	reserved := append([]capping.Cap(nil), benchCaps...)
+	reserved[0].Limit, reserved[0].Reserved = reserved[0].Limit-1, 1
+	arbitrated := append([]capping.Cap(nil), benchCaps...)
+	arbitrated[0].Arbitrated = true
+	competing := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: 1, Arbitrated: true}, benchCaps[1]}
+	var seq atomic.Int64
+	for _, m := range []struct {
+		name        string
+		caps        []capping.Cap
+		arbitration time.Duration
+	}{{"unused", benchCaps, 0}, {"reserved", reserved, 0}, {"arbitrated", arbitrated, time.Minute}, {"competing", competing, time.Minute}} {
+		b.Run(m.name, func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 11))
+				reqs := make([]capping.Request, 512)
+				ctx := context.Background()
+				for pb.Next() {
+					for i := range reqs {
+						reqs[i] = capping.Request{UserID: uint32(rng.IntN(benchUsers)), JobID: fmt.Sprint("p", seq.Add(1)), Channel: "email",
+							Caps: m.caps, Arbitration: m.arbitration, Priority: rng.IntN(10)}
+					}
+					if _, err := lim.Decide(ctx, reqs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*512)/b.Elapsed().Seconds(), "decisions/s")
+		})
+	}
+}

@@ -26,6 +26,9 @@ type Cap struct {
 	Scope Scope
 	// Shadow caps are counted and reported (Decision.Shadow) but never block.
 	Shadow bool
+	// Arbitrated: the cap's last slot goes to the highest priority among the
+	// sends that ask for it within an arbitration window (Request.Arbitration).
+	Arbitrated bool
 	// Reserved is how many more slots the cap has that this send may not use
 	// (kept for more important sends): Limit is what the send may use, Limit
 	// + Reserved the cap's own limit. Decision.Reserved says when they made
@@ -88,13 +91,16 @@ func NewScope(channels, tags []string) Scope {
 // unscoped cap that blocks (the common case, no allocation).
 func (c *Cap) filter() string {
 	s := c.Scope
-	if !c.Shadow && s.channels == "" && s.tags == "" && s.campaign == "" {
+	if !c.Shadow && !c.Arbitrated && s.channels == "" && s.tags == "" && s.campaign == "" {
 		return ""
 	}
 	b := make([]byte, 0, 3+len(s.channels)+len(s.tags)+len(s.campaign))
 	flags := byte(0)
 	if c.Shadow {
 		flags = 1
+	}
+	if c.Arbitrated {
+		flags |= 2
 	}
 	b = append(b, flags, byte(len(s.channels)/2))
 	b = append(b, s.channels...)
@@ -177,6 +183,16 @@ type Request struct {
 	// or evicted, and Caps must be empty. Its Decision is Duplicate (with
 	// Recorded) when the job is in the log, else the zero decision.
 	DuplicateOnly bool
+	// Arbitration, when above 0, is the arbitration window of the request's
+	// Arbitrated caps: a send that would take the last slot of one of them is
+	// not recorded but answered Candidate, to be decided again at RetryAt
+	// (the window's end), when the highest Priority of the window wins.
+	Arbitration time.Duration
+	// Priority is the send's, for arbitration (0..100).
+	Priority int
+	// Candidate marks a send that comes back at the end of its arbitration
+	// window: the near cache does not answer it.
+	Candidate bool
 }
 
 func (r *Request) validate() error {
@@ -226,6 +242,10 @@ type Decision struct {
 	// Reserved reports that Cap refused the send only because its slots left
 	// are reserved for more important sends (Cap.Reserved).
 	Reserved bool
+	// Candidate: the send would take the last slot of Cap, which is
+	// arbitrated; it is registered (not recorded, not allowed) and must be
+	// sent again at RetryAt, the end of its arbitration window.
+	Candidate bool
 	// Shadow names the shadow caps that apply to the send and would have
 	// capped it (their count had reached their limit).
 	Shadow []string

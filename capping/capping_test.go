@@ -434,3 +434,73 @@ func TestReservedSlotsInTheScript(t *testing.T) {
 		t.Errorf("low send at a shadow cap's reserved slot: %+v, want allowed, reported by the shadow cap", d)
 	}
 }
+
+// TestArbitration: a daily cap of 2 whose last slot is arbitrated in windows
+// of 2 minutes, on a fixed clock. A send that does not need the last slot
+// goes at once; the sends that need it become candidates of one window; at
+// its end the highest priority wins whichever comes back first (ties: the
+// earliest), a redelivered candidate keeps its window, a look writes nothing,
+// and a candidate that never comes back does not hold the slot.
+func TestArbitration(t *testing.T) {
+	e := newEnv(t)
+	daily := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 2, Arbitrated: true}
+	win := 2 * time.Minute
+	send := func(user uint32, id string, priority int, candidate bool) capping.Decision {
+		t.Helper()
+		return e.decide(t, capping.Request{UserID: user, JobID: id, Channel: "push", Caps: []capping.Cap{daily},
+			Arbitration: win, Priority: priority, Candidate: candidate})[0]
+	}
+	type want struct {
+		allowed, candidate bool
+		retry              time.Duration // from base; 0: none
+	}
+	check := func(what string, d capping.Decision, w want) {
+		t.Helper()
+		var retry time.Duration
+		if !d.RetryAt.IsZero() {
+			retry = d.RetryAt.Sub(base)
+		}
+		if d.Allowed != w.allowed || d.Candidate != w.candidate || retry != w.retry || (!d.Allowed && d.Cap != "daily") {
+			t.Errorf("%s: allowed %v candidate %v retry +%v cap %q; want %v %v +%v", what, d.Allowed, d.Candidate, retry, d.Cap, w.allowed, w.candidate, w.retry)
+		}
+	}
+	for _, highFirst := range []bool{false, true} {
+		u := uint32(31)
+		if highFirst {
+			u = 32
+		}
+		e.clock.Set(base)
+		check("first send", send(u, "first", 0, false), want{allowed: true})
+		e.clock.Set(base.Add(10 * time.Second))
+		check("low, at the last slot", send(u, "low", 1, false), want{candidate: true, retry: 10*time.Second + win})
+		if d, err := e.lim.Peek(context.Background(), capping.Request{UserID: u, JobID: "peek", Channel: "push", Caps: []capping.Cap{daily}, Arbitration: win, Priority: 5}); err != nil || !d.Candidate {
+			t.Errorf("a look at the last slot: %+v %v, want a candidate", d, err)
+		}
+		e.clock.Set(base.Add(40 * time.Second))
+		check("high, in the same window", send(u, "high", 9, false), want{candidate: true, retry: 10*time.Second + win})
+		e.clock.Set(base.Add(70 * time.Second))
+		check("low redelivered", send(u, "low", 1, false), want{candidate: true, retry: 10*time.Second + win})
+		e.clock.Set(base.Add(10*time.Second + win + 50*time.Millisecond))
+		if highFirst {
+			check("high back", send(u, "high", 9, true), want{allowed: true})
+			check("low back", send(u, "low", 1, true), want{retry: capping.Daily})
+		} else {
+			check("low back", send(u, "low", 1, true), want{retry: capping.Daily})
+			check("high back", send(u, "high", 9, true), want{allowed: true})
+		}
+		check("the peek was not registered", send(u, "peek", 5, true), want{retry: capping.Daily})
+	}
+
+	// Ties go to the earliest; a candidate that never comes back is forgotten.
+	e.clock.Set(base)
+	send(33, "first", 0, false)
+	check("a", send(33, "a", 5, false), want{candidate: true, retry: win})
+	e.clock.Set(base.Add(time.Second))
+	check("b", send(33, "b", 5, false), want{candidate: true, retry: win})
+	e.clock.Set(base.Add(win))
+	check("b back: a was earlier", send(33, "b", 5, true), want{retry: capping.Daily})
+	e.clock.Set(base.Add(2*win + time.Minute)) // a never came back; its window and grace are over
+	check("c, after a was forgotten", send(33, "c", 1, false), want{candidate: true, retry: 3*win + time.Minute})
+	e.clock.Set(base.Add(3*win + time.Minute))
+	check("c back", send(33, "c", 1, true), want{allowed: true})
+}

@@ -10,19 +10,34 @@
 -- ARGV[4]  retention (ms): entries this old are evicted, the key expires after it
 -- ARGV[5]  most log entries to return (0: never) when, after this decision, a cap that blocks is full
 --          (its count has reached its limit): the caller's near cache keeps that copy of the log
--- ARGV[6..] four values per cap:
+-- ARGV[6]  arbitration window (ms), 0: none; with a window, KEYS[2] is the user's candidates
+-- ARGV[7]  the send's priority (0..100), which wins an arbitration
+-- ARGV[8..] four values per cap:
 --   since    first ms that counts (rolling: now - window + 1; calendar: the period's start)
 --   limit    most sends allowed in the window
 --   reset    rolling: the window's length in ms (a send counts until score + window);
 --            calendar: minus the period's end, when a capped send may go
---   filter   "" for every send and not shadow; else packed: 1 byte flags (1 = shadow: count and report,
---            never block), 1 byte n and n 2-byte channel digests, 1 byte m and m 2-byte tag digests,
---            then a 4-byte campaign digest or nothing
+--   filter   "" for every send, not shadow, not arbitrated; else packed: 1 byte flags (1 = shadow: count
+--            and report, never block; 2 = arbitrated: its last slot goes to the highest priority of an
+--            arbitration window), 1 byte n and n 2-byte channel digests, 1 byte m and m 2-byte tag
+--            digests, then a 4-byte campaign digest or nothing
+-- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
+--          member -> "priority:registered_ms:window_end_ms"
+--
+-- Arbitration: a send that every cap allows but that would take the last slot of an arbitrated cap
+-- that applies to it is not recorded: it becomes a candidate of the user's open window (or opens one,
+-- ending ARGV[6] ms from now) and must come back at its end (status 3). When a candidate comes back at
+-- or after its window's end, the window's highest priority (ties: the earliest registered) is decided
+-- as any send; the others are capped by that cap (status 0), unless the slot is no longer the last
+-- (then there is room for them too). Sends that do not need the last slot never touch KEYS[2].
+-- A candidate is forgotten max(window, 60 s) after its window ends, so a job that never comes back
+-- cannot hold the slot; a redelivered candidate is recognised by its member.
 --
 -- A cap applies to this send when the send's member matches its scope, and counts the entries that match.
 -- Reply: {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
 --   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
---             2 duplicate: this member is already in the log, i.e. the job was allowed before
+--             2 duplicate: this member is already in the log, i.e. the job was allowed before,
+--             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap)
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
 --   retry_at  ms at which every exceeded cap passes again; 0 when capped for good (a limit of 0);
 --             for a duplicate, the ms at which the job was recorded; for an allowed send, the ms it is
@@ -40,6 +55,9 @@ local member = ARGV[2]
 local record = ARGV[3] == '1'
 local retention = tonumber(ARGV[4])
 local maxlog = tonumber(ARGV[5])
+local window = tonumber(ARGV[6])
+local priority = tonumber(ARGV[7])
+local arbkey = KEYS[2]
 
 local function has(set, d)
   for i = 1, #set, #d do
@@ -94,10 +112,10 @@ for i = 1, n do
   end
 end
 
--- parse unpacks a filter: shadow, channels, tags, campaign, and whether it selects at all.
+-- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.
 local function parse(f)
   if f == '' then
-    return false, '', '', '', false
+    return false, '', '', '', false, false
   end
   local nc = string.byte(f, 2)
   local p = 3 + 2 * nc
@@ -105,14 +123,17 @@ local function parse(f)
   local nt = string.byte(f, p)
   local tags = string.sub(f, p + 1, p + 2 * nt)
   local campaign = string.sub(f, p + 1 + 2 * nt)
-  return string.byte(f, 1) % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= ''
+  local flags = string.byte(f, 1)
+  return flags % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= '',
+    math.floor(flags / 2) % 2 == 1
 end
 
 local caps, counts = {}, {}
 local hit, retry_at, never = 0, 0, false
-for i = 6, #ARGV - 3, 4 do
+local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
+for i = 8, #ARGV - 3, 4 do
   local c = {since = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), reset = tonumber(ARGV[i + 2])}
-  c.shadow, c.channels, c.tags, c.campaign, c.scoped = parse(ARGV[i + 3])
+  c.shadow, c.channels, c.tags, c.campaign, c.scoped, c.arbitrated = parse(ARGV[i + 3])
   c.applies = not c.scoped or matches(member, c.channels, c.tags, c.campaign)
   -- count the entries of its scope in its window, and find the (count - limit + 1)-th oldest:
   -- the entry that must leave the window before a send passes again
@@ -125,6 +146,12 @@ for i = 6, #ARGV - 3, 4 do
   end
   local limit = c.limit
   caps[#caps + 1], counts[#caps + 1] = c, count
+  if c.arbitrated and not c.shadow and c.applies and count == limit - 1 and not last then
+    last, last_at = #caps, -c.reset
+    if c.reset > 0 then
+      last_at = (picked[1] or now) + c.reset -- once the last slot is taken, the oldest entry frees one
+    end
+  end
   if not c.shadow and status ~= 2 and count >= limit and c.applies then
     status = 0
     local at = -c.reset
@@ -146,13 +173,67 @@ if status == 2 then
   retry_at = recorded
 end
 
+-- Arbitration of the last slot (see the header): only for a send that every cap allows and that would
+-- take the last slot of an arbitrated cap, so it costs nothing to the others.
+if arbkey and window > 0 and status == 1 and last then
+  local grace = math.max(window, 60000)
+  local function fields(v)
+    local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
+    return tonumber(p), tonumber(r), tonumber(e)
+  end
+  local mine = redis.call('HGET', arbkey, member)
+  local wend = nil
+  if mine then
+    local _, _, e = fields(mine)
+    wend = e
+    if e + grace <= now then -- forgotten: decided as a new send
+      wend = nil
+      if record then
+        redis.call('HDEL', arbkey, member)
+      end
+    end
+  end
+  if wend and now < wend then -- a redelivery before its window ends
+    status, hit, retry_at = 3, last, wend
+  elseif wend then -- back at its window's end: the best of its window takes the slot
+    local all = redis.call('HGETALL', arbkey)
+    local best, bp, br = nil, -1, 0
+    for j = 1, #all, 2 do
+      local p, r, e = fields(all[j + 1])
+      if e == wend and p > bp or (e == wend and p == bp and (r < br or (r == br and all[j] < best))) then
+        best, bp, br = all[j], p, r
+      end
+    end
+    if record then
+      redis.call('HDEL', arbkey, member)
+    end
+    if best ~= member then
+      status, hit, retry_at = 0, last, last_at
+    end
+  else -- a new candidate: join the user's open window, or open one
+    wend = now + window
+    local all = redis.call('HGETALL', arbkey)
+    for j = 2, #all, 2 do
+      local _, _, e = fields(all[j])
+      if e > now and e - window <= now and e < wend then
+        wend = e
+      end
+    end
+    if record then
+      redis.call('HSET', arbkey, member, string.format('%d:%d:%d', priority, now, wend))
+      redis.call('PEXPIRE', arbkey, wend - now + grace)
+    end
+    status, hit, retry_at = 3, last, wend
+  end
+end
+
 if status == 1 then
   if n > 0 and scores[n] > now then
     now = scores[n]
   end
   retry_at = now
 end
-if record and status ~= 0 then
+if record and (status == 1 or status == 2) then
   if status == 1 then
     redis.call('ZADD', key, now, member)
     n = n + 1

@@ -285,7 +285,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		if cache != nil {
 			// A later request of a user whose earlier one goes to Redis must
 			// see that one's outcome, so it goes too.
-			if len(reqs[i].Caps) > 0 && len(reqs[i].Caps) <= maxCaps && !sent[reqs[i].UserID] &&
+			if len(reqs[i].Caps) > 0 && len(reqs[i].Caps) <= maxCaps && !sent[reqs[i].UserID] && !reqs[i].Candidate &&
 				cache.decide(&reqs[i], &b.args[i], &decs[i]) {
 				continue
 			}
@@ -584,18 +584,30 @@ func nodeName(n node) string {
 // argsStart is where ARGV starts in a script call: evalsha, sha, 1, key.
 const argsStart = 4
 
+// ArbitrationKey returns the Redis key of a user's arbitration candidates.
+func (l *Limiter) ArbitrationKey(userID uint32) string { return l.Key(userID) + ":arb" }
+
 // scriptCmd builds one call of decide.lua, EVALSHA (or EVAL with its body
 // when eval is set), with its ARGV (see the script's header) in one array.
 func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLog int) []any {
-	args := make([]any, argsStart+5, argsStart+5+4*len(r.Caps))
+	keys := 1
+	if r.Arbitration > 0 {
+		keys = 2
+	}
+	start := argsStart + keys - 1
+	args := make([]any, start+7, start+7+4*len(r.Caps))
 	args[0], args[1] = "evalsha", decideScript.Hash()
 	if eval {
 		args[0], args[1] = "eval", decideSource
 	}
-	args[2], args[3] = 1, key
-	args[4], args[5], args[6], args[7], args[8] = a.now, a.member, 0, a.retention, maxLog
+	args[2], args[3] = keys, key
+	if keys == 2 {
+		args[4] = key + ":arb"
+	}
+	v := args[start:]
+	v[0], v[1], v[2], v[3], v[4], v[5], v[6] = a.now, a.member, 0, a.retention, maxLog, r.Arbitration.Milliseconds(), r.Priority
 	if record {
-		args[6] = 1
+		v[2] = 1
 	}
 	for i := range r.Caps {
 		c := &r.Caps[i]
@@ -650,6 +662,11 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 	case 2:
 		d.Allowed, d.Duplicate = true, true
 		d.Recorded = time.UnixMilli(ints[2])
+	case 3:
+		if ints[1] < 1 || int(ints[1]) > ncaps {
+			return Decision{}, fmt.Errorf("cap index %d out of range", ints[1])
+		}
+		d.Candidate, d.Cap, d.RetryAt = true, caps[ints[1]-1].label(int(ints[1]-1)), time.UnixMilli(ints[2])
 	case 0:
 		if ints[1] < 1 || int(ints[1]) > ncaps {
 			return Decision{}, fmt.Errorf("cap index %d out of range", ints[1])

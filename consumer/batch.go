@@ -237,8 +237,12 @@ func (w *Worker) request(e *entry) capping.Request {
 		Tags: e.tags, Retention: e.plan.Retention}
 	if e.out.Ask == AskDuplicate {
 		r.DuplicateOnly = true
-	} else {
-		r.Caps = e.plan.Caps
+		return r
+	}
+	r.Caps = e.plan.Caps
+	if arbitrates(&e.plan, &e.facts, w.cfg.Wheel, e.at) {
+		r.Arbitration, r.Priority = max(e.plan.Arbitration, time.Millisecond), e.plan.Priority
+		r.Candidate = e.facts.arrived.Reason == ReasonArbitration
 	}
 	return r
 }
@@ -357,6 +361,9 @@ func (w *Worker) encode(batch []kafka.Message, es []entry, start time.Time) *dec
 			}
 		}
 		d.decisions[o.Kind]++
+		if o.Arbitration != "" {
+			w.m.arbitrations.WithLabelValues(o.Arbitration).Inc()
+		}
 	}
 	return d
 }

@@ -24,6 +24,7 @@ type Metrics struct {
 	heldNow      *prometheus.GaugeVec
 	moves        *prometheus.CounterVec
 	releaseLag   prometheus.Histogram
+	arbitrations *prometheus.CounterVec
 }
 
 // NewMetrics makes the workers' metrics and registers them with reg (nil: unregistered).
@@ -57,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"cap"})
 	m.rulesVersion = prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_rules_version", Help: "Version of the rules in force."})
 	m.held = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at), quiet_hours, budget (a budget had no token).",
+		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at), quiet_hours, budget (a budget had no token), arbitration (a candidate for a cap's last slot, waiting for its window to end).",
 	}, []string{"reason"})
 	m.notHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_not_held_total", Help: "Capped jobs that were not held, by reason: never (a limit of 0), expired (on arrival, or its slot comes after expires_at), beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
@@ -72,13 +73,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "capper_release_lag_seconds", Help: "From a held job's due time to its release (decided again).",
 		Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 300},
 	})
+	m.arbitrations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_arbitrations_total", Help: "Sends in an arbitration of a cap's last slot, by result: candidate (held until its window ends), won (allowed at its end), lost (capped, then held or dropped by its policy).",
+	}, []string{"result"})
+	for _, s := range []string{"candidate", "won", "lost"} {
+		m.arbitrations.WithLabelValues(s)
+	}
 	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
 		m.jobs.WithLabelValues(s)
 	}
 	for _, s := range []string{"redis", "redis_budget", "kafka_fetch", "kafka_write", "kafka_commit"} {
 		m.errors.WithLabelValues(s) // 0 from the start, so that rate() and alerts see them
 	}
-	for _, s := range []string{"cap", "quiet_hours", "budget"} {
+	for _, s := range []string{"cap", "quiet_hours", "budget", "arbitration"} {
 		m.held.WithLabelValues(s)
 	}
 	for _, s := range []string{"never", "expired", "beyond_max_hold", "quiet_hours"} {
@@ -88,7 +95,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped, m.cappedBy,
-		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag} {
+		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag, m.arbitrations} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("consumer: register metrics: %w", err)
 		}

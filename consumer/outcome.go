@@ -84,6 +84,9 @@ type Outcome struct {
 	Shadow []string
 	// Priority is the send's (its own, or the rules' default for it).
 	Priority int
+	// Arbitration says what became of a send in an arbitration of a cap's
+	// last slot: candidate (held until its window ends), won or lost.
+	Arbitration string
 	// ReservedFor, on a capped or held send, is the min_priority of Cap's
 	// reserved slots when only those were left (the send's priority is
 	// below it); 0 otherwise.

@@ -19,6 +19,16 @@ const (
 	ReasonExpired    = "expired"         // its expires_at passed, or comes before its slot
 	ReasonMaxHold    = "beyond max_hold" // its slot comes after submission + max_hold
 	ReasonQuietHours = "quiet_hours"     // in quiet hours under the drop policy
+	// ReasonArbitration is the hold reason of a candidate for a cap's last
+	// slot, waiting for the end of its arbitration window.
+	ReasonArbitration = "arbitration"
+)
+
+// What became of a send in an arbitration (HeaderArbitration).
+const (
+	ArbitrationCandidate = "candidate" // held until its window ends
+	ArbitrationWon       = "won"       // allowed at the end of its window
+	ArbitrationLost      = "lost"      // not allowed at the end of its window
 )
 
 // facts are what route looks at in a job besides its plan: its times, the
@@ -64,7 +74,23 @@ type answer struct {
 func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 	o := routeOf(p, f, wheel, now)
 	o.Priority = p.Priority
+	if f.arrived.Reason == ReasonArbitration && o.Kind != Pending && o.Arbitration == "" { // back from its window
+		o.Arbitration = ArbitrationLost
+		if o.Kind == Allowed || o.Kind == Duplicate {
+			o.Arbitration = ArbitrationWon
+		}
+	}
 	return o
+}
+
+// arbitrates reports whether a job asks Redis for an arbitration of the last
+// slot (Request.Arbitration): its caps have a window, and it can wait for it
+// on the delay tiers before it expires; or it comes back from its window.
+func arbitrates(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) bool {
+	if f.arrived.Reason == ReasonArbitration {
+		return true
+	}
+	return p.Arbitration > 0 && wheel != nil && (f.expiresAt.IsZero() || now.Add(p.Arbitration).Before(f.expiresAt))
 }
 
 func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
@@ -119,6 +145,13 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 		return refusal
 	case d.Allowed:
 		return Outcome{Kind: Allowed, DecidedAt: cmp.Or(d.Recorded, at), Hold: f.arrived, Shadow: d.Shadow}
+	case d.Candidate && wheel != nil: // waits for the end of its window, whatever its policy
+		o := Outcome{Kind: Held, Cap: d.Cap, HeldBy: ReasonArbitration, DecidedAt: at, Arbitration: ArbitrationCandidate,
+			Hold: hold.State{Since: f.since, Due: d.RetryAt, Count: f.arrived.Count + 1, Reason: ReasonArbitration}}
+		o.Tier, o.Hold.Wake = wheel.Route(at, d.RetryAt)
+		return o
+	case d.Candidate: // no delay tiers (arbitrates says no): capped until the window ends
+		return Outcome{Kind: Capped, Cap: d.Cap, RetryAt: d.RetryAt, DecidedAt: at, Hold: f.arrived}
 	}
 	o := holdOrRefuse(f, strictest(p, d), d.RetryAt, d.Cap, "cap", wheel, at)
 	if o.Kind != Held {

@@ -94,6 +94,14 @@ func TestRoute(t *testing.T) {
 			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
 		{name: "capped by a reservation: says for which priority", job: email, noWheel: true, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Reserved: true}}},
 			want: "capped cap=daily reserved-for=7 retry=15:00:00 at=12:00:00"},
+		{name: "a candidate for the last slot: held until its window ends", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(2 * time.Minute), At: noon, Candidate: true}}},
+			want: "held cap=daily due=12:02:00 by=arbitration count=1 tier=1m arbitration=candidate"},
+		{name: "back from its window: won", job: email, f: facts{since: noon, arrived: hold.State{Count: 1, Since: noon, Reason: ReasonArbitration}, redis: allowed},
+			want: "allowed arbitration=won at=12:00:00.001"},
+		{name: "back from its window: lost, dropped by its category", job: cat("promo"), f: facts{since: noon, arrived: hold.State{Count: 1, Since: noon, Reason: ReasonArbitration}, redis: capped(24 * h)},
+			want: "capped cap=daily retry=12:00:00 arbitration=lost at=12:00:00"},
+		{name: "back from its window: lost, held by the rules", job: email, f: facts{since: noon, arrived: hold.State{Count: 1, Since: noon, Reason: ReasonArbitration}, redis: capped(3 * h)},
+			want: "held cap=daily due=15:00:00 by=cap count=2 tier=1h arbitration=lost"},
 		{name: "no delay tiers: a hold policy drops", job: email, noWheel: true, f: facts{since: noon, redis: capped(3 * h)},
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
 		{name: "expired on arrival: only a duplicate check", job: email, f: facts{expiresAt: noon}, want: "pending ask=duplicate"},
@@ -184,10 +192,46 @@ func describe(o Outcome) string {
 		add("by", o.HeldBy)
 		add("count", fmt.Sprint(o.Hold.Count))
 		add("tier", o.Tier.Name)
+		add("arbitration", o.Arbitration)
 		return s
 	}
+	add("arbitration", o.Arbitration)
 	if !o.DecidedAt.IsZero() {
 		add("at", clock(o.DecidedAt))
 	}
 	return s
+}
+
+// TestArbitrates: a send asks for an arbitration when its caps have a window
+// and it can wait for it before it expires, on delay tiers; one back from
+// its window always does (to be resolved).
+func TestArbitrates(t *testing.T) {
+	var cfg rules.Config
+	if err := yaml.Unmarshal([]byte("default_caps: [{name: daily, window: 24h, limit: 2, arbitration: 2m}]"), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.Compile(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wheel, _ := hold.NewWheel("d.", []time.Duration{time.Second})
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	p := rs.Plan(rules.Job{Channel: "email", Category: "marketing", Tags: []string{"marketing"}}, now, nil)
+	back := hold.State{Count: 1, Reason: ReasonArbitration}
+	for _, c := range []struct {
+		name  string
+		f     facts
+		wheel *hold.Wheel
+		want  bool
+	}{
+		{"a new send", facts{}, wheel, true},
+		{"expires after the window", facts{expiresAt: now.Add(3 * time.Minute)}, wheel, true},
+		{"expires before the window ends", facts{expiresAt: now.Add(time.Minute)}, wheel, false},
+		{"no delay tiers", facts{}, nil, false},
+		{"back from its window", facts{arrived: back, expiresAt: now.Add(time.Second)}, wheel, true},
+	} {
+		if got := arbitrates(&p, &c.f, c.wheel, now); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
 }

@@ -41,6 +41,9 @@ const (
 	// HeaderReservedFor, on a capped or held send, is the min_priority of the
 	// cap's reserved slots when only those were left for it.
 	HeaderReservedFor = "capper-reserved-for"
+	// HeaderArbitration says what became of a send in an arbitration of a
+	// cap's last slot: candidate (on its held record), won, lost.
+	HeaderArbitration = "capper-arbitration"
 )
 
 // truncatedValueBytes is how much of the value an oversize job keeps on the
@@ -194,6 +197,9 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 // priority the slots are kept for.
 func (e *encoder) priority(add func(string, []byte), o *Outcome) {
 	add(HeaderPriority, e.hv.get(strconv.Itoa(o.Priority)))
+	if o.Arbitration != "" {
+		add(HeaderArbitration, e.hv.get(o.Arbitration))
+	}
 	if o.ReservedFor > 0 {
 		add(HeaderReservedFor, e.hv.get(strconv.Itoa(o.ReservedFor)))
 	}
@@ -224,6 +230,8 @@ type Output struct {
 	HeldFor          float64
 	// Priority is capper-priority; ReservedFor is capper-reserved-for (0: absent).
 	Priority, ReservedFor int
+	// Arbitration is capper-arbitration: candidate, won, lost; "" absent.
+	Arbitration string
 }
 
 // ParseOutput reads capper's headers of an output message; other headers
@@ -258,6 +266,8 @@ func ParseOutput(hs []kafka.Header) (Output, error) {
 			o.Priority, err = strconv.Atoi(v)
 		case HeaderReservedFor:
 			o.ReservedFor, err = strconv.Atoi(v)
+		case HeaderArbitration:
+			o.Arbitration = v
 		case hold.HeaderCount:
 			o.HoldCount, err = strconv.Atoi(v)
 		case hold.HeaderSince:

@@ -49,6 +49,9 @@ type Plan struct {
 	FailOpenAfter time.Duration
 	// Priority is the send's: its own, else the rules' default for it.
 	Priority int
+	// Arbitration is the arbitration window of its caps' last slots (the
+	// longest of its Arbitrated caps'); 0: none.
+	Arbitration time.Duration
 
 	r        *Rules
 	segKey   string
@@ -88,6 +91,7 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	}
 	p.QuietUntil = r.QuietUntil(job.Segment, job.InSegment, job.Category, job.Zone, now)
 	if !p.CountOnly {
+		p.Arbitration = r.arbitration[p.segKey]
 		n := len(b.caps)
 		b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone, Priority: p.Priority}, now)
 		p.Caps = b.caps[n:len(b.caps):len(b.caps)]

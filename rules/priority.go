@@ -4,7 +4,10 @@ package rules
 // field, else the rules' default for its campaign, tags or category) decides
 // whether it may use the slots a cap reserves for important sends.
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Priorities are 0..MaxPriority; higher is more important. A job without
 // one, and that no rule gives one, has priority 0.
@@ -99,4 +102,24 @@ func (c *compiled) reservedFor(p int) int {
 		return c.reserve
 	}
 	return 0
+}
+
+// maxArbitration bounds an arbitration window: a candidate waits this long
+// on the delay tiers, and a slot stays open while it does.
+const maxArbitration = time.Hour
+
+func checkArbitration(f string, d Duration) error {
+	w := time.Duration(d)
+	if w != 0 && (w < 100*time.Millisecond || w > maxArbitration || w%time.Millisecond != 0) {
+		return fmt.Errorf("%s: %v is not between 100ms and 1h (whole milliseconds)", f, w)
+	}
+	return nil
+}
+
+func longestArbitration(caps []compiled) time.Duration {
+	var w time.Duration
+	for i := range caps {
+		w = max(w, caps[i].arbitration)
+	}
+	return w
 }

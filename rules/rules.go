@@ -59,6 +59,9 @@ type Config struct {
 	// Priorities give jobs without a priority of their own a default, by
 	// campaign, tag or category (see Priority).
 	Priorities []Priority `yaml:"priorities"`
+	// Arbitration is the arbitration window of every cap without its own
+	// (Cap.Arbitration); 0: none.
+	Arbitration Duration `yaml:"arbitration"`
 	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
 	ReloadInterval Duration `yaml:"reload_interval"`
 }
@@ -93,6 +96,11 @@ type Cap struct {
 	OnCapped *OnCapped `yaml:"on_capped"`
 	// Reserve keeps the cap's last slots for sends of a minimum priority.
 	Reserve *Reserve `yaml:"reserve"`
+	// Arbitration makes a send that would take the cap's last slot wait this
+	// long (an arbitration window) for more important sends to the same user:
+	// at its end, the highest priority among them takes the slot. Overrides
+	// rules.arbitration; 0s turns it off for this cap.
+	Arbitration *Duration `yaml:"arbitration"`
 }
 
 // Scope selects sends, for a cap or a budget.
@@ -184,21 +192,23 @@ type Rules struct {
 	// Version identifies the rules in logs and metrics.
 	Version int64
 
-	segments   []string
-	bySegment  map[string][]compiled
-	def        []compiled
-	exempt     map[string]bool
-	countOnly  map[string]bool
-	failCat    map[string]time.Duration
-	failSeg    map[string]time.Duration
-	zone       *time.Location
-	weekStart  time.Weekday
-	retention  time.Duration
-	hold       holdRules
-	budgets    []compiledBudget
-	budgetHold map[string]time.Duration
-	prio       priorities
-	periods    sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
+	segments           []string
+	bySegment          map[string][]compiled
+	def                []compiled
+	exempt             map[string]bool
+	countOnly          map[string]bool
+	failCat            map[string]time.Duration
+	failSeg            map[string]time.Duration
+	zone               *time.Location
+	weekStart          time.Weekday
+	retention          time.Duration
+	hold               holdRules
+	budgets            []compiledBudget
+	budgetHold         map[string]time.Duration
+	prio               priorities
+	arbitration        map[string]time.Duration // segment key -> the longest arbitration window of its caps
+	defaultArbitration time.Duration
+	periods            sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
 }
 
 type periodKey struct {
@@ -217,6 +227,7 @@ type compiled struct {
 	shadow      bool
 	reserve     int // slots kept for sends of minPriority and above
 	minPriority int
+	arbitration time.Duration // the arbitration window of its last slot; 0: none
 }
 
 // Compile validates c and compiles it as rules version.
@@ -235,6 +246,11 @@ func Compile(c Config, version int64) (*Rules, error) {
 	if len(c.DefaultCaps) == 0 {
 		return nil, errors.New("rules: default_caps: at least one cap is required (the caps of users in no segment)")
 	}
+	if err := checkArbitration("rules.arbitration", c.Arbitration); err != nil {
+		return nil, err
+	}
+	r.defaultArbitration = time.Duration(c.Arbitration)
+	r.arbitration = map[string]time.Duration{}
 	if r.def, err = r.compileCaps("rules.default_caps", c.DefaultCaps); err != nil {
 		return nil, err
 	}
@@ -253,7 +269,12 @@ func Compile(c Config, version int64) (*Rules, error) {
 			return nil, err
 		}
 		r.bySegment[s.Name] = caps
+		r.arbitration[s.Name] = longestArbitration(caps)
 		r.segments = append(r.segments, s.Name)
+	}
+	r.arbitration[""] = longestArbitration(r.def)
+	for _, w := range r.arbitration {
+		r.hold.anyHold = r.hold.anyHold || w > 0 // a candidate waits on the delay tiers
 	}
 	exempt := c.ExemptCategories
 	if exempt == nil {
@@ -327,6 +348,16 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 		var err error
 		if cc.reserve, cc.minPriority, err = compileReserve(f, c.Reserve, cc.limit); err != nil {
 			return nil, err
+		}
+		cc.arbitration = r.defaultArbitration
+		if c.Arbitration != nil {
+			if err := checkArbitration(f+".arbitration", *c.Arbitration); err != nil {
+				return nil, err
+			}
+			cc.arbitration = time.Duration(*c.Arbitration)
+		}
+		if cc.arbitration > 0 && cc.shadow {
+			cc.arbitration = 0 // a shadow cap never blocks, so it has no last slot to arbitrate
 		}
 		switch c.Calendar {
 		case "":
@@ -464,7 +495,7 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 	}
 	for i := range caps {
 		c := &caps[i]
-		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow}
+		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow, Arbitrated: c.arbitration > 0}
 		if n := c.reservedFor(s.Priority); n > 0 {
 			out.Limit, out.Reserved = c.limit-n, n
 		}

@@ -82,7 +82,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "category %s is count-only: such a send is counted but never capped\n", *category)
 	}
 	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Campaign: *campaign,
-		Tags: allTags, Caps: caps, Retention: plan.Retention})
+		Tags: allTags, Caps: caps, Retention: plan.Retention, Arbitration: plan.Arbitration, Priority: plan.Priority})
 	if err != nil {
 		return err
 	}
@@ -109,6 +109,11 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if until := plan.QuietUntil; !until.IsZero() {
 		fmt.Fprintf(stdout, "a %s send now: in quiet hours until %s; %s\n", *channel, until.In(zone).Format(time.RFC3339),
 			policy(plan.OnCapped("")))
+		return nil
+	}
+	if d.Candidate {
+		fmt.Fprintf(stdout, "a %s send now: would take the last slot of %s, which is arbitrated: it would wait until %s, when the highest priority among the sends that asked for it meanwhile gets it\n",
+			*channel, d.Cap, d.RetryAt.In(zone).Format(time.RFC3339))
 		return nil
 	}
 	if d.Allowed || plan.CountOnly {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -86,4 +87,79 @@ func containsAll(s string, subs []string) bool {
 		}
 	}
 	return true
+}
+
+// TestArbitrationEndToEnd: the last slot of a daily cap of 2 is arbitrated
+// in windows of 15 s. For 40 users, after a first send, a promotion
+// (priority 0) and an abandoned-cart message (priority 9 by
+// rules.priorities) ask for the last slot, in both orders, the second once
+// the first is a candidate; two replicas, and one is SIGKILLed as the
+// second sends arrive. Whenever both sends were candidates of one window,
+// the abandoned cart wins and the promotion is capped (lost); every job
+// reaches one final topic and no user gets more than 2.
+func TestArbitrationEndToEnd(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	s.EnableHold(3, "1s", "5s")
+	s.EditConfig("default_caps: [{name: daily, window: 24h, limit: 2}]", `default_caps:
+    - {name: daily, window: 24h, limit: 2, arbitration: 15s}
+  priorities:
+    - {campaign: cart, priority: 9}`)
+	w1 := start(s, false)
+	start(s, false)
+	s.WaitGroupMembers(t, 2, 60*time.Second)
+	const users = 40
+	var firsts, seconds, all []testenv.JobSpec
+	for i := range users {
+		u := uint32(3000 + i)
+		low := testenv.JobSpec{ID: fmt.Sprintf("%d-promo", u), User: u, Channel: "email", Campaign: "promo"}
+		high := testenv.JobSpec{ID: fmt.Sprintf("%d-cart", u), User: u, Channel: "push", Campaign: "cart"}
+		firsts = append(firsts, testenv.JobSpec{ID: fmt.Sprintf("%d-first", u), User: u, Channel: "email", Campaign: "news"})
+		if i%2 == 0 {
+			firsts, seconds = append(firsts, low), append(seconds, high)
+		} else {
+			firsts, seconds = append(firsts, high), append(seconds, low)
+		}
+	}
+	all = append(append(all, firsts...), seconds...)
+	s.Produce(firsts)
+	// The first of each pair is a candidate once its held record is written.
+	if held := s.CollectFrom([]string{s.Held}, users, 60*time.Second); len(held) < users {
+		t.Fatalf("%d of %d first sends are candidates", len(held), users)
+	}
+	s.Produce(seconds)
+	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-w1.done
+	w1.done <- nil
+	start(s, false)
+	outs := s.CollectJobs(all, 120*time.Second)
+	s.CheckAccounting(all, outs, true)
+	final := finals(t, outs)
+	due := map[string]time.Time{} // job -> the end of its arbitration window
+	for _, o := range s.CollectFrom([]string{s.Held}, 2*users, 30*time.Second) {
+		if o.Arbitration == "candidate" {
+			due[o.JobID] = o.DueAt
+		}
+	}
+	covered := 0
+	for i := range users {
+		u := 3000 + i
+		promo, cart := fmt.Sprintf("%d-promo", u), fmt.Sprintf("%d-cart", u)
+		if o := final[fmt.Sprintf("%d-first", u)]; o.Decision != "allowed" || o.HoldCount != 0 {
+			t.Errorf("user %d: first send %s, held %d times; want allowed at once (not the last slot)", u, o.Decision, o.HoldCount)
+		}
+		if due[promo].IsZero() || !due[promo].Equal(due[cart]) {
+			continue // not candidates of one window (the kill delayed the second past it): no contest
+		}
+		covered++
+		if p, c := final[promo], final[cart]; c.Decision != "allowed" || c.Arbitration != "won" || p.Decision != "capped" || p.Arbitration != "lost" || p.Cap != "daily" {
+			t.Errorf("user %d (%s first): cart %s/%s, promo %s/%s by %q; want cart allowed (won), promo capped by daily (lost)",
+				u, map[bool]string{true: "promotion", false: "cart"}[i%2 == 0], c.Decision, c.Arbitration, p.Decision, p.Arbitration, p.Cap)
+		}
+	}
+	t.Logf("%d of %d users had both sends in one arbitration window", covered, users)
+	if covered < users/2 {
+		t.Errorf("only %d of %d users had both sends in one window: the test did not exercise arbitration", covered, users)
+	}
 }

@@ -335,7 +335,7 @@ func (c *Config) Validate() error {
 // the new file's hold.tiers, which only apply after a restart.
 func CheckRules(rs *rules.Rules, wheel *hold.Wheel) error {
 	if wheel == nil && rs.Holds() {
-		return fmt.Errorf("config: rules hold jobs (a hold policy, quiet hours or a budget) but there are no delay tiers (hold.tiers, %s, empty when the worker started): holding needs the delay topics", envName("hold.tiers"))
+		return fmt.Errorf("config: rules hold jobs (a hold policy, quiet hours, a budget or an arbitration window) but there are no delay tiers (hold.tiers, %s, empty when the worker started): holding needs the delay topics", envName("hold.tiers"))
 	}
 	return nil
 }

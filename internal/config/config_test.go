@@ -110,7 +110,7 @@ func TestHoldTiers(t *testing.T) {
 	if err != nil || w == nil || len(w.Tiers()) != 6 || w.Tiers()[5].Topic != "sends.delay.6h" {
 		t.Fatalf("the example's wheel: %v, %v", w, err)
 	}
-	noHold := strings.Replace(string(base), "on_capped: {policy: hold, max_hold: 48h}", "", 1)
+	noHold := strings.Replace(strings.Replace(string(base), "on_capped: {policy: hold, max_hold: 48h}", "", 1), ", arbitration: 2m}", "}", 1)
 	c, err = config.Parse([]byte(noHold), env(map[string]string{"CAPPER_HOLD_TIERS": ""}))
 	if err != nil {
 		t.Fatal(err)

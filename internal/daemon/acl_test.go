@@ -70,6 +70,23 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	time.Sleep(600 * time.Millisecond)
 	decide("j4", true)
 
+	// An arbitration of the last slot: a candidate is registered (HSET,
+	// PEXPIRE), and at its window's end resolved (HGET, HGETALL, HDEL).
+	at := time.Now()
+	arb, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: func() time.Time { return at }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := capping.Request{UserID: 8, JobID: "cand", Channel: "email", Caps: []capping.Cap{{Name: "one", Limit: 1, Window: time.Hour, Arbitrated: true}},
+		Arbitration: time.Second, Priority: 5}
+	if ds, err := arb.Decide(ctx, []capping.Request{req}); err != nil || !ds[0].Candidate {
+		t.Fatalf("an arbitration candidate as capper: %+v %v", ds, err)
+	}
+	at, req.Candidate = at.Add(time.Second), true
+	if ds, err := arb.Decide(ctx, []capping.Request{req}); err != nil || !ds[0].Allowed {
+		t.Fatalf("the candidate back at its window's end, as capper: %+v %v", ds, err)
+	}
+
 	b, err := budget.New(budget.Config{Client: rdb, KeyPrefix: prefix})
 	if err != nil {
 		t.Fatal(err)

@@ -430,3 +430,45 @@ func TestJudgeIsIndependent(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckArbitration: within an arbitration window of a cap's last slot, a
+// candidate that won while one of higher priority lost is a violation; the
+// higher one winning is not. Priorities come from the job, else the rules.
+func TestCheckArbitration(t *testing.T) {
+	p := loadtest.Policy{Rules: rules.Config{
+		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)}},
+		Priorities:  []rules.Priority{{Campaign: "cart", Priority: 9}},
+	}, Segment: func(uint32) (string, bool) { return "", false }}
+	end := t0.Add(2 * time.Minute)
+	for _, c := range []struct {
+		name   string
+		winner string
+		bad    bool
+	}{{"the abandoned cart wins", "cart", false}, {"the promotion wins", "promo", true}} {
+		sent := []loadtest.Sent{
+			{ID: "m-first", JobID: "first", UserID: 5, Channel: "email", Campaign: "news", Kind: loadtest.KindJob},
+			{ID: "m-promo", JobID: "promo", UserID: 5, Channel: "email", Campaign: "promo", Kind: loadtest.KindJob},
+			{ID: "m-cart", JobID: "cart", UserID: 5, Channel: "push", Campaign: "cart", Kind: loadtest.KindJob},
+		}
+		held := func(id string) loadtest.Output {
+			return loadtest.Output{Role: "held", ID: "m-" + id, Output: consumer.Output{Decision: "held", Cap: "daily", DueAt: end, HoldCount: 1, Arbitration: "candidate"}}
+		}
+		final := func(id string) loadtest.Output {
+			o := loadtest.Output{Role: "capped", ID: "m-" + id, Time: end, Output: consumer.Output{Decision: "capped", Cap: "daily", DueAt: end, HoldCount: 1, DecidedAt: end, Arbitration: "lost"}}
+			if id == c.winner {
+				o.Role, o.Decision, o.Cap, o.Arbitration = "allowed", "allowed", "", "won"
+			}
+			return o
+		}
+		outs := []loadtest.Output{{Role: "allowed", ID: "m-first", Time: t0, Output: consumer.Output{Decision: "allowed", DecidedAt: t0}},
+			held("promo"), held("cart"), final("promo"), final("cart")}
+		r := loadtest.Check(sent, outs, p, end.Add(time.Minute))
+		problems := strings.Join(r.Problems, "\n")
+		if r.ArbitrationsWon != 1 || r.ArbitrationsLost != 1 {
+			t.Errorf("%s: won %d lost %d, want 1 and 1", c.name, r.ArbitrationsWon, r.ArbitrationsLost)
+		}
+		if bad := strings.Contains(problems, `job "promo" of priority 0 won the last slot while job "cart" of priority 9 lost`); bad != c.bad || r.Violations != map[bool]int{false: 0, true: 1}[c.bad] {
+			t.Errorf("%s: violations %d: %s", c.name, r.Violations, problems)
+		}
+	}
+}

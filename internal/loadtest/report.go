@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -50,21 +51,24 @@ func (o *Output) at() time.Time {
 
 // Result is the report's verdict. The JSON field names are the report's last line.
 type Result struct {
-	Jobs        int     `json:"jobs"`
-	Allowed     int     `json:"allowed"`
-	Capped      int     `json:"capped"`
-	DLQ         int     `json:"dlq"`
-	Duplicates  int     `json:"duplicates"`
-	Exempt      int     `json:"exempt"`
-	Unchecked   int     `json:"unchecked"` // forwarded without a check under a fail-open rule
-	Held        int     `json:"held"`      // hold records (a job held twice counts twice)
-	Released    int     `json:"released"`  // final outputs of jobs that were held
-	Pending     int     `json:"pending"`   // jobs still held, due after the report
-	Unaccounted int     `json:"unaccounted"`
-	Violations  int     `json:"violations"`
-	JobsPerSec  float64 `json:"jobs_per_sec"`
-	P50ms       float64 `json:"p50_ms"`
-	P99ms       float64 `json:"p99_ms"`
+	Jobs       int `json:"jobs"`
+	Allowed    int `json:"allowed"`
+	Capped     int `json:"capped"`
+	DLQ        int `json:"dlq"`
+	Duplicates int `json:"duplicates"`
+	Exempt     int `json:"exempt"`
+	Unchecked  int `json:"unchecked"` // forwarded without a check under a fail-open rule
+	Held       int `json:"held"`      // hold records (a job held twice counts twice)
+	Released   int `json:"released"`  // final outputs of jobs that were held
+	Pending    int `json:"pending"`   // jobs still held, due after the report
+	// Arbitrations of a cap's last slot: final outputs of candidates that won and lost it.
+	ArbitrationsWon  int     `json:"arbitrations_won"`
+	ArbitrationsLost int     `json:"arbitrations_lost"`
+	Unaccounted      int     `json:"unaccounted"`
+	Violations       int     `json:"violations"`
+	JobsPerSec       float64 `json:"jobs_per_sec"`
+	P50ms            float64 `json:"p50_ms"`
+	P99ms            float64 `json:"p99_ms"`
 	// Release lag: from a held job's due time to its release decision.
 	ReleaseP50ms float64 `json:"release_p50_ms"`
 	ReleaseP99ms float64 `json:"release_p99_ms"`
@@ -128,6 +132,7 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 		c.account(&outs[i])
 	}
 	c.unaccounted(now)
+	c.arbitrations()
 	c.caps()
 	c.budgets()
 	c.finish()
@@ -141,11 +146,13 @@ type checker struct {
 	j           *judge
 	sent        []Sent
 	byID        map[string]*Sent
-	seq         map[string]int                 // message id -> index in sent
-	seen        map[string]bool                // message ids that reached a topic
-	jobRoles    map[string]map[string]bool     // job id -> roles it reached
-	allowed     map[uint32]map[string]sentSend // user -> job id -> its first allowed output
-	heldDue     map[string]time.Time           // job id -> the latest due time of its holds
+	seq         map[string]int                   // message id -> index in sent
+	seen        map[string]bool                  // message ids that reached a topic
+	jobRoles    map[string]map[string]bool       // job id -> roles it reached
+	allowed     map[uint32]map[string]sentSend   // user -> job id -> its first allowed output
+	heldDue     map[string]time.Time             // job id -> the latest due time of its holds
+	windows     map[uint32]map[time.Time][]*Sent // user -> arbitration window's end -> its candidates
+	arbitrated  map[string]string                // job id -> won or lost, from its final output
 	lat         []float64
 	releaseLag  []float64
 	first, last time.Time
@@ -162,6 +169,7 @@ func newChecker(sent []Sent, p Policy) *checker {
 		r: Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
 		p: p, sent: sent, byID: make(map[string]*Sent, len(sent)), seen: make(map[string]bool, len(sent)),
 		jobRoles: map[string]map[string]bool{}, allowed: map[uint32]map[string]sentSend{}, heldDue: map[string]time.Time{},
+		windows: map[uint32]map[time.Time][]*Sent{}, arbitrated: map[string]string{},
 	}
 	c.seq = make(map[string]int, len(sent))
 	for i := range sent {
@@ -189,6 +197,12 @@ func (r *Result) tally(o *Output) {
 		r.DLQ++
 	case consumer.DecisionHeld:
 		r.Held++
+	}
+	switch o.Arbitration {
+	case consumer.ArbitrationWon:
+		r.ArbitrationsWon++
+	case consumer.ArbitrationLost:
+		r.ArbitrationsLost++
 	}
 	if o.HoldCount > 0 && o.Role != RoleHeld {
 		r.Released++
@@ -230,7 +244,22 @@ func (c *checker) account(o *Output) {
 		if o.DueAt.After(c.heldDue[s.JobID]) {
 			c.heldDue[s.JobID] = o.DueAt
 		}
+		if o.Arbitration == consumer.ArbitrationCandidate {
+			w := c.windows[s.UserID]
+			if w == nil {
+				w = map[time.Time][]*Sent{}
+				c.windows[s.UserID] = w
+			}
+			if !slices.ContainsFunc(w[o.DueAt], func(x *Sent) bool { return x.JobID == s.JobID }) {
+				w[o.DueAt] = append(w[o.DueAt], s)
+			}
+		}
 		return
+	}
+	if o.Arbitration == consumer.ArbitrationWon || o.Arbitration == consumer.ArbitrationLost {
+		if _, ok := c.arbitrated[s.JobID]; !ok {
+			c.arbitrated[s.JobID] = o.Arbitration
+		}
 	}
 	if o.HoldCount > 0 && o.Decision != consumer.DecisionDuplicate { // a duplicate's time is its first decision's
 		lag := o.at().Sub(o.DueAt)
@@ -343,6 +372,28 @@ func (c *checker) caps() {
 					} else {
 						c.r.problem("user %d: send %s at %s had %d earlier sends in the window of cap %q, which allows %d",
 							u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.name, cp.limit)
+					}
+				}
+			}
+		}
+	}
+}
+
+// arbitrations checks every arbitration window of a cap's last slot: no
+// candidate won while one of higher priority (by the report's own reading
+// of the rules) of the same window lost.
+func (c *checker) arbitrations() {
+	for u, ws := range c.windows {
+		for end, cands := range ws {
+			for _, w := range cands {
+				if c.arbitrated[w.JobID] != consumer.ArbitrationWon {
+					continue
+				}
+				for _, l := range cands {
+					if c.arbitrated[l.JobID] == consumer.ArbitrationLost && c.j.priority(l) > c.j.priority(w) {
+						c.r.Violations++
+						c.r.problem("user %d: in the arbitration window ending %s, job %q of priority %d won the last slot while job %q of priority %d lost",
+							u, end.Format(time.RFC3339Nano), w.JobID, c.j.priority(w), l.JobID, c.j.priority(l))
 					}
 				}
 			}
