@@ -37,14 +37,14 @@ type jscope struct {
 }
 
 type jcap struct {
-	name     string
-	limit    int
+	name  string
+	limit int
 	// reserve slots are for sends of minPriority and above
 	reserve, minPriority int
-	window   time.Duration // rolling; zero for a calendar cap
-	calendar string        // day, week, month
-	shadow   bool
-	scope    jscope
+	window               time.Duration // rolling; zero for a calendar cap
+	calendar             string        // day, week, month
+	shadow               bool
+	scope                jscope
 }
 
 type jbudget struct {
