@@ -108,6 +108,10 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 				r.Tags[0] = "receipt" // count-only: recorded without a check
 			} else {
 				r.Caps = capSets(now, campaign)[set[u]]
+				r.Caps = priced(r.Caps, rng.IntN(3), rng.IntN(4) == 0)
+				if r.Caps[0].Arbitrated {
+					r.Arbitration, r.Priority = time.Minute, rng.IntN(10)
+				}
 			}
 			reqs[i] = r
 			sent = append(sent, r)
@@ -139,9 +143,23 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	}
 }
 
+// priced is caps as rules hand them to a send of some priority: with kind
+// 1 the first cap's last slot is reserved for more important sends (a
+// smaller limit), with kind 2 it is not (the whole limit); and arbitrated.
+func priced(caps []capping.Cap, kind int, arbitrated bool) []capping.Cap {
+	out := slices.Clone(caps)
+	if kind == 1 && out[0].Limit > 0 {
+		out[0].Limit, out[0].Reserved = out[0].Limit-1, 1
+	}
+	out[0].Arbitrated = arbitrated
+	return out
+}
+
 // diff describes how two decisions differ, "" when they do not.
 func diff(a, b capping.Decision) string {
 	switch {
+	case a.Reserved != b.Reserved || a.Candidate != b.Candidate || !slices.Equal(a.Exceeded, b.Exceeded):
+		return fmt.Sprintf("reserved %v candidate %v exceeded %v, want %v %v %v", a.Reserved, a.Candidate, a.Exceeded, b.Reserved, b.Candidate, b.Exceeded)
 	case a.Allowed != b.Allowed || a.Duplicate != b.Duplicate:
 		return fmt.Sprintf("allowed %v duplicate %v, want %v %v", a.Allowed, a.Duplicate, b.Allowed, b.Duplicate)
 	case a.Cap != b.Cap || !a.RetryAt.Equal(b.RetryAt):
