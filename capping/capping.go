@@ -193,6 +193,11 @@ type Request struct {
 	// Candidate marks a send that comes back at the end of its arbitration
 	// window: the near cache does not answer it.
 	Candidate bool
+	// SentAt, when set, records a send made elsewhere (an external send) at
+	// that instant instead of the clock's: it needs no caps (it is never
+	// capped) and a Retention; it counts toward every cap whose scope it
+	// matches from SentAt on.
+	SentAt time.Time
 }
 
 func (r *Request) validate() error {
@@ -205,8 +210,8 @@ func (r *Request) validate() error {
 	if len(r.Tags) > MaxTags {
 		return fmt.Errorf("%d tags, at most %d", len(r.Tags), MaxTags)
 	}
-	if r.DuplicateOnly && len(r.Caps) > 0 {
-		return errors.New("a duplicate check with caps")
+	if (r.DuplicateOnly || !r.SentAt.IsZero()) && len(r.Caps) > 0 {
+		return errors.New("a duplicate check or an external send with caps")
 	}
 	if len(r.Caps) == 0 && r.Retention <= 0 && !r.DuplicateOnly {
 		return errors.New("no caps and no retention")

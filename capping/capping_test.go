@@ -504,3 +504,51 @@ func TestArbitration(t *testing.T) {
 	e.clock.Set(base.Add(3*win + time.Minute))
 	check("c back", send(33, "c", 1, true), want{allowed: true})
 }
+
+// TestExternalSendsAndForget: a send made elsewhere is recorded at its own
+// time (before the log's latest entry too), once per id, and counted by the
+// caps whose scope it matches from then on; Forget removes a recorded send
+// (its slot comes back at once, the near cache's copy too) and finds
+// nothing for a job that is not logged.
+func TestExternalSendsAndForget(t *testing.T) {
+	e := newEnv(t)
+	lim, err := capping.New(context.Background(), e.rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: e.clock.Now, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Set(base)
+	day := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 2}
+	pushDay := capping.Cap{Name: "push", Window: capping.Daily, Limit: 1, Scope: capping.NewScope([]string{"push"}, nil)}
+	decide := func(r capping.Request) capping.Decision {
+		t.Helper()
+		ds, err := lim.Decide(context.Background(), []capping.Request{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds[0]
+	}
+	if d := decide(capping.Request{UserID: 41, JobID: "own", Channel: "email", Caps: []capping.Cap{day, pushDay}}); !d.Allowed {
+		t.Fatalf("own send: %+v", d)
+	}
+	ext := capping.Request{UserID: 41, JobID: "external:e1", Channel: "push", Retention: capping.Daily, SentAt: base.Add(-time.Hour)}
+	for i := range 2 { // the second is a redelivery
+		if d := decide(ext); !d.Allowed || d.Duplicate != (i == 1) || !d.Recorded.Equal(base.Add(-time.Hour)) {
+			t.Errorf("external send, delivery %d: %+v, want recorded at %v", i+1, d, base.Add(-time.Hour))
+		}
+	}
+	e.clock.Add(time.Minute)
+	d := decide(capping.Request{UserID: 41, JobID: "own2", Channel: "push", Caps: []capping.Cap{day, pushDay}})
+	if d.Allowed || d.Counts[0] != 2 || d.Counts[1] != 1 || !d.RetryAt.Equal(base.Add(23*time.Hour)) {
+		t.Errorf("a push after an own email and an external push: %+v, want capped, counts 2 and 1, retry at the external send + 24h", d)
+	}
+	if found, err := lim.Forget(context.Background(), 41, "own"); err != nil || !found {
+		t.Fatalf("forget own: %v %v", found, err)
+	}
+	if found, err := lim.Forget(context.Background(), 41, "never"); err != nil || found {
+		t.Errorf("forget a job never logged: %v %v, want not found", found, err)
+	}
+	d = decide(capping.Request{UserID: 41, JobID: "own3", Channel: "email", Caps: []capping.Cap{day, pushDay}})
+	if !d.Allowed || d.Counts[0] != 1 {
+		t.Errorf("an email after the failed send was given back: %+v, want allowed (1 counted)", d)
+	}
+}

@@ -6,6 +6,7 @@
 -- ARGV[1]  now: ms since the epoch, from the worker's clock (never the server's)
 -- ARGV[2]  member of this send
 -- ARGV[3]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
+--          "2": the same, at exactly ARGV[1] (a send made elsewhere, at its time), not after the log's latest;
 --          "0": look only, write nothing
 -- ARGV[4]  retention (ms): entries this old are evicted, the key expires after it
 -- ARGV[5]  most log entries to return (0: never) when, after this decision, a cap that blocks is full
@@ -52,7 +53,8 @@
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local member = ARGV[2]
-local record = ARGV[3] == '1'
+local record = ARGV[3] ~= '0'
+local exact = ARGV[3] == '2'
 local retention = tonumber(ARGV[4])
 local maxlog = tonumber(ARGV[5])
 local window = tonumber(ARGV[6])
@@ -228,7 +230,7 @@ if arbkey and window > 0 and status == 1 and last then
 end
 
 if status == 1 then
-  if n > 0 and scores[n] > now then
+  if not exact and n > 0 and scores[n] > now then
     now = scores[n]
   end
   retry_at = now

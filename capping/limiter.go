@@ -387,6 +387,9 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
 		r := &reqs[i]
 		a := &args[i]
 		a.at, a.now = now, nowMs
+		if !r.SentAt.IsZero() {
+			a.at, a.now = r.SentAt, r.SentAt.UnixMilli()
+		}
 		a.member = Member(r.JobID, r.Channel, r.Campaign, r.Tags)
 		n := len(r.Caps)
 		a.since, a.reset, ints = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
@@ -606,7 +609,10 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 	}
 	v := args[start:]
 	v[0], v[1], v[2], v[3], v[4], v[5], v[6] = a.now, a.member, 0, a.retention, maxLog, r.Arbitration.Milliseconds(), r.Priority
-	if record {
+	switch {
+	case record && !r.SentAt.IsZero():
+		v[2] = 2
+	case record:
 		v[2] = 1
 	}
 	for i := range r.Caps {

@@ -273,13 +273,7 @@ func (w *Worker) decide(ctx context.Context, es []entry) error {
 			reqs = append(reqs, w.request(e))
 		}
 		ds, err := w.cfg.Decider.Decide(ctx, reqs)
-		var re capping.RequestErrors
-		if err != nil && !errors.As(err, &re) {
-			re = make(capping.RequestErrors, len(reqs))
-			for i := range re {
-				re[i] = err
-			}
-		}
+		re := requestErrors(err, len(reqs))
 		failed, again := false, pending[:0]
 		for j, i := range pending {
 			e := &es[i]
@@ -366,4 +360,17 @@ func (w *Worker) encode(batch []kafka.Message, es []entry, start time.Time) *dec
 		}
 	}
 	return d
+}
+
+// requestErrors lines an error of a Decide call up with its requests: the
+// call's own RequestErrors, or err for every request; nil when err is.
+func requestErrors(err error, n int) capping.RequestErrors {
+	var re capping.RequestErrors
+	if err != nil && !errors.As(err, &re) {
+		re = make(capping.RequestErrors, n)
+		for i := range re {
+			re[i] = err
+		}
+	}
+	return re
 }

@@ -14,8 +14,6 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
-	"github.com/capper-dev/capper/internal/backoff"
-	"github.com/capper-dev/capper/internal/fault"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -159,18 +157,14 @@ func (c *Config) Validate() error {
 
 // Worker runs the consume, decide, produce, commit loop. Run it once.
 type Worker struct {
+	stream
 	cfg   Config
 	rules atomic.Pointer[rules.Rules]
-	ready atomic.Bool
 	m     *Metrics
 	// redisDownSince is when decisions started failing, zero while they
 	// succeed; only the consume stage touches it.
 	redisDownSince time.Time
 	redisAttempts  int
-	// uncommitted is, per topic and partition, the newest message whose
-	// outputs are written but whose commit failed: it goes with the next
-	// commit, or is retried when no batch comes (delivery stage only).
-	uncommitted map[topicPartition]kafka.Message
 	// buf keeps a batch's working arrays for the next one (consume stage only).
 	buf struct {
 		entries []entry
@@ -219,16 +213,21 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w := &Worker{cfg: cfg, m: cfg.Metrics}
 	w.rules.Store(cfg.Rules)
-	w.ready.Store(true)
 	if w.m == nil {
 		var err error
 		if w.m, err = NewMetrics(cfg.Registerer); err != nil {
 			return nil, err
 		}
 	}
+	w.stream = stream{reader: cfg.Reader, writer: cfg.Writer, faults: cfg.Faults, log: cfg.Logger, errors: w.m.errors,
+		batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, commitTimeout: cfg.CommitTimeout, retryMin: cfg.RetryMin, retryMax: cfg.RetryMax}
+	w.ready.Store(true)
 	w.m.rulesVersion.Set(float64(cfg.Rules.Version))
 	return w, nil
 }
+
+// Rules returns the rules in force.
+func (w *Worker) Rules() *rules.Rules { return w.rules.Load() }
 
 // SetRules makes r apply from the next batch on.
 func (w *Worker) SetRules(r *rules.Rules) {
@@ -304,37 +303,10 @@ func (w *Worker) consume(ctx, dctx context.Context, ready chan<- *decided) error
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
-			w.m.errors.WithLabelValues("kafka_fetch").Inc()
-			if !w.cfg.Faults.Report("fetch failed", err) {
-				w.cfg.Logger.Warn("fetch failed", "err", err)
-			}
-			if !backoff.Sleep(ctx, w.cfg.RetryMin) {
-				return nil
-			}
+		if err != nil && !w.fetchFailed(ctx, err) {
+			return nil
 		}
 	}
-}
-
-// fetch blocks for the first message, then collects more for up to BatchWait.
-func (w *Worker) fetch(ctx context.Context) ([]kafka.Message, error) {
-	first, err := w.cfg.Reader.FetchMessage(ctx)
-	if err != nil {
-		return nil, err
-	}
-	w.cfg.Faults.Fetched()
-	batch := make([]kafka.Message, 1, w.cfg.BatchSize)
-	batch[0] = first
-	fctx, cancel := context.WithTimeout(ctx, w.cfg.BatchWait)
-	defer cancel()
-	for len(batch) < w.cfg.BatchSize {
-		m, err := w.cfg.Reader.FetchMessage(fctx)
-		if err != nil {
-			break // the wait is over (or ctx ended): process what we have
-		}
-		batch = append(batch, m)
-	}
-	return batch, nil
 }
 
 // deliver writes a decided batch's outputs and then commits its offsets. It
@@ -357,104 +329,6 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	w.m.batchSize.Observe(float64(len(d.batch)))
 	w.m.batchSeconds.Observe(w.cfg.Now().Sub(d.start).Seconds())
 	return nil
-}
-
-// write writes outs, retrying the failed messages until all are acknowledged
-// or ctx ends.
-func (w *Worker) write(ctx context.Context, outs []kafka.Message) error {
-	retry := w.newRetry("kafka_write", w.cfg.RetryMin, w.cfg.RetryMax)
-	for {
-		err := w.cfg.Writer.WriteMessages(ctx, outs...)
-		if err == nil {
-			return nil
-		}
-		var we kafka.WriteErrors
-		if errors.As(err, &we) && len(we) == len(outs) {
-			var failed []kafka.Message
-			tooLarge := false
-			for i, e := range we {
-				if e != nil {
-					failed = append(failed, outs[i])
-					tooLarge = tooLarge || errors.Is(e, kafka.MessageSizeTooLarge)
-				}
-			}
-			outs = failed
-			if tooLarge { // retrying cannot help until the configuration changes
-				w.cfg.Logger.Error("the broker rejects output batches as too large: set kafka.max_batch_bytes below the broker's message.max.bytes; retrying, nothing is committed")
-			}
-		}
-		if !retry.wait(ctx, "writing outputs failed; retrying", len(outs), err) {
-			return fmt.Errorf("consumer: stopped with %d unwritten outputs (batch left uncommitted): %w", len(outs), ctx.Err())
-		}
-	}
-}
-
-type topicPartition struct {
-	topic     string
-	partition int
-}
-
-// commit commits the batch's offsets, with those of earlier batches whose
-// commit failed. A failed commit (a broker that is away, a rebalance, a Read
-// grant taken away) is logged and kept: the reader has moved past those
-// messages and will not hand them out again before a rebalance, so without a
-// later commit the group's offset would stay behind (lag that never drains)
-// and a restart would redeliver them, recognised as duplicates.
-func (w *Worker) commit(ctx context.Context, batch []kafka.Message) {
-	msgs := batch
-	if len(w.uncommitted) > 0 {
-		msgs = make([]kafka.Message, 0, len(w.uncommitted)+len(batch))
-		for _, m := range w.uncommitted {
-			msgs = append(msgs, m)
-		}
-		msgs = append(msgs, batch...) // the reader commits the newest offset of each partition
-	}
-	cctx, cancel := context.WithTimeout(ctx, w.cfg.CommitTimeout)
-	defer cancel()
-	if err := w.cfg.Reader.CommitMessages(cctx, msgs...); err != nil {
-		w.m.errors.WithLabelValues("kafka_commit").Inc()
-		if !w.cfg.Faults.Report("commit failed", err) {
-			w.cfg.Logger.Warn("commit failed; retried with the next batch", "messages", len(msgs), "err", err)
-		}
-		if w.uncommitted == nil {
-			w.uncommitted = map[topicPartition]kafka.Message{}
-		}
-		for _, m := range batch {
-			k := topicPartition{m.Topic, m.Partition}
-			if old, ok := w.uncommitted[k]; !ok || m.Offset > old.Offset {
-				w.uncommitted[k] = m
-			}
-		}
-		return
-	}
-	clear(w.uncommitted)
-}
-
-// retry is the backoff of one failing step of a batch, with the worker's
-// accounting of a failure: not ready, a metric, a log line.
-type retry struct {
-	w    *Worker
-	kind string // the errors_total label
-	b    *backoff.Backoff
-}
-
-func (w *Worker) newRetry(kind string, first, ceiling time.Duration) *retry {
-	return &retry{w: w, kind: kind, b: backoff.New(first, ceiling)}
-}
-
-// wait records a failure of n jobs and sleeps the next backoff; false when
-// ctx ended first.
-func (r *retry) wait(ctx context.Context, msg string, n int, err error) bool {
-	d := r.b.Next()
-	r.w.ready.Store(false)
-	r.w.m.errors.WithLabelValues(r.kind).Inc()
-	if cause := fault.Cause(err); cause != "" {
-		// a password, certificate or grant changed under a running worker
-		r.w.cfg.Logger.Error(msg, "cause", cause, "jobs", n, "attempt", r.b.Attempt(), "in", d, "err", err)
-	} else {
-		r.w.cfg.Logger.Warn(msg, "jobs", n, "attempt", r.b.Attempt(), "in", d, "err", err)
-	}
-	return backoff.Sleep(ctx, d)
 }
 
 // messageBytes is an upper bound of the size of m in a record batch (key,

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/internal/config"
+	"github.com/segmentio/kafka-go"
+
 	"github.com/capper-dev/capper/internal/daemon"
 	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/rules"
@@ -34,6 +36,8 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&g.ExpireShare, "expire-share", 0, "share of jobs with an expires_at")
 	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
 	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
+	externalShare := fs.Float64("external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
+	feedbackShare := fs.Float64("feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
 	partitions := fs.Int("create-topics", 0, "create the input and output topics with this many partitions when missing (0: do not)")
@@ -73,10 +77,14 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return nil
 		}
 	}
+	if (*externalShare > 0 && ts.External == "") || (*feedbackShare > 0 && ts.Feedback == "") {
+		return errors.New("loadgen: --external-share and --feedback-share need kafka.topics.external and kafka.topics.feedback")
+	}
 	msgs, sent, err := loadtest.Generate(g)
 	if err != nil {
 		return err
 	}
+	ext, fb, evs := loadtest.GenerateEvents(sent, *externalShare, *feedbackShare, g.Seed, time.Now())
 	f, err := os.Create(*manifest)
 	if err != nil {
 		return err
@@ -101,6 +109,41 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintf(stdout, "loadgen: produced %d messages for %d users to %s in %v; manifest %s\n", len(msgs), g.Users, ts.Input, time.Since(start).Round(time.Millisecond), *manifest)
+	if len(evs) == 0 {
+		return nil
+	}
+	// The events after the blast: external sends, then the feedback of sends
+	// the worker has decided (or will: feedback for a job not yet recorded is
+	// counted and ignored). Each event's time is taken before its chunk is
+	// written, so no worker can have applied it earlier.
+	k := 0
+	for _, e := range []struct {
+		topic string
+		msgs  []kafka.Message
+	}{{ts.External, ext}, {ts.Feedback, fb}} {
+		ew := daemon.NewWriter(cfg.Kafka, transport, e.topic, 5000, daemon.NewLogger("warn", os.Stderr))
+		err := loadtest.Produce(ctx, ew, e.msgs, 5000, nil)
+		ew.Close()
+		if err != nil {
+			return err
+		}
+		for _, m := range e.msgs {
+			evs[k].ProducedAt = loadtest.ProducedAt(m)
+			k++
+		}
+	}
+	ef, err := os.Create(*manifest + ".events")
+	if err != nil {
+		return err
+	}
+	if err := loadtest.WriteEvents(ef, evs); err != nil {
+		ef.Close()
+		return err
+	}
+	if err := ef.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "loadgen: produced %d external sends and %d feedback events; manifest %s.events\n", len(ext), len(fb), *manifest)
 	return nil
 }
 
@@ -174,7 +217,30 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup}, time.Now())
+	givenBack := map[string]time.Time{}
+	externals, feedbacks := 0, 0
+	if ef, err := os.Open(*manifest + ".events"); err == nil {
+		evs, err := loadtest.ReadEvents(ef)
+		ef.Close()
+		if err != nil {
+			return err
+		}
+		for _, e := range evs {
+			switch e.Kind {
+			case loadtest.EventExternal:
+				externals++
+			case loadtest.EventFeedback:
+				feedbacks++
+				if at, ok := givenBack[e.ID]; !ok || e.ProducedAt.Before(at) {
+					givenBack[e.ID] = e.ProducedAt
+				}
+			}
+		}
+		fmt.Fprintf(stdout, "capper report: %d external sends (not counted by the report's cap check) and %d failed or bounced feedback events produced with the blast\n", externals, feedbacks)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack}, time.Now())
 	printReport(stdout, &r, len(outs))
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))

@@ -77,6 +77,15 @@ type Topics struct {
 	Held    string `yaml:"held"`    // audit records of held jobs. Defaults to "sends.held".
 	// DelayPrefix names the delay tiers' topics: prefix + tier ("sends.delay.10s"). Defaults to "sends.delay.".
 	DelayPrefix string `yaml:"delay_prefix"`
+	// External, when set, is a topic of sends made elsewhere (events.Send),
+	// counted toward the caps from their sent_at; read by the group
+	// GROUP.external. Optional, no default.
+	External string `yaml:"external"`
+	// Feedback, when set, is a topic of delivery feedback (events.Feedback):
+	// a failed or bounced send gives its slot back. Read by the group
+	// GROUP.feedback, and by each process's GROUP.feedback-cache.* to keep its
+	// near cache exact. Optional, no default.
+	Feedback string `yaml:"feedback"`
 }
 
 // Hold configures the delay topics that held jobs wait on.

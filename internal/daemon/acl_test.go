@@ -87,6 +87,15 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 		t.Fatalf("the candidate back at its window's end, as capper: %+v %v", ds, err)
 	}
 
+	// Feedback gives a failed send back (ZRANGE, ZREM); an external send is
+	// recorded at its time.
+	if found, err := arb.Forget(ctx, 8, "cand"); err != nil || !found {
+		t.Fatalf("forget a recorded send as capper: %v %v", found, err)
+	}
+	if _, err := arb.Decide(ctx, []capping.Request{{UserID: 9, JobID: "external:e1", Channel: "email", Retention: time.Hour, SentAt: at.Add(-time.Minute)}}); err != nil {
+		t.Fatalf("record an external send as capper: %v", err)
+	}
+
 	b, err := budget.New(budget.Config{Client: rdb, KeyPrefix: prefix})
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,9 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/events"
 	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/version"
 	"github.com/capper-dev/capper/rules"
@@ -162,12 +164,17 @@ type Daemon struct {
 	opts    Options
 	readers []*kafka.Reader // the input topic's, then each delay tier's
 	writer  *kafka.Writer
-	workers []*consumer.Worker // in the order of readers
-	wheel   *hold.Wheel        // nil when holding is disabled
-	metrics *consumer.Metrics
-	srv     *http.Server
-	addr    string
-	built   atomic.Bool // New has finished: until then /readyz answers 503
+	workers []*consumer.Worker      // in the order of readers
+	events  []*consumer.EventWorker // external sends and feedback, after the workers' readers
+	// feedbackCache reads the feedback topic in a group of this process's own
+	// (from its end, never committed) to drop the near cache's copies of logs
+	// another replica gave a slot back in; nil without feedback or a cache.
+	feedbackCache *kafka.Reader
+	wheel         *hold.Wheel // nil when holding is disabled
+	metrics       *consumer.Metrics
+	srv           *http.Server
+	addr          string
+	built         atomic.Bool // New has finished: until then /readyz answers 503
 
 	readersClosed sync.Once
 
@@ -267,8 +274,81 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			}
 		}
 	}
+	if err := d.addEventWorkers(cfg, wc); err != nil {
+		d.Close()
+		return nil, err
+	}
 	d.built.Store(true)
 	return d, nil
+}
+
+// addEventWorkers adds a worker per configured event topic (external sends,
+// feedback), and the feedback's cache reader.
+func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
+	em, err := consumer.NewEventMetrics(d.Registry)
+	if err != nil {
+		return err
+	}
+	dialer, _, err := KafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	for _, e := range []struct {
+		kind  consumer.EventKind
+		topic string
+	}{{consumer.ExternalSends, cfg.Kafka.Topics.External}, {consumer.Feedback, cfg.Kafka.Topics.Feedback}} {
+		if e.topic == "" {
+			continue
+		}
+		group := EventGroup(cfg.Kafka.GroupID, e.kind)
+		log := d.Log.With("events", e.kind.String())
+		faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", e.topic, group), Logger: log}
+		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, faults, d.Log)
+		d.readers = append(d.readers, r)
+		w, err := consumer.NewEventWorker(consumer.EventConfig{Kind: e.kind, Reader: r, Writer: d.writer, DLQ: cfg.Kafka.Topics.DLQ,
+			Recorder: d.Limiter, Rules: d.workers[0].Rules, MaxFuture: time.Duration(cfg.MaxClockSkew),
+			BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), Now: wc.Now, Logger: log, Faults: faults,
+			Metrics: d.metrics, EventMetrics: em})
+		if err != nil {
+			return err
+		}
+		d.events = append(d.events, w)
+		if e.kind == consumer.Feedback && cfg.Redis.NearCacheSize > 0 {
+			c := newCacheReader(cfg.Kafka, dialer, e.topic, d.Log)
+			d.feedbackCache = c
+			d.readers = append(d.readers, c)
+		}
+	}
+	return nil
+}
+
+// dropCached drops the near cache's copy of every user a feedback event gives
+// a slot back to, until ctx ends: another replica applied it to Redis, and
+// this one's copies must not keep the slot closed.
+func (d *Daemon) dropCached(ctx context.Context) {
+	for {
+		m, err := d.feedbackCache.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !backoff.Sleep(ctx, time.Second) {
+				return
+			}
+			continue
+		}
+		if f, err := events.DecodeFeedback(m.Value); err == nil && f.GivesBack() {
+			d.Limiter.DropCached(f.UserID)
+		}
+	}
+}
+
+// EventGroup is the consumer group that reads an event topic.
+func EventGroup(group string, kind consumer.EventKind) string {
+	if kind == consumer.ExternalSends {
+		return group + ".external"
+	}
+	return group + ".feedback"
 }
 
 // segments returns the current segment snapshot to a worker; the first time
@@ -385,6 +465,11 @@ func (d *Daemon) Ready() bool {
 			return false
 		}
 	}
+	for _, w := range d.events {
+		if !w.Ready() {
+			return false
+		}
+	}
 	return true
 }
 
@@ -404,14 +489,26 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.Skew.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
+	if d.feedbackCache != nil {
+		go d.dropCached(bg)
+	}
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
 		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),
-		"delay_tiers", len(d.workers)-1, "metrics_addr", d.addr)
+		"delay_tiers", len(d.workers)-1, "event_topics", len(d.events), "metrics_addr", d.addr)
 	// The input topic and each delay tier have their own worker, so waiting
 	// on a tier never blocks the input.
-	errs := make([]error, len(d.workers))
+	runners := make([]interface {
+		Run(context.Context, time.Duration) error
+	}, 0, len(d.workers)+len(d.events))
+	for _, w := range d.workers {
+		runners = append(runners, w)
+	}
+	for _, w := range d.events {
+		runners = append(runners, w)
+	}
+	errs := make([]error, len(runners))
 	var wg sync.WaitGroup
-	for i, w := range d.workers {
+	for i, w := range runners {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

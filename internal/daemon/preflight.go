@@ -20,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/internal/config"
@@ -83,13 +84,18 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 			want = append(want, t.Topic)
 		}
 	}
+	for _, t := range []string{c.Topics.External, c.Topics.Feedback} {
+		if t != "" {
+			want = append(want, t)
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, backendStartup)
 	defer cancel()
 	retry := backoff.New(250*time.Millisecond, 5*time.Second)
 	for {
 		err := connect(ctx, dialer, c.Brokers)
 		if err == nil {
-			err = describe(ctx, client, c.GroupID, want, w)
+			err = describe(ctx, client, c.GroupID, want, w, consumed(c, w))
 		}
 		if err == nil {
 			return nil
@@ -207,7 +213,7 @@ func (m missingTopics) Error() string {
 	return msg
 }
 
-func describe(ctx context.Context, client *kafka.Client, group string, topics []string, w *hold.Wheel) error {
+func describe(ctx context.Context, client *kafka.Client, group string, topics []string, w *hold.Wheel, reads []read) error {
 	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 	if err != nil {
 		return err
@@ -252,22 +258,36 @@ func describe(ctx context.Context, client *kafka.Client, group string, topics []
 			}
 		}
 	}
-	return probeRead(ctx, client, group, topics[0], w)
+	return probeRead(ctx, client, reads)
+}
+
+// read is a topic the worker consumes and the group it consumes it in.
+type read struct{ topic, group string }
+
+// consumed lists what the worker reads: the input, every delay tier, the
+// event topics.
+func consumed(c config.Kafka, w *hold.Wheel) []read {
+	reads := []read{{c.Topics.Input, c.GroupID}}
+	if w != nil {
+		for _, t := range w.Tiers() {
+			reads = append(reads, read{t.Topic, TierGroup(c.GroupID, t.Name)})
+		}
+	}
+	if t := c.Topics.External; t != "" {
+		reads = append(reads, read{t, EventGroup(c.GroupID, consumer.ExternalSends)})
+	}
+	if t := c.Topics.Feedback; t != "" {
+		reads = append(reads, read{t, EventGroup(c.GroupID, consumer.Feedback)})
+	}
+	return reads
 }
 
 // probeRead checks the Read grants the worker needs and metadata does not
-// show, on the input and on every delay tier: a fetch of at most one byte
+// show, on the input, every delay tier and every event topic: a fetch of at most one byte
 // from partition 0 of the topic (Kafka checks Read on the topic first), and
 // a LeaveGroup of a member that does not exist (probeGroupRead). Any answer
 // but an authorization failure passes: the readers handle the rest.
-func probeRead(ctx context.Context, client *kafka.Client, group, input string, w *hold.Wheel) error {
-	type read struct{ topic, group string }
-	reads := []read{{input, group}}
-	if w != nil {
-		for _, t := range w.Tiers() {
-			reads = append(reads, read{t.Topic, TierGroup(group, t.Name)})
-		}
-	}
+func probeRead(ctx context.Context, client *kafka.Client, reads []read) error {
 	for _, r := range reads {
 		f, err := client.Fetch(ctx, &kafka.FetchRequest{Topic: r.topic, Partition: 0, Offset: 0, MinBytes: 1, MaxBytes: 1, MaxWait: time.Millisecond})
 		if err == nil {

@@ -20,12 +20,14 @@ type Names struct {
 	Group, Input               string
 	Allowed, Capped, DLQ, Held string
 	DelayPrefix                string // empty when holding is disabled
+	External, Feedback         string // the event topics; empty when not configured
 }
 
 // NamesOf returns the resources of a worker with consumer group group and
 // topics t; holding says whether it holds jobs on delay topics.
 func NamesOf(group string, t config.Topics, holding bool) Names {
-	n := Names{Group: group, Input: t.Input, Allowed: t.Allowed, Capped: t.Capped, DLQ: t.DLQ, Held: t.Held}
+	n := Names{Group: group, Input: t.Input, Allowed: t.Allowed, Capped: t.Capped, DLQ: t.DLQ, Held: t.Held,
+		External: t.External, Feedback: t.Feedback}
 	if holding {
 		n.DelayPrefix = t.DelayPrefix
 	}
@@ -46,7 +48,10 @@ type Grant struct {
 //     the lag gauge);
 //   - Write and Describe on each output topic;
 //   - Read, Write and Describe on the topics prefixed DelayPrefix, and Read
-//     and Describe on the groups prefixed GROUP.delay.
+//     and Describe on the groups prefixed GROUP.delay.;
+//   - Read and Describe on the event topics, on the group GROUP.external and
+//     on the groups prefixed GROUP.feedback (the shared one, and each
+//     process's feedback-cache group).
 //
 // No Create (topics are made by the operator), no Cluster permission (the
 // producer is not idempotent), no Alter or Delete.
@@ -69,6 +74,14 @@ func Grants(n Names) []Grant {
 	if n.DelayPrefix != "" {
 		add(kafka.ResourceTypeTopic, n.DelayPrefix, pre, read, write, describe)
 		add(kafka.ResourceTypeGroup, n.Group+".delay.", pre, read, describe)
+	}
+	if n.External != "" {
+		add(kafka.ResourceTypeTopic, n.External, lit, read, describe)
+		add(kafka.ResourceTypeGroup, n.Group+".external", lit, read, describe)
+	}
+	if n.Feedback != "" {
+		add(kafka.ResourceTypeTopic, n.Feedback, lit, read, describe)
+		add(kafka.ResourceTypeGroup, n.Group+".feedback", pre, read, describe)
 	}
 	return gs
 }

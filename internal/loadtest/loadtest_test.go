@@ -472,3 +472,30 @@ func TestCheckArbitration(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckGivenBack: a send whose delivery failed stops counting when its
+// feedback was produced: a third send after it is within a cap of 2, one
+// before it is not.
+func TestCheckGivenBack(t *testing.T) {
+	p := loadtest.Policy{Rules: rules.Config{DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)}}},
+		Segment: func(uint32) (string, bool) { return "", false }, GivenBack: map[string]time.Time{"a": t0.Add(2 * time.Minute)}}
+	for _, c := range []struct {
+		third      time.Duration
+		violations int
+	}{{3 * time.Minute, 0}, {time.Minute + 30*time.Second, 1}} {
+		var sent []loadtest.Sent
+		var outs []loadtest.Output
+		for i, at := range []time.Duration{0, time.Minute, c.third} {
+			id := string(rune('a' + i))
+			sent = append(sent, loadtest.Sent{ID: "m-" + id, JobID: id, UserID: 3, Channel: "email", Kind: loadtest.KindJob})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: "m-" + id, Time: t0.Add(at), Output: consumer.Output{Decision: "allowed", DecidedAt: t0.Add(at)}})
+		}
+		if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != c.violations {
+			t.Errorf("third send %v after the first, feedback for the first at 2m: %d violations, want %d: %v", c.third, r.Violations, c.violations, r.Problems)
+		}
+	}
+	if _, _, evs := loadtest.GenerateEvents([]loadtest.Sent{{ID: "m1", JobID: "j1", UserID: 1, Kind: loadtest.KindJob}}, 1, 1, 1, t0); len(evs) != 2 ||
+		evs[0].Kind != loadtest.EventExternal || evs[1].Kind != loadtest.EventFeedback || evs[1].ID != "j1" {
+		t.Errorf("events of one job with both shares 1: %+v", evs)
+	}
+}

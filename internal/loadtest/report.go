@@ -95,6 +95,11 @@ type Policy struct {
 	Rules rules.Config
 	// Segment returns a user's segment (ok false: in none, the default caps).
 	Segment func(user uint32) (segment string, ok bool)
+	// GivenBack maps the job id of a send whose delivery failed (feedback
+	// failed or bounced) to when that feedback was produced: from then on the
+	// send may no longer count (a worker can only apply it later, so it is
+	// treated as counted before). Optional.
+	GivenBack map[string]time.Time
 }
 
 // Check compares the outputs with what was sent and with the caps.
@@ -116,7 +121,9 @@ type Policy struct {
 //     Counted sends are the allowed, count-only sends (exempt and unchecked ones
 //     are not counted). A send's time is its decision time (capper-decided-at)
 //     of its first allowed output; a violation is counted once per user and
-//     cap. Shadow caps never block.
+//     cap. Shadow caps never block. A send whose delivery failed stops counting
+//     when its feedback was produced (Policy.GivenBack); external sends are
+//     not counted (when a worker recorded one cannot be known from outside).
 func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c := newChecker(sent, p)
 	j, err := newJudge(p.Rules)
@@ -359,6 +366,9 @@ func (c *checker) caps() {
 				since := c.j.since(cp, s.t, zone)
 				before := 0
 				for j := 0; j < i; j++ {
+					if back, ok := c.p.GivenBack[sends[j].sent.JobID]; ok && !s.t.Before(back) {
+						continue // its slot was given back by then
+					}
 					if !sends[j].t.Before(since) && cp.scope.matches(sends[j].sent, s.sent) {
 						before++
 					}

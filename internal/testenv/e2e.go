@@ -36,8 +36,10 @@ type Stack struct {
 	Redis   []string
 	Topics  [4]string // input, allowed, capped, dlq
 	Held    string    // audit records of held jobs (with EnableHold)
-	Prefix  string    // of Redis keys, S3 segment objects, topics and the group
-	Config  string    // path of the worker's config file
+	// External and Feedback are the event topics (with EnableEvents).
+	External, Feedback string
+	Prefix             string // of Redis keys, S3 segment objects, topics and the group
+	Config             string // path of the worker's config file
 	// DefaultCap is the daily cap of users in no segment that
 	// CheckAccounting holds them to; 0: TestRules' 2.
 	DefaultCap int
@@ -188,6 +190,33 @@ func (s *Stack) EnableHold(partitions int, tiers ...string) {
 	s.EditConfig("  tiers: []", "  tiers: ["+strings.Join(tiers, ", ")+"]")
 }
 
+// EnableEvents creates the external sends' and the feedback's topics and
+// configures the worker to read them (Stack.External, Stack.Feedback).
+func (s *Stack) EnableEvents(partitions int) {
+	s.T.Helper()
+	s.External, s.Feedback = s.Topics[0]+".external", s.Topics[0]+".feedback"
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.External, s.Feedback); err != nil {
+		s.T.Fatal(err)
+	}
+	s.EditConfig("dlq: "+s.Topics[3], fmt.Sprintf("external: %s, feedback: %s, dlq: %s", s.External, s.Feedback, s.Topics[3]))
+}
+
+// ProduceEvents writes JSON events to topic, keyed by their user_id.
+func (s *Stack) ProduceEvents(topic string, events ...map[string]any) {
+	s.T.Helper()
+	msgs := make([]kafka.Message, 0, len(events))
+	for _, e := range events {
+		b, err := json.Marshal(e)
+		if err != nil {
+			s.T.Fatal(err)
+		}
+		msgs = append(msgs, kafka.Message{Key: []byte(fmt.Sprint(e["user_id"])), Value: b})
+	}
+	s.produceTo(topic, msgs)
+}
+
 // JobSpec is one job to produce; Campaign defaults to "c1".
 type JobSpec struct {
 	ID, Channel, Category string
@@ -226,13 +255,19 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
 	}
 	msgs = append(msgs, raw...)
+	s.produceTo(s.Topics[0], msgs)
+}
+
+// produceTo writes msgs to topic, retrying while the topic is new.
+func (s *Stack) produceTo(topic string, msgs []kafka.Message) {
+	s.T.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var err error
 	// kafka-go caches topic metadata in the writer's transport, so a retry after
 	// "Unknown Topic Or Partition" (a topic just created) needs a new writer.
 	for attempt := 0; attempt < 20; attempt++ {
-		w := &kafka.Writer{Addr: kafka.TCP(s.Brokers...), Topic: s.Topics[0], Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000, Transport: s.roundTripper()}
+		w := &kafka.Writer{Addr: kafka.TCP(s.Brokers...), Topic: topic, Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000, Transport: s.roundTripper()}
 		err = w.WriteMessages(ctx, msgs...)
 		w.Close()
 		if err == nil {

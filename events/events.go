@@ -1,0 +1,160 @@
+// Package events reads the two streams that tell capper about sends it did
+// not decide itself: external sends (made by other tools, or in-app and inbox
+// impressions), which count toward the caps like capper's own, and delivery
+// feedback, which gives back the slot of a send that failed or bounced.
+//
+// Both are JSON objects, one per Kafka message; Decode* validate them and
+// say what is wrong with one that is not usable (it goes to the dead-letter
+// topic with that reason).
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrMalformed wraps every reason an event is not usable.
+var ErrMalformed = errors.New("malformed event")
+
+// Bounds of an event's fields (as for jobs).
+const (
+	MaxIDBytes  = 128
+	MaxTags     = 8
+	MaxTagBytes = 64
+)
+
+// Send is an external send: one that happened elsewhere and counts toward
+// the user's caps from its SentAt.
+//
+//	{"event_id": "esp-81723", "user_id": 123, "channel": "email", "campaign_id": "welcome",
+//	 "category": "marketing", "tags": ["promotional"], "sent_at": "2026-11-23T09:12:00Z"}
+type Send struct {
+	EventID  string    `json:"event_id"`    // (Required) unique per send: a redelivered event is counted once
+	UserID   uint32    `json:"user_id"`     // (Required)
+	Channel  string    `json:"channel"`     // (Required)
+	Campaign string    `json:"campaign_id"` // optional: per-campaign scopes match it
+	Category string    `json:"category"`    // optional, default "marketing"; one of its tags
+	Tags     []string  `json:"tags"`        // optional
+	SentAt   time.Time `json:"sent_at"`     // (Required) when the user received it
+}
+
+// AllTags returns the send's category followed by its tags, without repeats.
+func (s *Send) AllTags() []string {
+	out := []string{s.Category}
+	for _, t := range s.Tags {
+		if t != s.Category && !contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Feedback is what a delivery service says of one of capper's sends.
+//
+//	{"job_id": "cmp-42:user-123:email", "user_id": 123, "status": "bounced"}
+type Feedback struct {
+	JobID  string `json:"job_id"`  // (Required) the job capper forwarded
+	UserID uint32 `json:"user_id"` // (Required)
+	Status string `json:"status"`  // (Required) e.g. delivered, failed, bounced
+}
+
+// GivesBack reports whether the status gives the send's slot back: the
+// user never received it.
+func (f *Feedback) GivesBack() bool { return f.Status == "failed" || f.Status == "bounced" }
+
+// Statuses capper counts by name; any other is counted as "other".
+var Statuses = []string{"delivered", "failed", "bounced", "opened", "clicked"}
+
+// DecodeSend parses and validates an external send.
+func DecodeSend(value []byte) (Send, error) {
+	var raw struct {
+		Send
+		UserID *int64 `json:"user_id"`
+		SentAt string `json:"sent_at"`
+	}
+	if err := strict(value, &raw); err != nil {
+		return Send{}, err
+	}
+	s := raw.Send
+	switch {
+	case s.EventID == "" || len(s.EventID) > MaxIDBytes:
+		return Send{}, bad("event_id is missing, or over %d bytes", MaxIDBytes)
+	case raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1:
+		return Send{}, bad("user_id is missing, or not an integer in 0..4294967295")
+	case s.Channel == "":
+		return Send{}, bad("channel is missing or empty")
+	case raw.SentAt == "":
+		return Send{}, bad("sent_at is missing")
+	case len(s.Tags) > MaxTags:
+		return Send{}, bad("%d tags, at most %d", len(s.Tags), MaxTags)
+	}
+	for _, t := range s.Tags {
+		if t == "" || len(t) > MaxTagBytes {
+			return Send{}, bad("a tag is not 1..%d bytes", MaxTagBytes)
+		}
+	}
+	at, err := time.Parse(time.RFC3339Nano, raw.SentAt)
+	if err != nil {
+		return Send{}, bad("sent_at %q is not an RFC 3339 time", truncate(raw.SentAt))
+	}
+	s.UserID, s.SentAt = uint32(*raw.UserID), at
+	if s.Category == "" {
+		s.Category = "marketing"
+	}
+	return s, nil
+}
+
+// DecodeFeedback parses and validates a feedback event.
+func DecodeFeedback(value []byte) (Feedback, error) {
+	var raw struct {
+		Feedback
+		UserID *int64 `json:"user_id"`
+	}
+	if err := strict(value, &raw); err != nil {
+		return Feedback{}, err
+	}
+	f := raw.Feedback
+	switch {
+	case f.JobID == "" || len(f.JobID) > MaxIDBytes:
+		return Feedback{}, bad("job_id is missing, or over %d bytes", MaxIDBytes)
+	case raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1:
+		return Feedback{}, bad("user_id is missing, or not an integer in 0..4294967295")
+	case f.Status == "" || len(f.Status) > 32:
+		return Feedback{}, bad("status is missing, or over 32 bytes")
+	}
+	f.UserID = uint32(*raw.UserID)
+	return f, nil
+}
+
+func strict(value []byte, v any) error {
+	if err := json.Unmarshal(value, v); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return bad("%s has the wrong type (%s)", te.Field, te.Value)
+		}
+		return bad("not a JSON object: %v", err)
+	}
+	return nil
+}
+
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+func truncate(s string) string {
+	if len(s) <= 40 {
+		return s
+	}
+	return s[:40] + "..."
+}

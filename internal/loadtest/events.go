@@ -1,0 +1,118 @@
+package loadtest
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Event is one external send or feedback event loadgen produced, as recorded
+// in the events manifest (the blast's manifest with ".events" appended).
+type Event struct {
+	Kind   string // EventExternal or EventFeedback
+	ID     string // the external send's event_id; the feedback's job_id
+	UserID uint32
+	Status string // feedback: failed or bounced
+	// ProducedAt is when its chunk was handed to the producer: no worker can
+	// have applied it earlier.
+	ProducedAt time.Time
+}
+
+// Event kinds.
+const (
+	EventExternal = "external"
+	EventFeedback = "feedback"
+)
+
+// GenerateEvents makes, for a share of the blast's jobs, an external send to
+// the same user (sent during the last six hours) and a failed or bounced
+// feedback for the job itself. evs lines up with ext and then fb.
+func GenerateEvents(sent []Sent, externalShare, feedbackShare float64, seed uint64, now time.Time) (ext, fb []kafka.Message, evs []Event) {
+	var fbEvs []Event
+	defer func() { evs = append(evs, fbEvs...) }()
+	rng := rand.New(rand.NewPCG(seed, 13))
+	channels := []string{"email", "push", "sms", "inapp"}
+	for i := range sent {
+		s := &sent[i]
+		if s.Kind != KindJob {
+			continue
+		}
+		if rng.Float64() < externalShare {
+			id := "ext-" + s.ID
+			v, _ := json.Marshal(map[string]any{"event_id": id, "user_id": s.UserID, "channel": channels[rng.IntN(len(channels))],
+				"campaign_id": "elsewhere", "sent_at": now.Add(-time.Duration(rng.IntN(6*3600)) * time.Second).Format(time.RFC3339Nano)})
+			ext = append(ext, kafka.Message{Key: []byte(strconv.FormatUint(uint64(s.UserID), 10)), Value: v, Headers: []kafka.Header{{Key: HeaderID, Value: []byte(id)}}})
+			evs = append(evs, Event{Kind: EventExternal, ID: id, UserID: s.UserID})
+		}
+		if rng.Float64() < feedbackShare {
+			status := []string{"failed", "bounced"}[rng.IntN(2)]
+			v, _ := json.Marshal(map[string]any{"job_id": s.JobID, "user_id": s.UserID, "status": status})
+			fb = append(fb, kafka.Message{Key: []byte(strconv.FormatUint(uint64(s.UserID), 10)), Value: v, Headers: []kafka.Header{{Key: HeaderID, Value: []byte("fb-" + s.ID)}}})
+			fbEvs = append(fbEvs, Event{Kind: EventFeedback, ID: s.JobID, UserID: s.UserID, Status: status})
+		}
+	}
+	return ext, fb, evs
+}
+
+// ProducedAt is the HeaderProducedAt Produce stamped on m (zero without one).
+func ProducedAt(m kafka.Message) time.Time {
+	for _, h := range m.Headers {
+		if h.Key == HeaderProducedAt {
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+				return time.UnixMilli(ms)
+			}
+		}
+	}
+	return time.Time{}
+}
+
+var eventsHeader = []string{"kind", "id", "user_id", "status", "produced_at_ms"}
+
+// WriteEvents writes the events manifest.
+func WriteEvents(w io.Writer, evs []Event) error {
+	cw := csv.NewWriter(w)
+	if err := cw.Write(eventsHeader); err != nil {
+		return err
+	}
+	for _, e := range evs {
+		if err := cw.Write([]string{e.Kind, e.ID, strconv.FormatUint(uint64(e.UserID), 10), e.Status, strconv.FormatInt(e.ProducedAt.UnixMilli(), 10)}); err != nil {
+			return err
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// ReadEvents reads what WriteEvents wrote.
+func ReadEvents(r io.Reader) ([]Event, error) {
+	cr := csv.NewReader(r)
+	var out []Event
+	for line := 1; ; line++ {
+		f, err := cr.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("events manifest: %w", err)
+		}
+		if len(f) != len(eventsHeader) {
+			return nil, fmt.Errorf("events manifest line %d: %d fields, want %d", line, len(f), len(eventsHeader))
+		}
+		if line == 1 {
+			continue
+		}
+		u, err1 := strconv.ParseUint(f[2], 10, 32)
+		ms, err2 := strconv.ParseInt(f[4], 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("events manifest line %d: bad user id or time", line)
+		}
+		out = append(out, Event{Kind: f[0], ID: f[1], UserID: uint32(u), Status: f[3], ProducedAt: time.UnixMilli(ms)})
+	}
+}
