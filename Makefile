@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget bench-priority
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget bench-priority bench-prefs
 
 GO ?= go
 
@@ -55,4 +55,8 @@ bench-budget:
 
 ## bench-priority: what priority costs per decision: unused, reserved, arbitrated, every send competing (medians of 3)
 bench-priority:
-	scripts/bench-priority.sh
+	scripts/bench-modes.sh Priority unused reserved arbitrated competing
+
+## bench-prefs: decisions/s with users' preferences not read, read but absent, present for every user (medians of 3)
+bench-prefs:
+	scripts/bench-modes.sh Preferences off none every_user

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -169,5 +170,59 @@ func BenchmarkPriority(b *testing.B) {
 			})
 			b.ReportMetric(float64(b.N*512)/b.Elapsed().Seconds(), "decisions/s")
 		})
+	}
+}
+
+// BenchmarkPreferences is the cost of reading users' own preferences in the
+// decision, batches of 512 for 100,000 random users: off (not read), none
+// (read; no user has any), every user (each has a limit of its email and an
+// opt-out of a tag, neither refusing: the script parses both every time).
+// scripts/bench-modes.sh alternates them and prints the medians.
+func BenchmarkPreferences(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	const users = 100_000
+	ctx := context.Background()
+	var seq atomic.Int64
+	for _, m := range []struct {
+		name       string
+		read, have bool
+	}{{"off", false, false}, {"none", true, false}, {"every_user", true, true}} {
+		prefix := testenv.Unique("bench")
+		lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Pipelines: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if m.have {
+			var wg sync.WaitGroup
+			for g := range uint32(32) {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for u := g; u < users; u += 32 {
+						_ = lim.SetPreference(ctx, u, capping.Preference{Channel: "email", Limit: 1 << 20, Window: capping.Daily}, false)
+						_ = lim.SetPreference(ctx, u, capping.Preference{Tag: "never-sent", OptOut: true}, false)
+					}
+				}()
+			}
+			wg.Wait()
+		}
+		b.Run(m.name, func(b *testing.B) {
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 17))
+				reqs := make([]capping.Request, 512)
+				for pb.Next() {
+					for i := range reqs {
+						reqs[i] = capping.Request{UserID: uint32(rng.IntN(users)), JobID: fmt.Sprint("q", seq.Add(1)), Channel: "email",
+							Tags: []string{"marketing"}, Caps: benchCaps, Preferences: m.read}
+					}
+					if _, err := lim.Decide(ctx, reqs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*512)/b.Elapsed().Seconds(), "decisions/s")
+		})
+		deletePrefix(b, rdb, prefix)
 	}
 }

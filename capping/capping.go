@@ -198,6 +198,12 @@ type Request struct {
 	// capped) and a Retention; it counts toward every cap whose scope it
 	// matches from SentAt on.
 	SentAt time.Time
+	// Preferences reads the user's own preferences (SetPreference) in the
+	// same call: a VIP exemption lifts Caps, and the user's limits and
+	// opt-outs apply as caps of their own (Decision.Cap names them
+	// "preference:channel:..." or "preference:tag:..."). A user with
+	// preferences is never answered by the near cache.
+	Preferences bool
 }
 
 func (r *Request) validate() error {

@@ -552,3 +552,70 @@ func TestExternalSendsAndForget(t *testing.T) {
 		t.Errorf("an email after the failed send was given back: %+v, want allowed (1 counted)", d)
 	}
 }
+
+// TestPreferences: a user's own limit of a channel, an opt-out of a tag and
+// a VIP exemption from the rules' caps, read in the same script call, on a
+// fixed clock; a request that does not ask for preferences ignores them, and
+// a user with preferences is never in the near cache.
+func TestPreferences(t *testing.T) {
+	e := newEnv(t)
+	lim, err := capping.New(context.Background(), e.rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: e.clock.Now, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	e.clock.Set(base)
+	for _, p := range []capping.Preference{
+		{Channel: "email", Limit: 1, Window: capping.Daily},
+		{Tag: "promotional", OptOut: true},
+		{VIPUntil: base.Add(time.Hour)},
+	} {
+		if err := lim.SetPreference(ctx, 51, p, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := lim.Preferences(ctx, 51)
+	if err != nil || len(got) != 3 || got[0].Channel != "email" || got[0].Limit != 1 || got[0].Window != capping.Daily ||
+		!got[1].OptOut || got[1].Tag != "promotional" || !got[2].VIPUntil.Equal(base.Add(time.Hour)) {
+		t.Fatalf("preferences read back: %+v %v", got, err)
+	}
+	daily1 := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 1}
+	send := func(id, channel string, tags []string, prefs bool) capping.Decision {
+		t.Helper()
+		ds, err := lim.Decide(ctx, []capping.Request{{UserID: 51, JobID: id, Channel: channel, Tags: tags, Caps: []capping.Cap{daily1}, Preferences: prefs}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds[0]
+	}
+	check := func(what string, d capping.Decision, allowed bool, cap string, retry time.Duration) {
+		t.Helper()
+		var r time.Duration
+		if !d.RetryAt.IsZero() {
+			r = d.RetryAt.Sub(base)
+		}
+		if d.Allowed != allowed || d.Cap != cap || r != retry {
+			t.Errorf("%s: allowed %v cap %q retry +%v; want %v %q +%v", what, d.Allowed, d.Cap, r, allowed, cap, retry)
+		}
+	}
+	check("an email, VIP", send("e1", "email", []string{"marketing"}, true), true, "", 0)
+	e.clock.Add(time.Minute)
+	check("a second email: the user's own limit", send("e2", "email", []string{"marketing"}, true), false, "preference:channel:email", capping.Daily)
+	check("a push, VIP: past the daily cap of 1", send("p1", "push", []string{"marketing"}, true), true, "", 0)
+	check("a promotion: opted out", send("p2", "push", []string{"marketing", "promotional"}, true), false, "preference:tag:promotional", 0)
+	if st := lim.Stats(); st.CacheEntries != 0 {
+		t.Errorf("%d copies in the near cache, want none for a user with preferences", st.CacheEntries)
+	}
+	e.clock.Set(base.Add(2 * time.Hour)) // no longer VIP
+	check("a push after the exemption", send("p4", "push", []string{"marketing"}, true), false, "daily", capping.Daily+time.Minute)
+	check("the same without preferences", send("p3", "push", []string{"marketing", "promotional"}, false), false, "daily", capping.Daily+time.Minute)
+	if err := lim.SetPreference(ctx, 51, capping.Preference{Tag: "promotional"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := lim.Preferences(ctx, 51); len(got) != 2 {
+		t.Errorf("after clearing the opt-out: %+v", got)
+	}
+	if err := (capping.Preference{Channel: "sms"}).Validate(); err == nil {
+		t.Error("a limit of 0 without opt-out validated")
+	}
+}

@@ -13,7 +13,8 @@
 --          (its count has reached its limit): the caller's near cache keeps that copy of the log
 -- ARGV[6]  arbitration window (ms), 0: none; with a window, KEYS[2] is the user's candidates
 -- ARGV[7]  the send's priority (0..100), which wins an arbitration
--- ARGV[8..] four values per cap:
+-- ARGV[8]  "1": read the user's preferences (the last of KEYS); "0": the user has none to read
+-- ARGV[9..] four values per cap:
 --   since    first ms that counts (rolling: now - window + 1; calendar: the period's start)
 --   limit    most sends allowed in the window
 --   reset    rolling: the window's length in ms (a send counts until score + window);
@@ -24,6 +25,11 @@
 --            digests, then a 4-byte campaign digest or nothing
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
 --          member -> "priority:registered_ms:window_end_ms"
+-- KEYS[n]  (with ARGV[8] "1", last) the user's preferences, e.g. fc:{123}:prefs (same slot): a hash of
+--          "c:<channel>" or "t:<tag>" -> the 2-byte digest of the channel or tag, then "<limit>:<window_ms>"
+--          (the user's own limit of such sends in any window of that length; limit 0: opted out), and
+--          "vip" -> ms until which the rules' caps do not apply to the user (their preferences do).
+--          A send a preference refuses is not recorded (status 4, the field name after the counts).
 --
 -- Arbitration: a send that every cap allows but that would take the last slot of an arbitrated cap
 -- that applies to it is not recorded: it becomes a candidate of the user's open window (or opens one,
@@ -38,7 +44,8 @@
 -- Reply: {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
 --   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before,
---             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap)
+--             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap),
+--             4 capped by one of the user's preferences (cap 0; the preference's field follows the counts)
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
 --   retry_at  ms at which every exceeded cap passes again; 0 when capped for good (a limit of 0);
 --             for a duplicate, the ms at which the job was recorded; for an allowed send, the ms it is
@@ -59,7 +66,13 @@ local retention = tonumber(ARGV[4])
 local maxlog = tonumber(ARGV[5])
 local window = tonumber(ARGV[6])
 local priority = tonumber(ARGV[7])
-local arbkey = KEYS[2]
+local arbkey, prefkey = nil, nil
+if window > 0 then
+  arbkey = KEYS[2]
+end
+if ARGV[8] == '1' then
+  prefkey = KEYS[#KEYS]
+end
 
 local function has(set, d)
   for i = 1, #set, #d do
@@ -133,7 +146,7 @@ end
 local caps, counts = {}, {}
 local hit, retry_at, never = 0, 0, false
 local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
-for i = 8, #ARGV - 3, 4 do
+for i = 9, #ARGV - 3, 4 do
   local c = {since = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), reset = tonumber(ARGV[i + 2])}
   c.shadow, c.channels, c.tags, c.campaign, c.scoped, c.arbitrated = parse(ARGV[i + 3])
   c.applies = not c.scoped or matches(member, c.channels, c.tags, c.campaign)
@@ -173,6 +186,65 @@ if never then
 end
 if status == 2 then
   retry_at = recorded
+end
+
+-- The user's preferences (see KEYS[n]): an exemption from the rules' caps, and the user's own limits.
+local pref, has_prefs = nil, false
+if prefkey and status ~= 2 then
+  local p = redis.call('HGETALL', prefkey)
+  has_prefs = #p > 0
+  for j = 1, #p, 2 do
+    if p[j] == 'vip' and tonumber(p[j + 1]) > now then
+      status, hit, retry_at, never = 1, 0, 0, false -- the rules' caps do not apply
+    end
+  end
+  local p_at, p_never = 0, false
+  for j = 1, #p, 2 do
+    local kind = string.sub(p[j], 1, 2)
+    if kind == 'c:' or kind == 't:' then
+      local d = string.sub(p[j + 1], 1, 2)
+      local l, w = string.match(string.sub(p[j + 1], 3), '^(%d+):(%d+)$')
+      l, w = tonumber(l), tonumber(w)
+      local function sel(m)
+        if kind == 'c:' then
+          return string.sub(m, 9, 10) == d
+        end
+        for i = 15, #m - 1, 2 do
+          if string.sub(m, i, i + 1) == d then
+            return true
+          end
+        end
+        return false
+      end
+      if l and sel(member) then
+        local count, picked = 0, {}
+        for i = 1, n do
+          if scores[i] > now - w and sel(members[i]) then
+            count = count + 1
+            picked[count] = scores[i]
+          end
+        end
+        if count >= l then
+          if l == 0 then
+            if not p_never then
+              pref = p[j]
+            end
+            p_never = true
+          elseif not p_never and picked[count - l + 1] + w > p_at then
+            p_at, pref = picked[count - l + 1] + w, p[j]
+          end
+        end
+      end
+    end
+  end
+  if pref and (status == 1 or p_never or (status == 0 and not never and p_at > retry_at)) then
+    status, hit, retry_at = 4, 0, p_at
+    if p_never then
+      retry_at = 0
+    end
+  else
+    pref = nil
+  end
 end
 
 -- Arbitration of the last slot (see the header): only for a send that every cap allows and that would
@@ -250,10 +322,14 @@ local reply = {status, hit, retry_at}
 for i = 1, #caps do
   reply[3 + i] = counts[i]
 end
+if status == 4 then
+  reply[#reply + 1] = pref
+  return reply
+end
 
 -- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
 -- capped, and the cache can tell so without a call until the log changes.
-if record and maxlog > 0 and n <= maxlog then
+if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
   local full = status == 0
   for i = 1, #caps do
     local c = caps[i]

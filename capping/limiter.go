@@ -595,20 +595,30 @@ func (l *Limiter) ArbitrationKey(userID uint32) string { return l.Key(userID) + 
 func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLog int) []any {
 	keys := 1
 	if r.Arbitration > 0 {
-		keys = 2
+		keys++
+	}
+	if r.Preferences {
+		keys++
 	}
 	start := argsStart + keys - 1
-	args := make([]any, start+7, start+7+4*len(r.Caps))
+	args := make([]any, start+8, start+8+4*len(r.Caps))
 	args[0], args[1] = "evalsha", decideScript.Hash()
 	if eval {
 		args[0], args[1] = "eval", decideSource
 	}
 	args[2], args[3] = keys, key
-	if keys == 2 {
-		args[4] = key + ":arb"
+	k := 4
+	if r.Arbitration > 0 {
+		args[k], k = key+":arb", k+1
+	}
+	if r.Preferences {
+		args[k] = key + ":prefs"
 	}
 	v := args[start:]
-	v[0], v[1], v[2], v[3], v[4], v[5], v[6] = a.now, a.member, 0, a.retention, maxLog, r.Arbitration.Milliseconds(), r.Priority
+	v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7] = a.now, a.member, 0, a.retention, maxLog, r.Arbitration.Milliseconds(), r.Priority, 0
+	if r.Preferences {
+		v[7] = 1
+	}
 	switch {
 	case record && !r.SentAt.IsZero():
 		v[2] = 2
@@ -628,6 +638,16 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []any, error) {
 	ncaps := len(caps)
 	arr, ok := v.([]any)
+	if ok && len(arr) == 4+ncaps && arr[0] == int64(4) { // capped by a preference: its field last
+		field, ok := arr[3+ncaps].(string)
+		if !ok {
+			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: no preference named", v)
+		}
+		d, err := decisionOf(toInts(arr[:3+ncaps]), caps, member, now)
+		d.Cap = PreferenceCap(field)
+		d.Exceeded = []string{d.Cap}
+		return d, nil, err
+	}
 	if !ok || len(arr) < 3+ncaps || (len(arr)-3-ncaps)%2 != 0 {
 		return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: want an array of %d integers and a log", v, 3+ncaps)
 	}
@@ -668,6 +688,10 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 	case 2:
 		d.Allowed, d.Duplicate = true, true
 		d.Recorded = time.UnixMilli(ints[2])
+	case 4: // Cap is the preference's: the caller names it
+		if ints[2] > 0 {
+			d.RetryAt = time.UnixMilli(ints[2])
+		}
 	case 3:
 		if ints[1] < 1 || int(ints[1]) > ncaps {
 			return Decision{}, fmt.Errorf("cap index %d out of range", ints[1])
@@ -692,4 +716,14 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 		return Decision{}, fmt.Errorf("status %d", ints[0])
 	}
 	return d, nil
+}
+
+// toInts reads integer reply elements (0 where one is not an integer: the
+// decision's check then fails on it).
+func toInts(arr []any) []int64 {
+	out := make([]int64, len(arr))
+	for i, x := range arr {
+		out[i], _ = x.(int64)
+	}
+	return out
 }

@@ -22,7 +22,7 @@ func TestScriptArgs(t *testing.T) {
 	a := &newArgs([]Request{r}, now, 0)[0]
 	args := scriptCmd(false, "fc:{7}", &r, a, true, 64)[argsStart:]
 	ms := int64(time.Hour / time.Millisecond)
-	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64, int64(0), 0,
+	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64, int64(0), 0, 0,
 		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, "",
 		day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(),
 		"\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}
@@ -37,7 +37,7 @@ func TestScriptArgs(t *testing.T) {
 	arb := r
 	arb.Arbitration, arb.Priority, arb.Caps = 2*time.Minute, 7, []Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 3, Arbitrated: true}}
 	if got := scriptCmd(false, "fc:{7}", &arb, &newArgs([]Request{arb}, now, 0)[0], true, 0); got[2] != 2 || got[3] != "fc:{7}" || got[4] != "fc:{7}:arb" ||
-		got[10] != int64(120000) || got[11] != 7 || got[15] != "\x02\x00\x00" {
+		got[10] != int64(120000) || got[11] != 7 || got[16] != "\x02\x00\x00" {
 		t.Errorf("arbitrated request: %q, want 2 keys (the log, its candidates), ARGV[6] 120000, ARGV[7] 7, the cap's flags 2", got)
 	}
 	if got := scriptCmd(false, "fc:{7}", &r, a, false, 0)[argsStart+2]; got != 0 {

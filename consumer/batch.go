@@ -239,7 +239,7 @@ func (w *Worker) request(e *entry) capping.Request {
 		r.DuplicateOnly = true
 		return r
 	}
-	r.Caps = e.plan.Caps
+	r.Caps, r.Preferences = e.plan.Caps, w.cfg.Preferences && !e.plan.CountOnly // a count-only send is never capped
 	if arbitrates(&e.plan, &e.facts, w.cfg.Wheel, e.at) {
 		r.Arbitration, r.Priority = max(e.plan.Arbitration, time.Millisecond), e.plan.Priority
 		r.Candidate = e.facts.arrived.Reason == ReasonArbitration

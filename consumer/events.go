@@ -1,8 +1,8 @@
 package consumer
 
 // The event workers: external sends, recorded in the users' logs at their
-// sent_at, and delivery feedback, which removes the sends that failed or
-// bounced. Each reads its topic in its own consumer group, writes malformed
+// sent_at; delivery feedback, which removes the sends that failed or
+// bounced; and the users' preferences, set in their slots. Each reads its topic in its own consumer group, writes malformed
 // events to the dead-letter topic and commits a batch once Redis has
 // answered for every event of it.
 
@@ -28,19 +28,24 @@ type EventKind int
 const (
 	ExternalSends EventKind = iota + 1 // events.Send, recorded
 	Feedback                           // events.Feedback, failed and bounced sends forgotten
+	Preferences                        // events.Preference, set or cleared in the user's slot
 )
 
 func (k EventKind) String() string {
-	if k == ExternalSends {
+	switch k {
+	case ExternalSends:
 		return "external sends"
+	case Feedback:
+		return "feedback"
 	}
-	return "feedback"
+	return "preferences"
 }
 
 // Recorder is what an event worker needs of Redis (*capping.Limiter).
 type Recorder interface {
 	Decide(ctx context.Context, reqs []capping.Request) ([]capping.Decision, error)
 	Forget(ctx context.Context, userID uint32, jobID string) (bool, error)
+	SetPreference(ctx context.Context, userID uint32, p capping.Preference, clear bool) error
 }
 
 // EventConfig configures an EventWorker.
@@ -72,6 +77,7 @@ type EventConfig struct {
 type EventMetrics struct {
 	external *prometheus.CounterVec
 	feedback *prometheus.CounterVec
+	prefs    *prometheus.CounterVec
 }
 
 // NewEventMetrics makes the event workers' metrics and registers them with reg (nil: unregistered).
@@ -83,6 +89,12 @@ func NewEventMetrics(reg prometheus.Registerer) (*EventMetrics, error) {
 		feedback: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "capper_feedback_total", Help: "Delivery feedback events, by status (delivered, failed, bounced, opened, clicked, other, dlq) and result: given_back (a failed or bounced send removed from the log), unknown (failed or bounced, but not in the log: never recorded, or aged out), kept.",
 		}, []string{"status", "result"}),
+		prefs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "capper_preferences_total", Help: "Preference events, by result: set, cleared, dlq (malformed, or a window longer than the rules keep a send).",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{"set", "cleared", "dlq"} {
+		m.prefs.WithLabelValues(r)
 	}
 	for _, r := range []string{"recorded", "duplicate", "dropped_old", "dlq"} {
 		m.external.WithLabelValues(r)
@@ -93,7 +105,7 @@ func NewEventMetrics(reg prometheus.Registerer) (*EventMetrics, error) {
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.external, m.feedback} {
+		for _, c := range []prometheus.Collector{m.external, m.feedback, m.prefs} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("consumer: register metrics: %w", err)
 			}
@@ -111,7 +123,7 @@ type EventWorker struct {
 // NewEventWorker returns an EventWorker.
 func NewEventWorker(cfg EventConfig) (*EventWorker, error) {
 	switch {
-	case cfg.Kind != ExternalSends && cfg.Kind != Feedback:
+	case cfg.Kind != ExternalSends && cfg.Kind != Feedback && cfg.Kind != Preferences:
 		return nil, errors.New("consumer: unknown event kind")
 	case cfg.Reader == nil || cfg.Writer == nil || cfg.Recorder == nil || cfg.Rules == nil || cfg.Metrics == nil || cfg.EventMetrics == nil:
 		return nil, errors.New("consumer: an event worker needs a reader, a writer, a recorder, the rules and metrics")
@@ -179,10 +191,13 @@ func (w *EventWorker) handle(ctx context.Context, batch []kafka.Message) ([]kafk
 		dead = append(dead, kafka.Message{Topic: w.cfg.DLQ, Key: m.Key, Value: m.Value, Headers: append(append([]kafka.Header(nil), m.Headers...),
 			kafka.Header{Key: HeaderDecision, Value: []byte(DecisionDLQ)}, kafka.Header{Key: HeaderError, Value: []byte(reason)})})
 	}
-	if w.cfg.Kind == ExternalSends {
+	switch w.cfg.Kind {
+	case ExternalSends:
 		return dead, w.record(ctx, batch, deadLetter)
+	case Feedback:
+		return dead, w.forget(ctx, batch, deadLetter)
 	}
-	return dead, w.forget(ctx, batch, deadLetter)
+	return dead, w.prefer(ctx, batch, deadLetter)
 }
 
 // record records the batch's external sends at their sent_at.
@@ -270,6 +285,35 @@ func (w *EventWorker) forget(ctx context.Context, batch []kafka.Message, deadLet
 			}
 			if !retry.wait(ctx, "giving back a failed send failed; retrying", 1, err) {
 				return fmt.Errorf("consumer: stopped with feedback unapplied (left uncommitted): %w", ctx.Err())
+			}
+		}
+	}
+	return nil
+}
+
+// prefer sets or clears the users' preferences, in order.
+func (w *EventWorker) prefer(ctx context.Context, batch []kafka.Message, deadLetter func(*kafka.Message, string)) error {
+	m := w.cfg.EventMetrics.prefs
+	retention := w.cfg.Rules().Retention()
+	for i := range batch {
+		p, err := events.DecodePreference(batch[i].Value)
+		if err == nil && p.Pref.Window > retention {
+			err = fmt.Errorf("%w: window %v is longer than the rules keep a send (%v): no log could count it", events.ErrMalformed, p.Pref.Window, retention)
+		}
+		if err != nil {
+			deadLetter(&batch[i], err.Error())
+			m.WithLabelValues("dlq").Inc()
+			continue
+		}
+		retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
+		for {
+			err := w.cfg.Recorder.SetPreference(ctx, p.UserID, p.Pref, p.Clear)
+			if err == nil {
+				m.WithLabelValues(map[bool]string{false: "set", true: "cleared"}[p.Clear]).Inc()
+				break
+			}
+			if !retry.wait(ctx, "setting a preference failed; retrying", 1, err) {
+				return fmt.Errorf("consumer: stopped with a preference unapplied (left uncommitted): %w", ctx.Err())
 			}
 		}
 	}

@@ -106,6 +106,9 @@ type Config struct {
 	// RoundTrips, when set, returns a running count of Redis round trips; the
 	// worker reports the count per batch.
 	RoundTrips func() uint64
+	// Preferences: each decision reads the user's own preferences (the
+	// preferences topic is configured).
+	Preferences bool
 	// Wheel holds jobs on its delay topics; nil: nothing is held (a hold
 	// policy then acts as drop).
 	Wheel *hold.Wheel

@@ -1,7 +1,8 @@
-// Package events reads the two streams that tell capper about sends it did
-// not decide itself: external sends (made by other tools, or in-app and inbox
-// impressions), which count toward the caps like capper's own, and delivery
-// feedback, which gives back the slot of a send that failed or bounced.
+// Package events reads the streams that tell capper about sends it did not
+// decide itself and about its users: external sends (made by other tools, or
+// in-app and inbox impressions), which count toward the caps like capper's
+// own; delivery feedback, which gives back the slot of a send that failed or
+// bounced; and each user's own preferences.
 //
 // Both are JSON objects, one per Kafka message; Decode* validate them and
 // say what is wrong with one that is not usable (it goes to the dead-letter
@@ -12,7 +13,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/rules"
 )
 
 // ErrMalformed wraps every reason an event is not usable.
@@ -157,4 +162,63 @@ func truncate(s string) string {
 		return s
 	}
 	return s[:40] + "..."
+}
+
+// Preference is one of a user's own wishes, from the preferences topic or
+// capper prefs set:
+//
+//	{"user_id": 7, "channel": "email", "limit": 1, "window": "7d"}   at most one email a week
+//	{"user_id": 7, "tag": "promotional", "opt_out": true}            no promotions at all
+//	{"user_id": 7, "vip_until": "2026-12-31T00:00:00Z"}              the rules' caps do not apply until then
+//	{"user_id": 7, "channel": "email", "clear": true}                forget the email preference ("vip" with neither)
+type Preference struct {
+	UserID uint32
+	Pref   capping.Preference
+	Clear  bool
+}
+
+// DecodePreference parses and validates a preference event.
+func DecodePreference(value []byte) (Preference, error) {
+	var raw struct {
+		UserID   *int64 `json:"user_id"`
+		Channel  string `json:"channel"`
+		Tag      string `json:"tag"`
+		Limit    int    `json:"limit"`
+		Window   string `json:"window"`
+		OptOut   bool   `json:"opt_out"`
+		VIPUntil string `json:"vip_until"`
+		Clear    bool   `json:"clear"`
+	}
+	if err := strict(value, &raw); err != nil {
+		return Preference{}, err
+	}
+	if raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1 {
+		return Preference{}, bad("user_id is missing, or not an integer in 0..4294967295")
+	}
+	p := Preference{UserID: uint32(*raw.UserID), Clear: raw.Clear,
+		Pref: capping.Preference{Channel: raw.Channel, Tag: raw.Tag, Limit: raw.Limit, OptOut: raw.OptOut}}
+	if raw.Window != "" {
+		w, err := rules.ParseDuration(raw.Window)
+		if err != nil {
+			return Preference{}, bad("window %q: %v", truncate(raw.Window), err)
+		}
+		p.Pref.Window = w
+	}
+	if raw.VIPUntil != "" {
+		t, err := time.Parse(time.RFC3339Nano, raw.VIPUntil)
+		if err != nil {
+			return Preference{}, bad("vip_until %q is not an RFC 3339 time", truncate(raw.VIPUntil))
+		}
+		p.Pref.VIPUntil = t
+	}
+	if p.Clear {
+		if raw.Channel != "" && raw.Tag != "" {
+			return Preference{}, bad("clear names one of channel and tag (or neither, for vip_until)")
+		}
+		return p, nil
+	}
+	if err := p.Pref.Validate(); err != nil {
+		return Preference{}, bad("%v", strings.TrimPrefix(err.Error(), "capping: "))
+	}
+	return p, nil
 }

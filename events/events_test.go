@@ -58,3 +58,36 @@ func TestDecodeFeedback(t *testing.T) {
 		}
 	}
 }
+
+func TestDecodePreference(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want string // the decoded preference's String(), or "clear <field>"
+	}{
+		{`{"user_id":7,"channel":"email","limit":1,"window":"7d"}`, "preference:channel:email at most 1 per 168h0m0s"},
+		{`{"user_id":7,"tag":"promotional","opt_out":true}`, "preference:tag:promotional opted out"},
+		{`{"user_id":7,"vip_until":"2026-12-31T00:00:00Z"}`, "vip until 2026-12-31T00:00:00Z"},
+		{`{"user_id":7,"channel":"email","clear":true}`, "clear"},
+	} {
+		p, err := events.DecodePreference([]byte(c.in))
+		got := p.Pref.String()
+		if p.Clear {
+			got = "clear"
+		}
+		if err != nil || p.UserID != 7 || got != c.want {
+			t.Errorf("%s: %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, c := range []struct{ in, want string }{
+		{`{"channel":"email","limit":1,"window":"7d"}`, "user_id"},
+		{`{"user_id":7,"channel":"email","limit":1}`, "a limit of at least 1"},
+		{`{"user_id":7,"channel":"email","limit":1,"window":"soon"}`, "window"},
+		{`{"user_id":7,"channel":"email","tag":"x","opt_out":true}`, "exactly one"},
+		{`{"user_id":7,"vip_until":"tomorrow"}`, "vip_until"},
+		{`{"user_id":7}`, "exactly one"},
+	} {
+		if _, err := events.DecodePreference([]byte(c.in)); err == nil || !errors.Is(err, events.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want malformed, naming %q", c.in, err, c.want)
+		}
+	}
+}

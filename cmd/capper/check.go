@@ -82,7 +82,8 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "category %s is count-only: such a send is counted but never capped\n", *category)
 	}
 	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Campaign: *campaign,
-		Tags: allTags, Caps: caps, Retention: plan.Retention, Arbitration: plan.Arbitration, Priority: plan.Priority})
+		Tags: allTags, Caps: caps, Retention: plan.Retention, Arbitration: plan.Arbitration, Priority: plan.Priority,
+		Preferences: b.Config.Kafka.Topics.Preferences != ""})
 	if err != nil {
 		return err
 	}
@@ -102,6 +103,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			state += fmt.Sprintf("  [%d more reserved for priority %d and above]", c.Reserved, min)
 		}
 		fmt.Fprintf(stdout, "  cap %-20s %3d of %3d since %s (%s)%s\n", c.Name, d.Counts[i], c.Limit, since.In(zone).Format("2006-01-02 15:04 MST"), window, state)
+	}
+	if b.Config.Kafka.Topics.Preferences != "" {
+		ps, err := b.Limiter.Preferences(ctx, uid)
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			fmt.Fprintf(stdout, "  the user's %s\n", p)
+		}
 	}
 	for _, s := range d.Shadow {
 		fmt.Fprintf(stdout, "shadow cap %s would cap this send\n", s)

@@ -3,6 +3,8 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -147,4 +149,48 @@ func TestExternalSendsAndFeedback(t *testing.T) {
 	w.done <- nil
 	start(s, false)
 	logged(t, s, crashed, 3, 90*time.Second)
+}
+
+// TestPrefsCommand: capper prefs set sends a preference to the topic the
+// workers apply, capper prefs get and capper check show it, and the next
+// send of that channel is capped by it.
+func TestPrefsCommand(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	s.EnableEvents(1)
+	start(s, false)
+	capper := func(args ...string) string {
+		t.Helper()
+		n := 1 // the command's words, then --config
+		if args[0] == "prefs" {
+			n = 2
+		}
+		cmd := exec.Command(capperBin, append(append(append([]string{}, args[:n]...), "--config", s.Config), args[n:]...)...)
+		cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("capper %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	capper("prefs", "set", "--user", "42", "--channel", "sms", "--opt-out")
+	cmd := exec.Command(capperBin, "prefs", "set", "--config", s.Config, "--user", "42", "--channel", "sms", "--limit", "1")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "a limit of at least 1") {
+		t.Errorf("a limit without a window: %v\n%s", err, out)
+	}
+	for end := time.Now().Add(60 * time.Second); !strings.Contains(capper("prefs", "get", "--user", "42"), "preference:channel:sms opted out"); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the preference was not applied within 60 s")
+		}
+	}
+	if out := capper("check", "--user", "42", "--channel", "sms"); !strings.Contains(out, "the user's preference:channel:sms opted out") ||
+		!strings.Contains(out, "capped by preference:channel:sms; retry after never") {
+		t.Errorf("capper check:\n%s", out)
+	}
+	jobs := []testenv.JobSpec{{ID: "sms", User: 42, Channel: "sms"}, {ID: "email", User: 42, Channel: "email"}}
+	s.Produce(jobs)
+	for _, o := range s.CollectJobs(jobs, 60*time.Second) {
+		if want := map[string]string{"sms": "capped", "email": "allowed"}[o.JobID]; o.Decision != want {
+			t.Errorf("%s: %s by %q, want %s", o.JobID, o.Decision, o.Cap, want)
+		}
+	}
 }

@@ -37,6 +37,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
 	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
 	externalShare := fs.Float64("external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
+	prefsShare := fs.Float64("prefs-share", 0, "give this share of the users a preference (at most one email a day, or no promotions) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
 	feedbackShare := fs.Float64("feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
@@ -77,8 +78,14 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return nil
 		}
 	}
-	if (*externalShare > 0 && ts.External == "") || (*feedbackShare > 0 && ts.Feedback == "") {
-		return errors.New("loadgen: --external-share and --feedback-share need kafka.topics.external and kafka.topics.feedback")
+	if (*externalShare > 0 && ts.External == "") || (*feedbackShare > 0 && ts.Feedback == "") || (*prefsShare > 0 && ts.Preferences == "") {
+		return errors.New("loadgen: --external-share, --feedback-share and --prefs-share need kafka.topics.external, .feedback and .preferences")
+	}
+	var prefEvs []loadtest.Event
+	if *prefsShare > 0 {
+		if prefEvs, err = producePreferences(ctx, cfg, transport, g.Users, *prefsShare, g.Seed, stderr); err != nil {
+			return err
+		}
 	}
 	msgs, sent, err := loadtest.Generate(g)
 	if err != nil {
@@ -109,7 +116,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	fmt.Fprintf(stdout, "loadgen: produced %d messages for %d users to %s in %v; manifest %s\n", len(msgs), g.Users, ts.Input, time.Since(start).Round(time.Millisecond), *manifest)
-	if len(evs) == 0 {
+	if len(evs)+len(prefEvs) == 0 {
 		return nil
 	}
 	// The events after the blast: external sends, then the feedback of sends
@@ -136,15 +143,59 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	if err := loadtest.WriteEvents(ef, evs); err != nil {
+	if err := loadtest.WriteEvents(ef, append(evs, prefEvs...)); err != nil {
 		ef.Close()
 		return err
 	}
 	if err := ef.Close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "loadgen: produced %d external sends and %d feedback events; manifest %s.events\n", len(ext), len(fb), *manifest)
+	fmt.Fprintf(stdout, "loadgen: produced %d external sends, %d feedback events and %d preferences; manifest %s.events\n", len(ext), len(fb), len(prefEvs), *manifest)
 	return nil
+}
+
+// producePreferences sends preferences for a share of the users and waits
+// until Redis holds every one of them (a running capper applies them), so
+// that every send of the blast is decided with them: the report holds each
+// from the moment it was seen applied.
+func producePreferences(ctx context.Context, cfg *config.Config, transport *kafka.Transport, users int, share float64, seed uint64, stderr io.Writer) ([]loadtest.Event, error) {
+	msgs, evs := loadtest.GeneratePreferences(users, share, seed)
+	w := daemon.NewWriter(cfg.Kafka, transport, cfg.Kafka.Topics.Preferences, 5000, daemon.NewLogger("warn", os.Stderr))
+	err := loadtest.Produce(ctx, w, msgs, 5000, nil)
+	w.Close()
+	if err != nil {
+		return nil, err
+	}
+	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	pending := map[uint32]bool{}
+	for _, e := range evs {
+		pending[e.UserID] = true
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for len(pending) > 0 {
+		for u := range pending {
+			if ps, err := b.Limiter.Preferences(ctx, u); err == nil && len(ps) > 0 {
+				delete(pending, u)
+			}
+		}
+		if len(pending) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("loadgen: %d of %d preferences not applied within 2 minutes: is capper run running with kafka.topics.preferences?", len(pending), len(evs))
+		}
+		fmt.Fprintf(stderr, "loadgen: waiting for the workers to apply %d of %d preferences\n", len(pending), len(evs))
+		time.Sleep(500 * time.Millisecond)
+	}
+	applied := time.Now()
+	for i := range evs {
+		evs[i].ProducedAt = applied
+	}
+	return evs, nil
 }
 
 // runReport reads the output topics and checks them against the manifest and
@@ -218,6 +269,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	givenBack := map[string]time.Time{}
+	var prefs map[uint32][]loadtest.Pref
 	externals, feedbacks := 0, 0
 	if ef, err := os.Open(*manifest + ".events"); err == nil {
 		evs, err := loadtest.ReadEvents(ef)
@@ -236,11 +288,12 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				}
 			}
 		}
+		prefs = loadtest.Prefs(evs)
 		fmt.Fprintf(stdout, "capper report: %d external sends (not counted by the report's cap check) and %d failed or bounced feedback events produced with the blast\n", externals, feedbacks)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack}, time.Now())
+	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack, Preferences: prefs}, time.Now())
 	printReport(stdout, &r, len(outs))
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))

@@ -3,6 +3,7 @@
 //	capper run --config FILE           consume, cap and forward send jobs
 //	capper check --config FILE --user ID [--channel C]
 //	capper segments build|inspect|upload ...
+//	capper prefs get|set ...             a user's own preferences
 //	capper loadgen / capper report       synthetic blasts and their verification
 package main
 
@@ -76,6 +77,8 @@ Usage:
                                                build a segment bitmap from user ids, one per line
   capper segments inspect FILE|s3://bucket/key  cardinality, size, containers, min/max id
   capper segments upload DIR s3://bucket/prefix  upload DIR/*.roaring (S3 settings from CAPPER_SEGMENTS_S3_* or AWS_*)
+  capper prefs get --config FILE --user ID     a user's own preferences (limits, opt-outs, VIP)
+  capper prefs set --config FILE --user ID ... send one to the preferences topic (--help for its flags)
   capper loadgen --config FILE --manifest FILE [--jobs N --users U ...]
                                                produce a synthetic blast to the input topic, record it
   capper report --config FILE --manifest FILE  check the output topics against the blast and the caps;
@@ -108,6 +111,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runSegments(ctx, args[1:], stdout, stderr)
 	case "loadgen":
 		return runLoadgen(ctx, args[1:], stdout, stderr)
+	case "prefs":
+		return runPrefs(ctx, args[1:], stdout, stderr)
 	case "report":
 		return runReport(ctx, args[1:], stdout, stderr)
 	case "version", "--version":

@@ -86,6 +86,11 @@ type Topics struct {
 	// GROUP.feedback, and by each process's GROUP.feedback-cache.* to keep its
 	// near cache exact. Optional, no default.
 	Feedback string `yaml:"feedback"`
+	// Preferences, when set, is a topic of the users' own preferences
+	// (events.Preference), applied by the group GROUP.preferences; every
+	// decision then reads the user's preferences in the same script call.
+	// Optional, no default.
+	Preferences string `yaml:"preferences"`
 }
 
 // Hold configures the delay topics that held jobs wait on.

@@ -235,9 +235,9 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 // newCacheReader reads topic from its end in a consumer group of this
 // process's own that never commits (Kafka deletes it once the process
 // leaves): every replica sees every event from its start on.
-func newCacheReader(c config.Kafka, dialer *kafka.Dialer, topic string, logger *slog.Logger) *kafka.Reader {
+func newCacheReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, logger *slog.Logger) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
-		Brokers: c.Brokers, GroupID: fmt.Sprintf("%s.feedback-cache.%d-%d", c.GroupID, os.Getpid(), time.Now().UnixNano()),
+		Brokers: c.Brokers, GroupID: fmt.Sprintf("%s-cache.%d-%d", group, os.Getpid(), time.Now().UnixNano()),
 		Topic: topic, Dialer: dialer, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 500 * time.Millisecond,
 		StartOffset: kafka.LastOffset, SessionTimeout: time.Duration(c.SessionTimeout), RebalanceTimeout: time.Duration(c.SessionTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,

@@ -166,15 +166,15 @@ type Daemon struct {
 	writer  *kafka.Writer
 	workers []*consumer.Worker      // in the order of readers
 	events  []*consumer.EventWorker // external sends and feedback, after the workers' readers
-	// feedbackCache reads the feedback topic in a group of this process's own
-	// (from its end, never committed) to drop the near cache's copies of logs
-	// another replica gave a slot back in; nil without feedback or a cache.
-	feedbackCache *kafka.Reader
-	wheel         *hold.Wheel // nil when holding is disabled
-	metrics       *consumer.Metrics
-	srv           *http.Server
-	addr          string
-	built         atomic.Bool // New has finished: until then /readyz answers 503
+	// cacheReaders read the feedback and preferences topics in groups of this
+	// process's own (from their end, never committed) to drop the near
+	// cache's copies of the logs of users another replica changed.
+	cacheReaders []cacheReader
+	wheel        *hold.Wheel // nil when holding is disabled
+	metrics      *consumer.Metrics
+	srv          *http.Server
+	addr         string
+	built        atomic.Bool // New has finished: until then /readyz answers 503
 
 	readersClosed sync.Once
 
@@ -252,6 +252,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			Held: cfg.Kafka.Topics.Held},
 		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
 		Wheel: wheel, RoundTrips: d.trips.n.Load, Logger: d.Log, Metrics: metrics, Faults: inputFaults,
+		Preferences: cfg.Kafka.Topics.Preferences != "",
 	}
 	if err := d.addWorker(wc); err != nil {
 		return nil, err
@@ -296,7 +297,7 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 	for _, e := range []struct {
 		kind  consumer.EventKind
 		topic string
-	}{{consumer.ExternalSends, cfg.Kafka.Topics.External}, {consumer.Feedback, cfg.Kafka.Topics.Feedback}} {
+	}{{consumer.ExternalSends, cfg.Kafka.Topics.External}, {consumer.Feedback, cfg.Kafka.Topics.Feedback}, {consumer.Preferences, cfg.Kafka.Topics.Preferences}} {
 		if e.topic == "" {
 			continue
 		}
@@ -313,21 +314,27 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 			return err
 		}
 		d.events = append(d.events, w)
-		if e.kind == consumer.Feedback && cfg.Redis.NearCacheSize > 0 {
-			c := newCacheReader(cfg.Kafka, dialer, e.topic, d.Log)
-			d.feedbackCache = c
+		if e.kind != consumer.ExternalSends && cfg.Redis.NearCacheSize > 0 {
+			c := newCacheReader(cfg.Kafka, dialer, group, e.topic, d.Log)
+			d.cacheReaders = append(d.cacheReaders, cacheReader{c, e.kind})
 			d.readers = append(d.readers, c)
 		}
 	}
 	return nil
 }
 
-// dropCached drops the near cache's copy of every user a feedback event gives
-// a slot back to, until ctx ends: another replica applied it to Redis, and
-// this one's copies must not keep the slot closed.
-func (d *Daemon) dropCached(ctx context.Context) {
+type cacheReader struct {
+	r    *kafka.Reader
+	kind consumer.EventKind
+}
+
+// dropCached drops the near cache's copy of every user a feedback event
+// gives a slot back to, or whose preferences change, until ctx ends:
+// another replica applied it to Redis, and this one's copies must not keep
+// answering from before.
+func (d *Daemon) dropCached(ctx context.Context, c cacheReader) {
 	for {
-		m, err := d.feedbackCache.FetchMessage(ctx)
+		m, err := c.r.FetchMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -337,18 +344,25 @@ func (d *Daemon) dropCached(ctx context.Context) {
 			}
 			continue
 		}
-		if f, err := events.DecodeFeedback(m.Value); err == nil && f.GivesBack() {
-			d.Limiter.DropCached(f.UserID)
+		if c.kind == consumer.Feedback {
+			if f, err := events.DecodeFeedback(m.Value); err == nil && f.GivesBack() {
+				d.Limiter.DropCached(f.UserID)
+			}
+		} else if p, err := events.DecodePreference(m.Value); err == nil {
+			d.Limiter.DropCached(p.UserID)
 		}
 	}
 }
 
 // EventGroup is the consumer group that reads an event topic.
 func EventGroup(group string, kind consumer.EventKind) string {
-	if kind == consumer.ExternalSends {
+	switch kind {
+	case consumer.ExternalSends:
 		return group + ".external"
+	case consumer.Feedback:
+		return group + ".feedback"
 	}
-	return group + ".feedback"
+	return group + ".preferences"
 }
 
 // segments returns the current segment snapshot to a worker; the first time
@@ -489,8 +503,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.Skew.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
-	if d.feedbackCache != nil {
-		go d.dropCached(bg)
+	for _, c := range d.cacheReaders {
+		go d.dropCached(bg, c)
 	}
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
 		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),

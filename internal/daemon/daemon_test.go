@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -259,5 +260,78 @@ func TestCloseLeavesTheGroup(t *testing.T) {
 	d.Close()
 	if n := members(); n != 0 {
 		t.Errorf("%d members left in group %s after Close (the session timeout is 60 s)", n, group)
+	}
+}
+
+// TestPreferences: each user's own preferences, from the preferences topic,
+// applied in the same script call as the caps (default cap 2 a day): an
+// opt-out of SMS, a limit of one email a day, a VIP exemption that ends
+// mid-run (the daemon's clock is moved past it), and an opt-out set twice
+// (a redelivery) and cleared. capper-cap names the preference that capped.
+func TestPreferences(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	s.EnableEvents(1)
+	s.EditConfig("log_level: warn", "log_level: warn\nmax_clock_skew: 1h") // the test moves the clock
+	var offset atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	d, _ := startDaemonWith(t, s, daemon.Options{Clock: clock})
+	vipUntil := clock().Add(10 * time.Minute).UTC()
+	s.ProduceEvents(s.Preferences,
+		map[string]any{"user_id": 1, "channel": "sms", "opt_out": true},
+		map[string]any{"user_id": 2, "channel": "email", "limit": 1, "window": "24h"},
+		map[string]any{"user_id": 3, "vip_until": vipUntil.Format(time.RFC3339Nano)},
+		map[string]any{"user_id": 4, "channel": "sms", "opt_out": true},
+		map[string]any{"user_id": 4, "channel": "sms", "opt_out": true},
+		map[string]any{"user_id": 4, "channel": "sms", "clear": true},
+		map[string]any{"user_id": 4, "channel": "sms", "window": "400d", "limit": 1}, // longer than the log keeps a send: dead-lettered
+	)
+	want := map[uint32]int{1: 1, 2: 1, 3: 1, 4: 0}
+	ctx := context.Background()
+	for end := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ok := true
+		for u, n := range want {
+			ps, err := d.Limiter.Preferences(ctx, u)
+			if err != nil || len(ps) != n {
+				ok = false
+			}
+		}
+		if dl := s.CollectFrom([]string{s.Topics[3]}, 1, 100*time.Millisecond); ok && len(dl) == 1 {
+			if !strings.Contains(dl[0].Error, "longer than the rules keep a send") {
+				t.Errorf("dead letter of a too-long window: %q", dl[0].Error)
+			}
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the preferences were not applied within 60 s")
+		}
+	}
+	jobs := []testenv.JobSpec{
+		{ID: "1-sms", User: 1, Channel: "sms"}, {ID: "1-email", User: 1, Channel: "email"},
+		{ID: "2-email", User: 2, Channel: "email"}, {ID: "2-email-again", User: 2, Channel: "email"}, {ID: "2-push", User: 2, Channel: "push"},
+		{ID: "3-a", User: 3, Channel: "email"}, {ID: "3-b", User: 3, Channel: "email"}, {ID: "3-c", User: 3, Channel: "email"},
+		{ID: "4-sms", User: 4, Channel: "sms"},
+	}
+	s.Produce(jobs)
+	outs := s.CollectJobs(jobs, 60*time.Second)
+	offset.Store(int64(20 * time.Minute)) // user 3 is no longer VIP
+	late := []testenv.JobSpec{{ID: "3-d", User: 3, Channel: "email"}}
+	s.Produce(late)
+	outs = append(outs, s.CollectJobs(late, 60*time.Second)...)
+	got := map[string]testenv.Output{}
+	for _, o := range outs {
+		got[o.JobID] = o
+	}
+	for id, w := range map[string]struct{ decision, cap string }{
+		"1-sms": {"capped", "preference:channel:sms"}, "1-email": {"allowed", ""},
+		"2-email": {"allowed", ""}, "2-email-again": {"capped", "preference:channel:email"}, "2-push": {"allowed", ""},
+		"3-a": {"allowed", ""}, "3-b": {"allowed", ""}, "3-c": {"allowed", ""}, "3-d": {"capped", "daily"},
+		"4-sms": {"allowed", ""},
+	} {
+		if o := got[id]; o.Decision != w.decision || o.Cap != w.cap {
+			t.Errorf("%s: %s by %q, want %s by %q", id, o.Decision, o.Cap, w.decision, w.cap)
+		}
+	}
+	if o := got["1-sms"]; !o.RetryAt.IsZero() {
+		t.Errorf("an opted-out send's retry-at: %v, want none (empty)", o.RetryAt)
 	}
 }

@@ -84,7 +84,7 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 			want = append(want, t.Topic)
 		}
 	}
-	for _, t := range []string{c.Topics.External, c.Topics.Feedback} {
+	for _, t := range []string{c.Topics.External, c.Topics.Feedback, c.Topics.Preferences} {
 		if t != "" {
 			want = append(want, t)
 		}
@@ -278,6 +278,9 @@ func consumed(c config.Kafka, w *hold.Wheel) []read {
 	}
 	if t := c.Topics.Feedback; t != "" {
 		reads = append(reads, read{t, EventGroup(c.GroupID, consumer.Feedback)})
+	}
+	if t := c.Topics.Preferences; t != "" {
+		reads = append(reads, read{t, EventGroup(c.GroupID, consumer.Preferences)})
 	}
 	return reads
 }

@@ -21,13 +21,14 @@ type Names struct {
 	Allowed, Capped, DLQ, Held string
 	DelayPrefix                string // empty when holding is disabled
 	External, Feedback         string // the event topics; empty when not configured
+	Preferences                string
 }
 
 // NamesOf returns the resources of a worker with consumer group group and
 // topics t; holding says whether it holds jobs on delay topics.
 func NamesOf(group string, t config.Topics, holding bool) Names {
 	n := Names{Group: group, Input: t.Input, Allowed: t.Allowed, Capped: t.Capped, DLQ: t.DLQ, Held: t.Held,
-		External: t.External, Feedback: t.Feedback}
+		External: t.External, Feedback: t.Feedback, Preferences: t.Preferences}
 	if holding {
 		n.DelayPrefix = t.DelayPrefix
 	}
@@ -82,6 +83,10 @@ func Grants(n Names) []Grant {
 	if n.Feedback != "" {
 		add(kafka.ResourceTypeTopic, n.Feedback, lit, read, describe)
 		add(kafka.ResourceTypeGroup, n.Group+".feedback", pre, read, describe)
+	}
+	if n.Preferences != "" {
+		add(kafka.ResourceTypeTopic, n.Preferences, lit, read, describe)
+		add(kafka.ResourceTypeGroup, n.Group+".preferences", pre, read, describe)
 	}
 	return gs
 }

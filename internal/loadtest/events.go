@@ -29,7 +29,63 @@ type Event struct {
 const (
 	EventExternal = "external"
 	EventFeedback = "feedback"
+	// EventPreference: ID is the field ("c:<channel>" or "t:<tag>"), Status
+	// "<limit>:<window_ms>" (limit 0: opted out), ProducedAt when loadgen saw
+	// it applied in Redis (every send decided later is held to it).
+	EventPreference = "preference"
 )
+
+// Pref is a user's own limit as the report reads it from the events manifest.
+type Pref struct {
+	Channel, Tag string
+	Limit        int // 0: opted out
+	Window       time.Duration
+	From         time.Time // applied by then
+}
+
+// GeneratePreferences gives a share of the users 1..users a preference: at
+// most one email a day, or no promotions at all (events.Preference JSON).
+func GeneratePreferences(users int, share float64, seed uint64) (msgs []kafka.Message, evs []Event) {
+	rng := rand.New(rand.NewPCG(seed, 19))
+	for u := 1; u <= users; u++ {
+		if rng.Float64() >= share {
+			continue
+		}
+		ev := map[string]any{"user_id": u, "channel": "email", "limit": 1, "window": "24h"}
+		e := Event{Kind: EventPreference, ID: "c:email", UserID: uint32(u), Status: "1:86400000"}
+		if rng.IntN(2) == 0 {
+			ev = map[string]any{"user_id": u, "tag": "promotional", "opt_out": true}
+			e.ID, e.Status = "t:promotional", "0:0"
+		}
+		v, _ := json.Marshal(ev)
+		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(u)), Value: v, Headers: []kafka.Header{{Key: HeaderID, Value: []byte(fmt.Sprint("pref-", u))}}})
+		evs = append(evs, e)
+	}
+	return msgs, evs
+}
+
+// Prefs returns the preference events of evs by user, for Policy.Preferences.
+func Prefs(evs []Event) map[uint32][]Pref {
+	out := map[uint32][]Pref{}
+	for _, e := range evs {
+		if e.Kind != EventPreference || len(e.ID) < 3 {
+			continue
+		}
+		var limit int
+		var ms int64
+		if _, err := fmt.Sscanf(e.Status, "%d:%d", &limit, &ms); err != nil {
+			continue
+		}
+		p := Pref{Limit: limit, Window: time.Duration(ms) * time.Millisecond, From: e.ProducedAt}
+		if e.ID[0] == 'c' {
+			p.Channel = e.ID[2:]
+		} else {
+			p.Tag = e.ID[2:]
+		}
+		out[e.UserID] = append(out[e.UserID], p)
+	}
+	return out
+}
 
 // GenerateEvents makes, for a share of the blast's jobs, an external send to
 // the same user (sent during the last six hours) and a failed or bounced

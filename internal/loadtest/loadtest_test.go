@@ -499,3 +499,44 @@ func TestCheckGivenBack(t *testing.T) {
 		t.Errorf("events of one job with both shares 1: %+v", evs)
 	}
 }
+
+// TestCheckPreferences: after a preference was applied, a send beyond the
+// user's own limit (the sends before it count too) or of an opted-out tag is
+// a violation; before it, or of another channel, it is not.
+func TestCheckPreferences(t *testing.T) {
+	prefs := loadtest.Prefs([]loadtest.Event{
+		{Kind: loadtest.EventPreference, ID: "c:email", UserID: 8, Status: "1:86400000", ProducedAt: t0},
+		{Kind: loadtest.EventPreference, ID: "t:promotional", UserID: 9, Status: "0:0", ProducedAt: t0},
+	})
+	p := loadtest.Policy{Rules: rules.Config{DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(9)}}},
+		Segment: func(uint32) (string, bool) { return "", false }, Preferences: prefs}
+	type send struct {
+		user    uint32
+		channel string
+		tags    []string
+		at      time.Duration
+	}
+	for _, c := range []struct {
+		name  string
+		sends []send
+		bad   bool
+	}{
+		{"two emails, the second after the preference", []send{{8, "email", nil, -time.Minute}, {8, "email", nil, time.Minute}}, true},
+		{"two emails before it", []send{{8, "email", nil, -2 * time.Minute}, {8, "email", nil, -time.Minute}}, false},
+		{"an email and a push", []send{{8, "email", nil, time.Minute}, {8, "push", nil, 2 * time.Minute}}, false},
+		{"a promotion after the opt-out", []send{{9, "push", []string{"promotional"}, time.Minute}}, true},
+		{"a promotion before it", []send{{9, "push", []string{"promotional"}, -time.Minute}}, false},
+	} {
+		var sent []loadtest.Sent
+		var outs []loadtest.Output
+		for i, s := range c.sends {
+			id := fmt.Sprint("m", i)
+			sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: s.user, Channel: s.channel, Tags: s.tags, Kind: loadtest.KindJob})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Time: t0.Add(s.at), Output: consumer.Output{Decision: "allowed", DecidedAt: t0.Add(s.at)}})
+		}
+		r := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
+		if bad := r.Violations > 0; bad != c.bad || (bad && !strings.Contains(strings.Join(r.Problems, ""), "own preference")) {
+			t.Errorf("%s: violations %d %v, want a violation: %v", c.name, r.Violations, r.Problems, c.bad)
+		}
+	}
+}

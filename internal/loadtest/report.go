@@ -100,6 +100,9 @@ type Policy struct {
 	// send may no longer count (a worker can only apply it later, so it is
 	// treated as counted before). Optional.
 	GivenBack map[string]time.Time
+	// Preferences are users' own limits and opt-outs, each held from its
+	// From on (Prefs). Optional.
+	Preferences map[uint32][]Pref
 }
 
 // Check compares the outputs with what was sent and with the caps.
@@ -349,6 +352,7 @@ func (c *checker) caps() {
 			}
 			return sends[i].seq < sends[j].seq
 		})
+		c.preferences(u, sends)
 		segment, inSegment := c.p.Segment(u)
 		caps := c.j.caps(segment, inSegment)
 		violated := map[string]bool{}
@@ -384,6 +388,41 @@ func (c *checker) caps() {
 							u, s.sent.JobID, s.t.Format(time.RFC3339Nano), before, cp.name, cp.limit)
 					}
 				}
+			}
+		}
+	}
+}
+
+// preferences checks a user's allowed sends against its own preferences:
+// after a preference was applied, no send of its channel or tag beyond its
+// limit in its window (none when opted out). Preferences do not bind a
+// count-only send (recorded without a check), nor an exempt one.
+func (c *checker) preferences(u uint32, sends []sentSend) {
+	for _, p := range c.p.Preferences[u] {
+		match := func(s *Sent) bool {
+			if p.Channel != "" {
+				return s.Channel == p.Channel
+			}
+			return category(s) == p.Tag || slices.Contains(s.Tags, p.Tag)
+		}
+		for i, s := range sends {
+			if s.t.Before(p.From) || !match(s.sent) || c.j.countOnly[category(s.sent)] {
+				continue
+			}
+			before := 0
+			for j := 0; j < i; j++ {
+				if back, ok := c.p.GivenBack[sends[j].sent.JobID]; ok && !s.t.Before(back) {
+					continue
+				}
+				if sends[j].t.After(s.t.Add(-p.Window)) && match(sends[j].sent) {
+					before++
+				}
+			}
+			if before >= p.Limit {
+				c.r.Violations++
+				c.r.problem("user %d: send %s at %s went beyond the user's own preference %+v (%d earlier sends of it in its window)",
+					u, s.sent.JobID, s.t.Format(time.RFC3339Nano), p, before)
+				break
 			}
 		}
 	}

@@ -36,10 +36,10 @@ type Stack struct {
 	Redis   []string
 	Topics  [4]string // input, allowed, capped, dlq
 	Held    string    // audit records of held jobs (with EnableHold)
-	// External and Feedback are the event topics (with EnableEvents).
-	External, Feedback string
-	Prefix             string // of Redis keys, S3 segment objects, topics and the group
-	Config             string // path of the worker's config file
+	// External, Feedback and Preferences are the event topics (with EnableEvents).
+	External, Feedback, Preferences string
+	Prefix                          string // of Redis keys, S3 segment objects, topics and the group
+	Config                          string // path of the worker's config file
 	// DefaultCap is the daily cap of users in no segment that
 	// CheckAccounting holds them to; 0: TestRules' 2.
 	DefaultCap int
@@ -190,17 +190,18 @@ func (s *Stack) EnableHold(partitions int, tiers ...string) {
 	s.EditConfig("  tiers: []", "  tiers: ["+strings.Join(tiers, ", ")+"]")
 }
 
-// EnableEvents creates the external sends' and the feedback's topics and
-// configures the worker to read them (Stack.External, Stack.Feedback).
+// EnableEvents creates the external sends', the feedback's and the
+// preferences' topics and configures the worker to read them
+// (Stack.External, Stack.Feedback, Stack.Preferences).
 func (s *Stack) EnableEvents(partitions int) {
 	s.T.Helper()
-	s.External, s.Feedback = s.Topics[0]+".external", s.Topics[0]+".feedback"
+	s.External, s.Feedback, s.Preferences = s.Topics[0]+".external", s.Topics[0]+".feedback", s.Topics[0]+".preferences"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.External, s.Feedback); err != nil {
+	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.External, s.Feedback, s.Preferences); err != nil {
 		s.T.Fatal(err)
 	}
-	s.EditConfig("dlq: "+s.Topics[3], fmt.Sprintf("external: %s, feedback: %s, dlq: %s", s.External, s.Feedback, s.Topics[3]))
+	s.EditConfig("dlq: "+s.Topics[3], fmt.Sprintf("external: %s, feedback: %s, preferences: %s, dlq: %s", s.External, s.Feedback, s.Preferences, s.Topics[3]))
 }
 
 // ProduceEvents writes JSON events to topic, keyed by their user_id.

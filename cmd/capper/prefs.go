@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/events"
+	"github.com/capper-dev/capper/internal/daemon"
+)
+
+// runPrefs reads a user's preferences from Redis (get) or sends one to the
+// preferences topic (set), which the workers apply: every replica then drops
+// its near cache's copy of the user's log.
+func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "get" && args[0] != "set") {
+		fmt.Fprintln(stderr, "usage: capper prefs get --config FILE --user ID\n       capper prefs set --config FILE --user ID (--channel C | --tag T) (--limit N --window D | --opt-out | --clear)\n       capper prefs set --config FILE --user ID (--vip-until RFC3339 | --clear)")
+		return errUsage
+	}
+	fs := flag.NewFlagSet("capper prefs "+args[0], flag.ContinueOnError)
+	path := configFlag(fs)
+	user := fs.Uint64("user", 1<<63, "user id (Required)")
+	channel := fs.String("channel", "", "a limit or opt-out of this channel")
+	tag := fs.String("tag", "", "a limit or opt-out of sends with this tag")
+	limit := fs.Int("limit", 0, "at most this many such sends ...")
+	window := fs.String("window", "", "... in any window this long (e.g. 7d)")
+	optOut := fs.Bool("opt-out", false, "none at all")
+	vip := fs.String("vip-until", "", "the rules' caps do not apply to the user until this RFC 3339 time")
+	clear := fs.Bool("clear", false, "remove the channel's, the tag's or (with neither) the VIP preference")
+	if err := parseFlags(fs, "capper prefs "+args[0]+" --config FILE --user ID ...", args[1:], stdout, stderr); err != nil {
+		return err
+	}
+	if *user > 1<<32-1 {
+		fmt.Fprintln(stderr, "capper prefs: --user ID (0..4294967295) is required")
+		return errUsage
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	if args[0] == "get" {
+		b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		ps, err := b.Limiter.Preferences(ctx, uint32(*user))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "user %d  key %s  %d preferences\n", *user, b.Limiter.PreferencesKey(uint32(*user)), len(ps))
+		for _, p := range ps {
+			fmt.Fprintf(stdout, "  %s\n", p)
+		}
+		return nil
+	}
+	topic := cfg.Kafka.Topics.Preferences
+	if topic == "" {
+		return errors.New("capper prefs set: kafka.topics.preferences is not configured (CAPPER_KAFKA_TOPICS_PREFERENCES): the workers apply preferences from it")
+	}
+	ev := map[string]any{"user_id": *user}
+	for k, v := range map[string]string{"channel": *channel, "tag": *tag, "window": *window, "vip_until": *vip} {
+		if v != "" {
+			ev[k] = v
+		}
+	}
+	if *limit > 0 {
+		ev["limit"] = *limit
+	}
+	if *optOut {
+		ev["opt_out"] = true
+	}
+	if *clear {
+		ev["clear"] = true
+	}
+	value, _ := json.Marshal(ev)
+	if _, err := events.DecodePreference(value); err != nil { // say what is wrong here, not in the dead-letter topic
+		return err
+	}
+	_, transport, err := daemon.KafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	w := daemon.NewWriter(cfg.Kafka, transport, topic, 1, daemon.NewLogger("warn", os.Stderr))
+	defer w.Close()
+	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte(strconv.FormatUint(*user, 10)), Value: value}); err != nil {
+		return fmt.Errorf("capper prefs set: write to %s: %w", topic, err)
+	}
+	fmt.Fprintf(stdout, "capper prefs: %s sent to %s\n", value, topic)
+	return nil
+}
