@@ -10,11 +10,13 @@
 -- ARGV[5]  delta: > 0 take up to delta tokens (as many as the window has left); < 0 give -delta tokens back
 --          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts); 0 only look
 -- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
--- Reply: {granted, used, bucket, next}
+-- Reply: {granted, used, bucket, next, b_1, n_1, b_2, n_2, ...}
 --   granted  tokens taken now (0 when giving back or looking)
 --   used     tokens counted in the window after this call
 --   bucket   the bucket the granted tokens are counted in: they must be used before bucket + width
 --   next     ms at which the oldest counted bucket leaves the window (tokens come back); 0 when none
+--   b_i n_i  every counted bucket and its tokens after this call: bucket b_i's n_i tokens come back at
+--            b_i + width + window (the caller schedules refused jobs at those times)
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
@@ -36,7 +38,7 @@ if delta < 0 then
   end
 end
 
-local used, oldest = 0, nil
+local used, oldest, counted = 0, nil, {}
 local h = redis.call('HGETALL', key)
 for i = 1, #h, 2 do
   local b = tonumber(h[i])
@@ -44,6 +46,7 @@ for i = 1, #h, 2 do
     redis.call('HDEL', key, h[i])
   else
     used = used + tonumber(h[i + 1])
+    counted[b] = tonumber(h[i + 1])
     if not oldest or b < oldest then
       oldest = b
     end
@@ -56,6 +59,7 @@ if delta > 0 then
   if granted > 0 then
     redis.call('HINCRBY', key, string.format('%d', cur), granted)
     used = used + granted
+    counted[cur] = (counted[cur] or 0) + granted
     if not oldest or cur < oldest then
       oldest = cur
     end
@@ -67,4 +71,9 @@ local next = 0
 if oldest then
   next = oldest + width + window
 end
-return {granted, used, cur, next}
+local reply = {granted, used, cur, next}
+for b, n in pairs(counted) do
+  reply[#reply + 1] = b
+  reply[#reply + 1] = n
+end
+return reply

@@ -36,7 +36,12 @@ type Tier struct {
 type Wheel struct{ tiers []Tier }
 
 // DefaultDelays are the tiers of a wheel when none are configured.
-var DefaultDelays = []time.Duration{time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour, 6 * time.Hour}
+// The shortest, 100ms, bounds how late a job is released after its due time
+// (a tier returns its messages in order, so a job with less than the shortest
+// delay left can wait behind one queued with the whole delay): a budget's
+// held jobs come back when its tokens do, and a 1s shortest tier left them
+// waiting for most of a short budget window.
+var DefaultDelays = []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour, 6 * time.Hour}
 
 // NewWheel returns the wheel of delays, each tier's topic being prefix plus
 // its name ("sends.delay." + "10s").

@@ -58,7 +58,7 @@ fi
 REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +evalsha +eval +script|load +zrange +zremrangebyscore +zadd +zrem +pexpire +hget +hgetall +hset +hincrby +hdel +wait +time +ping +cluster|slots +command'
 S3_BUCKET=${CAPPER_S3_BUCKET:-capper-segments}
 PARTITIONS=${CAPPER_PARTITIONS:-6}
-TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h}
+TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.100ms,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h}
 REDIS_PORTS=()
 for i in 0 1 2 3 4 5; do REDIS_PORTS+=($((REDIS_BASE + i))); done
 

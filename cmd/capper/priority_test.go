@@ -93,8 +93,8 @@ func containsAll(s string, subs []string) bool {
 // in windows of 15 s. For 40 users, after a first send, a promotion
 // (priority 0) and an abandoned-cart message (priority 9 by
 // rules.priorities) ask for the last slot, in both orders, the second once
-// the first is a candidate; two replicas, and one is SIGKILLed as the
-// second sends arrive. Whenever both sends were candidates of one window,
+// the first is a candidate; two replicas, and one is SIGKILLed while the
+// windows are open. Whenever both sends were candidates of one window,
 // the abandoned cart wins and the promotion is capped (lost); every job
 // reaches one final topic and no user gets more than 2.
 func TestArbitrationEndToEnd(t *testing.T) {
@@ -127,6 +127,12 @@ func TestArbitrationEndToEnd(t *testing.T) {
 		t.Fatalf("%d of %d first sends are candidates", len(held), users)
 	}
 	s.Produce(seconds)
+	// Both sends of each user are candidates; the windows are open. A worker
+	// dies now: the candidates are resolved by the others, across a
+	// rebalance of the input and of the delay tiers.
+	if held := s.CollectFrom([]string{s.Held}, 2*users, 60*time.Second); len(held) < 2*users {
+		t.Fatalf("%d of %d sends are candidates", len(held), 2*users)
+	}
 	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,7 @@ type Topics struct {
 
 // Hold configures the delay topics that held jobs wait on.
 type Hold struct {
-	// Tiers are the delays of the delay topics, e.g. [1s, 10s, 1m, 10m, 1h, 6h]
+	// Tiers are the delays of the delay topics, e.g. [100ms, 1s, 10s, 1m, 10m, 1h, 6h]
 	// (the default); [] disables holding (rules that hold are then refused).
 	// The shortest bounds how late a held job is released.
 	Tiers []string `yaml:"tiers"`

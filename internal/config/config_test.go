@@ -107,7 +107,7 @@ func TestHoldTiers(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, err := c.Wheel()
-	if err != nil || w == nil || len(w.Tiers()) != 6 || w.Tiers()[5].Topic != "sends.delay.6h" {
+	if err != nil || w == nil || len(w.Tiers()) != 7 || w.Tiers()[0].Topic != "sends.delay.100ms" || w.Tiers()[6].Topic != "sends.delay.6h" {
 		t.Fatalf("the example's wheel: %v, %v", w, err)
 	}
 	noHold := strings.Replace(strings.Replace(string(base), "on_capped: {policy: hold, max_hold: 48h}", "", 1), ", arbitration: 2m}", "}", 1)
