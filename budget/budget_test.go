@@ -2,8 +2,8 @@ package budget_test
 
 import (
 	"context"
-	"maps"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
