@@ -106,7 +106,6 @@ type state struct {
 	leased   int       // size of the current lease
 	inflight chan struct{}
 	next     time.Time // when tokens come back, from the last refused call
-	queue    time.Time // the retry-at handed to the last refused job
 	// frees are when the window's counted tokens come back, oldest first,
 	// from the last answer of Redis; promised counts the refused jobs told
 	// to come back at each of those times (a window later, the same times
@@ -198,7 +197,7 @@ func (b *Budgets) sweep() {
 			continue // in use
 		}
 		idle := st.inflight == nil && !now.Before(st.expires) && now.Sub(st.touched) > st.spec.Window &&
-			!now.Before(st.next) && !now.Before(st.queue)
+			!now.Before(st.next) && !st.promising(now)
 		st.mu.Unlock()
 		if idle {
 			delete(b.keys, k)
@@ -261,15 +260,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 			st.reserve = 0
 			st.size = max(1, st.size/2) // leased more than was used in time
 		}
-		if n := min(st.reserve, len(idx)); n > 0 { // the reserve first
-			for _, i := range idx[:n] {
-				grants[i].OK = true
-			}
-			st.reserve -= n
-			st.used += n
-			idx = idx[n:]
-			st.usedC.Add(float64(n))
-		}
+		idx = st.grant(idx, grants, min(st.reserve, len(idx))) // the reserve first
 		if len(idx) == 0 {
 			return nil
 		}
@@ -326,16 +317,21 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 		// slow one, would otherwise lapse them all and refuse sends within
 		// the budget): they are counted in their bucket, so the limit holds
 		// by token time. Only the lease beyond this demand can lapse.
-		n := min(granted, len(idx))
-		for _, i := range idx[:n] {
-			grants[i].OK = true
-		}
-		st.reserve -= n
-		st.used += n
-		idx = idx[n:]
-		st.usedC.Add(float64(n))
+		idx = st.grant(idx, grants, min(granted, len(idx)))
 	}
 	return nil
+}
+
+// grant hands n tokens of the reserve to the first n wants of idx and
+// returns the others.
+func (st *state) grant(idx []int, grants []Grant, n int) []int {
+	for _, i := range idx[:n] {
+		grants[i].OK = true
+	}
+	st.reserve -= n
+	st.used += n
+	st.usedC.Add(float64(n))
+	return idx[n:]
 }
 
 // free is when n tokens come back (a counted bucket leaves the window).
@@ -354,8 +350,7 @@ func maxLease(s *Spec) int { return max(1, s.Limit/Buckets) }
 // back when tokens do, as many as come back, and a budget under
 // over-demand is used as soon as its tokens are free (jobs spread evenly at
 // the budget's rate came back into buckets with no token and were held
-// again, while tokens waited). Without bucket times (a reply from before
-// them), refused jobs are spread at the budget's rate from next.
+// again, while tokens waited).
 func (b *Budgets) refuse(st *state, now time.Time, idx []int, grants []Grant) {
 	if len(st.frees) > 0 {
 		nowMs, win := now.UnixMilli(), st.spec.Window.Milliseconds()
@@ -370,20 +365,25 @@ func (b *Budgets) refuse(st *state, now time.Time, idx []int, grants []Grant) {
 		b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
 		return
 	}
-	step := st.spec.Window / time.Duration(st.spec.Limit)
-	at := st.next
+	at := st.next // no bucket known (cannot happen after a refusal from Redis): when the oldest leaves
 	if at.Before(now) {
-		at = now
-	}
-	if st.queue.After(at) {
-		at = st.queue
+		at = now.Add(st.spec.Window / Buckets)
 	}
 	for _, i := range idx {
-		at = at.Add(step)
 		grants[i] = Grant{RetryAt: at}
 	}
-	st.queue = at
 	b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
+}
+
+// promising reports whether a refused job was promised a time after now.
+func (st *state) promising(now time.Time) bool {
+	ms := now.UnixMilli()
+	for at := range st.promised {
+		if at >= ms {
+			return true
+		}
+	}
+	return false
 }
 
 // promise returns the earliest time (ms) at or after now at which tokens come

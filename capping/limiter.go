@@ -638,17 +638,8 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []any, error) {
 	ncaps := len(caps)
 	arr, ok := v.([]any)
-	if ok && len(arr) == 4+ncaps && arr[0] == int64(4) { // capped by a preference: its field last
-		field, ok := arr[3+ncaps].(string)
-		if !ok {
-			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: no preference named", v)
-		}
-		d, err := decisionOf(toInts(arr[:3+ncaps]), caps, member, now)
-		d.Cap = PreferenceCap(field)
-		d.Exceeded = []string{d.Cap}
-		return d, nil, err
-	}
-	if !ok || len(arr) < 3+ncaps || (len(arr)-3-ncaps)%2 != 0 {
+	pref := ok && len(arr) == 4+ncaps && arr[0] == int64(4) // capped by a preference: its field last
+	if !ok || len(arr) < 3+ncaps || (!pref && (len(arr)-3-ncaps)%2 != 0) {
 		return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: want an array of %d integers and a log", v, 3+ncaps)
 	}
 	ints := make([]int64, 3+ncaps)
@@ -662,6 +653,15 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []an
 	d, err := decisionOf(ints, caps, member, now)
 	if err != nil {
 		return Decision{}, nil, fmt.Errorf("unexpected script reply %v: %w", ints, err)
+	}
+	if pref {
+		field, ok := arr[3+ncaps].(string)
+		if !ok {
+			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: no preference named", v)
+		}
+		d.Cap = PreferenceCap(field)
+		d.Exceeded = []string{d.Cap}
+		return d, nil, nil
 	}
 	return d, arr[3+ncaps:], nil
 }
@@ -716,14 +716,4 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 		return Decision{}, fmt.Errorf("status %d", ints[0])
 	}
 	return d, nil
-}
-
-// toInts reads integer reply elements (0 where one is not an integer: the
-// decision's check then fails on it).
-func toInts(arr []any) []int64 {
-	out := make([]int64, len(arr))
-	for i, x := range arr {
-		out[i], _ = x.(int64)
-	}
-	return out
 }
