@@ -36,7 +36,7 @@ for r in $(seq "$ROUNDS"); do
   now=$(date +%s%3N)
   # Same script and arguments as capper's benchmark: daily + weekly all-channel caps, 1M users, write path.
   rps=$(redis-benchmark -p "$port" --cluster -q -n "$REQUESTS" -c "$CLIENTS" -P "$PIPELINE" -r 1000000 \
-    evalsha "$sha" 1 "rbbench:{tag}:__rand_int__" "$now" "m__rand_int__" 1 604800000 0 0 0 \
+    evalsha "$sha" 1 "rbbench:{tag}:__rand_int__" "$now" "m__rand_int__" 1 604800000 0 0 0 0 \
     $((now - 86400000 + 1)) 1073741824 86400000 "" $((now - 604800000 + 1)) 1073741824 604800000 "" \
     2>/dev/null | tr '\r' '\n' | sed -n 's/.* \([0-9.]*\) requests per second.*/\1/p' | tail -1)
   if ((CEILING_ONLY)); then ceil_runs+=("$rps"); continue; fi
