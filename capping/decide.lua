@@ -8,7 +8,7 @@
 -- ARGV[3]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
 --          "2": the same, at exactly ARGV[1] (a send made elsewhere, at its time), not after the log's latest;
 --          "0": look only, write nothing
--- ARGV[4]  retention (ms): entries this old are evicted, the key expires after it
+-- ARGV[4]  retention (ms): entries this old are evicted, the key expires at least this long after a write
 -- ARGV[5]  most log entries to return (0: never) when, after this decision, a cap that blocks is full
 --          (its count has reached its limit): the caller's near cache keeps that copy of the log
 -- ARGV[6]  arbitration window (ms), 0: none; with a window, KEYS[2] is the user's candidates
@@ -56,7 +56,8 @@
 --   after it (this send included when recorded), oldest first, as member and score pairs
 --
 -- Cost: one ZRANGE of the log serves the duplicate check and every cap; ZREMRANGEBYSCORE only when an
--- entry has aged out; ZADD and PEXPIRE only when something is recorded.
+-- entry has aged out; ZADD only when something is recorded, PEXPIRE only when the key's TTL has fallen
+-- below the retention (see the end). scripts/bench-calls.sh measures a call against the seed's design.
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local member = ARGV[2]
@@ -143,41 +144,63 @@ local function parse(f)
     math.floor(flags / 2) % 2 == 1
 end
 
-local caps, counts = {}, {}
+-- kth returns the score of the k-th oldest entry at or after since that the filter selects (nil if none):
+-- the entry that must leave the window before a send passes again.
+local function kth(k, since, scoped, channels, tags, campaign)
+  for j = 1, n do
+    if scores[j] >= since and (not scoped or matches(members[j], channels, tags, campaign)) then
+      k = k - 1
+      if k == 0 then
+        return scores[j]
+      end
+    end
+  end
+  return nil
+end
+
+-- Per cap, in plain locals and arrays (a table per cap costs more than the counting).
+local counts, limits, blocks, applied, ncaps = {}, {}, {}, {}, 0
 local hit, retry_at, never = 0, 0, false
 local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
 for i = 9, #ARGV - 3, 4 do
-  local c = {since = tonumber(ARGV[i]), limit = tonumber(ARGV[i + 1]), reset = tonumber(ARGV[i + 2])}
-  c.shadow, c.channels, c.tags, c.campaign, c.scoped, c.arbitrated = parse(ARGV[i + 3])
-  c.applies = not c.scoped or matches(member, c.channels, c.tags, c.campaign)
-  -- count the entries of its scope in its window, and find the (count - limit + 1)-th oldest:
-  -- the entry that must leave the window before a send passes again
-  local count, picked = 0, {}
-  for j = 1, n do
-    if scores[j] >= c.since and (not c.scoped or matches(members[j], c.channels, c.tags, c.campaign)) then
-      count = count + 1
-      picked[count] = scores[j]
+  local since, limit, reset = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local shadow, channels, tags, campaign, scoped, arbitrated = parse(ARGV[i + 3])
+  local applies = not scoped or matches(member, channels, tags, campaign)
+  -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
+  -- counts from the newest entry back
+  local count = 0
+  if scoped then
+    for j = 1, n do
+      if scores[j] >= since and matches(members[j], channels, tags, campaign) then
+        count = count + 1
+      end
+    end
+  else
+    local j = n
+    while j > 0 and scores[j] >= since do
+      j = j - 1
+    end
+    count = n - j
+  end
+  ncaps = ncaps + 1
+  counts[ncaps], limits[ncaps], blocks[ncaps], applied[ncaps] = count, limit, not shadow, applies
+  if arbitrated and not shadow and applies and count == limit - 1 and not last then
+    last, last_at = ncaps, -reset
+    if reset > 0 then -- once the last slot is taken, the oldest entry frees one
+      last_at = (kth(1, since, scoped, channels, tags, campaign) or now) + reset
     end
   end
-  local limit = c.limit
-  caps[#caps + 1], counts[#caps + 1] = c, count
-  if c.arbitrated and not c.shadow and c.applies and count == limit - 1 and not last then
-    last, last_at = #caps, -c.reset
-    if c.reset > 0 then
-      last_at = (picked[1] or now) + c.reset -- once the last slot is taken, the oldest entry frees one
-    end
-  end
-  if not c.shadow and status ~= 2 and count >= limit and c.applies then
+  if not shadow and status ~= 2 and count >= limit and applies then
     status = 0
-    local at = -c.reset
-    if c.reset > 0 then
-      at = (picked[count - limit + 1] or 0) + c.reset -- none only with a limit of 0, which never passes
+    local at = -reset
+    if reset > 0 then -- none only with a limit of 0, which never passes
+      at = (kth(count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
     end
     if limit == 0 then
-      if not never then hit = #caps end
+      if not never then hit = ncaps end
       never = true
     elseif not never and at > retry_at then
-      hit, retry_at = #caps, at
+      hit, retry_at = ncaps, at
     end
   end
 end
@@ -313,13 +336,18 @@ if record and (status == 1 or status == 2) then
     n = n + 1
     members[n], scores[n] = member, now
   end
-  -- Also on a duplicate: the write advances this connection's replication offset
-  -- past the earlier write of the same job, so a WAIT after the script waits for that too.
-  redis.call('PEXPIRE', key, retention)
+  -- The key lives at least the retention after its newest entry. A PEXPIRE is a write replicated in a
+  -- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
+  -- eighth, at most an hour) and is skipped while more than the retention is left (PTTL only reads).
+  -- Always on a duplicate: the write advances this connection's replication offset past the earlier
+  -- write of the same job, so a WAIT after the script waits for that too.
+  if status == 2 or redis.call('PTTL', key) < retention then
+    redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
+  end
 end
 
 local reply = {status, hit, retry_at}
-for i = 1, #caps do
+for i = 1, ncaps do
   reply[3 + i] = counts[i]
 end
 if status == 4 then
@@ -331,14 +359,13 @@ end
 -- capped, and the cache can tell so without a call until the log changes.
 if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
   local full = status == 0
-  for i = 1, #caps do
-    local c = caps[i]
-    if not full and not c.shadow then
+  for i = 1, ncaps do
+    if not full and blocks[i] then
       local count = counts[i]
-      if status == 1 and c.applies then
+      if status == 1 and applied[i] then
         count = count + 1
       end
-      full = count >= c.limit
+      full = count >= limits[i]
     end
   end
   if full then
