@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-blast bench-hold bench-budget bench-priority bench-prefs
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-priority bench-prefs
 
 GO ?= go
 
@@ -37,8 +37,12 @@ bench-capping:
 bench-segments:
 	scripts/bench-segments.sh
 
-## bench-e2e: 1,000,000 jobs end to end with the near cache on and off vs a pass-through baseline and the Redis ceiling, 3 alternated rounds, medians and ratios
+## bench-e2e: 1,000,000 jobs end to end with the near cache on and off vs a pass-through baseline, 3 alternated rounds: jobs/s and CPU per job of Redis, worker and broker, medians and ratios
 bench-e2e:
+	scripts/bench-e2e.sh
+
+## bench-cost: what a job costs Redis, the worker and the broker (bench-e2e), and what one call of capper's script, the seed's and a bare one costs Redis (scripts/bench-calls.sh)
+bench-cost:
 	scripts/bench-e2e.sh
 
 ## bench-blast: the 10,000,000-job blast over 2,000,000 users: drain time, jobs/s, worker CPU and RSS, Redis memory, the report's verdict

@@ -91,6 +91,18 @@ worker_started=$(date +%s.%N)
 broker_pid=$(cat "$CAPPER_STACK_DIR/kafka/kafka.pid")
 broker_ticks() { awk '{print $14 + $15}' "/proc/$broker_pid/stat"; }
 broker_start=$(broker_ticks)
+# The Redis Cluster masters' CPU over the same span (INFO cpu: user + sys seconds): what the decisions cost
+# the resource a deployment sizes first. Replicas are left out (they replay the writes).
+redis_masters_cpu() {
+  local addr total=0 t
+  for addr in ${CAPPER_TEST_REDIS_ADDRS//,/ }; do
+    t=$(redis-cli -h "${addr%:*}" -p "${addr##*:}" info 2>/dev/null | tr -d '\r' | awk -F: '
+      /^role:/ {m = ($2 == "master")} /^used_cpu_(sys|user):/ {c += $2} END {printf "%.6f", m ? c : 0}')
+    total=$(awk -v a="$total" -v b="${t:-0}" 'BEGIN {printf "%.6f", a + b}')
+  done
+  echo "$total"
+}
+redis_start=$(redis_masters_cpu)
 for _ in $(seq 300); do
   curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
@@ -109,6 +121,7 @@ for _ in $(seq 1800); do
 done
 drained=$(date +%s.%N)
 broker_end=$(broker_ticks)
+redis_end=$(redis_masters_cpu)
 echo "capper handled $handled of $JOBS jobs" >&2
 if ((PREPRODUCE)); then
   awk -v a="$worker_started" -v b="$drained" -v n="$handled" 'BEGIN { printf "drain: %d jobs in %.1f s from worker start (%.0f jobs/s)\n", n, b - a, n / (b - a) }' >&2
@@ -131,6 +144,8 @@ curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK
 awk -v t=$((broker_end - broker_start)) -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v pre="$PREPRODUCE" 'BEGIN {
   printf "broker: cpu %.1f s (%.1f us/job) from the worker'"'"'s start to the drain (%s)\n", t/hz, 1e6*t/hz/jobs,
     pre ? "fetches, outputs, commits" : "the jobs'"'"' produce, fetches, outputs, commits" }'
+awk -v a="$redis_start" -v b="$redis_end" -v jobs="$JOBS" 'BEGIN {
+  printf "redis: masters cpu %.1f s (%.1f us/job) from the worker'"'"'s start to the drain\n", b - a, 1e6*(b - a)/jobs }'
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2
