@@ -102,6 +102,9 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 		}
 		var missing missingTopics
 		if errors.As(err, &missing) {
+			if derr := undescribable(ctx, client, c.Brokers, c.GroupID, missing.topics); derr != nil {
+				return derr
+			}
 			return err
 		}
 		if perr := permanent("kafka", c.Brokers, err); perr != nil {
@@ -196,6 +199,29 @@ func probeGroupRead(ctx context.Context, client *kafka.Client, group string) err
 	}
 	if resp.Error == nil && resp.Throttle == time.Duration(kafka.GroupAuthorizationFailed)*time.Millisecond {
 		return kafka.GroupAuthorizationFailed
+	}
+	return nil
+}
+
+// undescribable tells a topic the principal may not describe from one that
+// does not exist. kafka-go answers metadata from an all-topics request, in
+// which Kafka leaves such topics out, and asking for a topic by name through
+// a kafka-go Conn would let the broker create it (auto.create.topics.enable).
+// An OffsetFetch of the worker's group for partition 0 of the topic creates
+// nothing: Kafka answers TOPIC_AUTHORIZATION_FAILED for a topic the principal
+// may not describe, and no error or UNKNOWN_TOPIC_OR_PARTITION for a missing
+// one. It returns the start-up error naming the first such topic, or nil.
+func undescribable(ctx context.Context, client *kafka.Client, brokers []string, group string, topics []string) error {
+	for _, t := range topics {
+		resp, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{t: {0}}})
+		if err != nil || resp.Error != nil {
+			return nil // the group's own grant is checked on its own
+		}
+		for _, p := range resp.Topics[t] {
+			if errors.Is(p.Error, kafka.TopicAuthorizationFailed) {
+				return fmt.Errorf("kafka %v: permission denied: topic %s: this principal may not describe it (Describe, or the Read or Write that implies it): grant capper's kafka ACLs (README: Secured backends): %w", brokers, t, p.Error)
+			}
+		}
 	}
 	return nil
 }
