@@ -311,6 +311,28 @@ func TestSecuredStartupMissingRead(t *testing.T) {
 	}
 }
 
+// TestSecuredStartupUndescribableTopic leaves out every grant on the
+// dead-letter topic (its Write implies Describe): the topic exists, but
+// metadata leaves it out for this principal. The worker must stop saying it
+// may not describe the topic, not that the topic does not exist.
+func TestSecuredStartupUndescribableTopic(t *testing.T) {
+	sec := testenv.SecureStack(t)
+	omitted := 0
+	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
+		if g.Resource == kafka.ResourceTypeTopic && g.Name == n.DLQ {
+			omitted++
+			return true
+		}
+		return false
+	}})
+	if omitted == 0 {
+		t.Fatal("no grant on the dead-letter topic to leave out")
+	}
+	dlq := s.ACLNames().DLQ
+	expectStartupError(t, s.Config, nil, []string{"permission denied", "topic " + dlq + ": this principal may not describe it",
+		"Topic Authorization Failed"}, secrets(t, sec))
+}
+
 // TestSecuredMissingWriteGrant takes Write on the capped topic away from the
 // worker: it decides, cannot write the capped outputs, and must retry, not
 // ready, with an error naming the cause, and commit nothing. Once the grant
