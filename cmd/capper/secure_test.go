@@ -481,54 +481,68 @@ func TestSecuredReadGrantTakenAway(t *testing.T) {
 	}
 }
 
-// TestSecuredDelayReadTakenAway takes Read on the delay topics away from a
-// running, holding worker: its tier reader is refused (held jobs would wait
-// on the tier forever, silently). The worker must say so, naming the tier's
-// topic and group, and answer 503; once the grant is back the held jobs are
-// released and decided, each once.
+// TestSecuredDelayReadTakenAway takes Read on the delay topics, then on the
+// delay groups, away from a running, holding worker: its tier reader is
+// refused (held jobs would wait on the tier forever, silently). The worker
+// must say so, naming the tier's topic and group, and answer 503; once the
+// grant is back the held jobs are released and decided, each once.
 func TestSecuredDelayReadTakenAway(t *testing.T) {
 	sec := testenv.SecureStack(t)
-	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{HoldTiers: []string{"1s"}})
-	s.EditConfig(testenv.TestRules, `
+	for _, tc := range []struct {
+		name     string
+		resource kafka.ResourceType
+		pick     func(kafkaacl.Names) string
+		refused  string // the broker's error
+	}{
+		{"delay topics", kafka.ResourceTypeTopic, func(n kafkaacl.Names) string { return n.DelayPrefix }, "Topic Authorization Failed"},
+		{"delay groups", kafka.ResourceTypeGroup, func(n kafkaacl.Names) string { return n.Group + ".delay." }, "Group Authorization Failed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{HoldTiers: []string{"1s"}})
+			s.EditConfig(testenv.TestRules, `
 rules:
   on_capped: {policy: hold, max_hold: 120s}
   segments: [{name: new, caps: [{name: burst, window: 3s, limit: 1}]}]
   default_caps: [{name: burst, window: 3s, limit: 1}]
 `)
-	names := s.ACLNames()
-	var read kafkaacl.Grant
-	for _, g := range kafkaacl.Grants(names) {
-		if g.Resource == kafka.ResourceTypeTopic && g.Name == names.DelayPrefix && g.Operation == kafka.ACLOperationTypeRead {
-			read = g
-		}
+			names := s.ACLNames()
+			var read kafkaacl.Grant
+			for _, g := range kafkaacl.Grants(names) {
+				if g.Resource == tc.resource && g.Name == tc.pick(names) && g.Operation == kafka.ACLOperationTypeRead {
+					read = g
+				}
+			}
+			if read.Name == "" {
+				t.Fatalf("no Read grant on the %s", tc.name)
+			}
+			w := startWith(s, true, secrets(t, sec))
+			waitReadyz(t, w, http.StatusOK)
+			since := time.Now()
+			s.DeleteACLs(read.Entry("User:capper"))
+			jobs := []testenv.JobSpec{{ID: "d1", User: 300, Channel: "email"}, {ID: "d2", User: 300, Channel: "email"}, {ID: "d3", User: 300, Channel: "email"}}
+			s.Produce(jobs) // d1 allowed; d2 and d3 held on the 1s tier, which cannot be read
+			waitReadyz(t, w, http.StatusServiceUnavailable)
+			const msg = "the Kafka reader is refused; not ready until it reads again"
+			w.waitLog(t, msg, since)
+			_, line, _ := w.logTime(msg, since)
+			if line["level"] != "ERROR" || line["cause"] != "permission denied" || line["tier"] != "1s" ||
+				!strings.Contains(fmt.Sprint(line["err"]), tc.refused) ||
+				!strings.Contains(fmt.Sprint(line["reader"]), "topic "+names.DelayPrefix+"1s, group "+names.Group+".delay.1s") {
+				t.Errorf("the refused tier reader is logged as %v; want level ERROR, cause permission denied, tier 1s, its topic and group and %q", line, tc.refused)
+			}
+			s.CreateACLs(read.Entry("User:capper"))
+			outs := s.CollectJobs(jobs, 90*time.Second)
+			got := map[string][]string{}
+			for _, o := range outs {
+				got[o.JobID] = append(got[o.JobID], o.Decision)
+			}
+			for _, j := range jobs {
+				if len(got[j.ID]) != 1 || got[j.ID][0] != "allowed" {
+					t.Errorf("%s: outputs %v, want allowed once (d2 and d3 after their hold)", j.ID, got[j.ID])
+				}
+			}
+			waitReadyz(t, w, http.StatusOK)
+			t.Logf("refused: %s", fmt.Sprint(line["err"]))
+		})
 	}
-	if read.Name == "" {
-		t.Fatal("no Read grant on the delay topics")
-	}
-	w := startWith(s, true, secrets(t, sec))
-	waitReadyz(t, w, http.StatusOK)
-	since := time.Now()
-	s.DeleteACLs(read.Entry("User:capper"))
-	jobs := []testenv.JobSpec{{ID: "d1", User: 300, Channel: "email"}, {ID: "d2", User: 300, Channel: "email"}, {ID: "d3", User: 300, Channel: "email"}}
-	s.Produce(jobs) // d1 allowed; d2 and d3 held on the 1s tier, which cannot be read
-	waitReadyz(t, w, http.StatusServiceUnavailable)
-	const msg = "the Kafka reader is refused; not ready until it reads again"
-	w.waitLog(t, msg, since)
-	_, line, _ := w.logTime(msg, since)
-	if line["level"] != "ERROR" || line["cause"] != "permission denied" || line["tier"] != "1s" ||
-		!strings.Contains(fmt.Sprint(line["reader"]), "topic "+names.DelayPrefix+"1s, group "+names.Group+".delay.1s") {
-		t.Errorf("the refused tier reader is logged as %v; want level ERROR, cause permission denied, tier 1s and its topic and group", line)
-	}
-	s.CreateACLs(read.Entry("User:capper"))
-	outs := s.CollectJobs(jobs, 90*time.Second)
-	got := map[string][]string{}
-	for _, o := range outs {
-		got[o.JobID] = append(got[o.JobID], o.Decision)
-	}
-	for _, j := range jobs {
-		if len(got[j.ID]) != 1 || got[j.ID][0] != "allowed" {
-			t.Errorf("%s: outputs %v, want allowed once (d2 and d3 after their hold)", j.ID, got[j.ID])
-		}
-	}
-	waitReadyz(t, w, http.StatusOK)
 }
