@@ -1,7 +1,10 @@
 package consumer
 
 import (
+	"fmt"
 	"log/slog"
+	"regexp"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +26,13 @@ import (
 // (kafka-go retries a join every 5 s and a fetch within 1 s, so a failure
 // that persists is reported again well within it), or until it fetches a
 // message again. Each cause is logged at error once per FaultLogEvery.
+//
+// A reader can also stall without a refusal: kafka-go retries every other
+// failure inside, and a reader that cannot fetch looks exactly like one with
+// nothing to fetch. CheckStall, called every few seconds, tells them apart: a
+// reader that has partitions assigned and has not fetched for a bound while
+// those partitions hold messages not yet committed is stalled, and not ready,
+// until it fetches again.
 type ReaderFaults struct {
 	// What names the reader in log lines, e.g. "topic sends, group capper".
 	What   string
@@ -30,9 +40,14 @@ type ReaderFaults struct {
 	// Now defaults to time.Now.
 	Now func() time.Time
 
-	last   atomic.Int64 // unix nanoseconds of the newest permanent failure; 0: none since the last fetch
-	mu     sync.Mutex
-	logged map[string]time.Time // cause -> when it was last logged
+	last atomic.Int64 // unix nanoseconds of the newest permanent failure; 0: none since the last fetch
+	// The stall watch: the newest fetch (or assignment, or the first look),
+	// the partitions of the current assignment, whether it is stalled.
+	fetched atomic.Int64
+	parts   atomic.Pointer[[]int]
+	stalled atomic.Bool
+	mu      sync.Mutex
+	logged  map[string]time.Time // cause -> when it was last logged
 }
 
 const (
@@ -81,19 +96,103 @@ func (f *ReaderFaults) Report(msg string, err error) bool {
 }
 
 // Failing reports whether a permanent failure was reported within FaultHold
-// and no message was fetched since.
+// and no message was fetched since, or the reader is stalled (CheckStall).
 func (f *ReaderFaults) Failing() bool {
 	if f == nil {
 		return false
+	}
+	if f.stalled.Load() {
+		return true
 	}
 	last := f.last.Load()
 	return last != 0 && f.now().Sub(time.Unix(0, last)) < FaultHold
 }
 
-// Fetched records that the reader fetched a message: whatever failed before works again.
+// Fetched records that the reader fetched a message: whatever failed before
+// works again. Called once per batch.
 func (f *ReaderFaults) Fetched() {
-	if f != nil && f.last.Load() != 0 {
+	if f == nil {
+		return
+	}
+	f.fetched.Store(f.now().UnixNano())
+	if f.last.Load() != 0 {
 		f.last.Store(0)
+	}
+	if f.stalled.Load() {
+		f.stalled.Store(false)
+	}
+}
+
+// assigned records the partitions of a new assignment: the reader could not
+// fetch them before, so its idle time starts now.
+func (f *ReaderFaults) assigned(parts []int) {
+	f.parts.Store(&parts)
+	f.fetched.Store(f.now().UnixNano())
+}
+
+// CheckStall decides whether the reader is stalled: it has partitions
+// assigned, has not fetched for bound, is not waiting for a message's due
+// time (a delay tier's head: waiting), and lag reports messages of those
+// partitions not yet committed, or cannot tell (the broker that does not
+// serve the reader does not answer lag either). lag is only asked when the
+// rest holds. A stall is logged at error when it starts (how long the reader
+// has been idle, the messages waiting or lag's error); it ends at the next
+// fetch, or when lag finds nothing waiting. lag's error is returned.
+func (f *ReaderFaults) CheckStall(bound time.Duration, waiting bool, lag func(parts []int) (int64, error)) error {
+	if f == nil {
+		return nil
+	}
+	now := f.now()
+	f.fetched.CompareAndSwap(0, now.UnixNano()) // the first look: idle from here
+	idle := now.Sub(time.Unix(0, f.fetched.Load()))
+	var parts []int
+	if p := f.parts.Load(); p != nil {
+		parts = *p
+	}
+	if len(parts) == 0 || idle < bound || waiting {
+		f.stalled.Store(false)
+		return nil
+	}
+	n, err := lag(parts)
+	if err == nil && n == 0 {
+		f.stalled.Store(false)
+		return nil
+	}
+	if !f.stalled.Swap(true) && f.Logger != nil {
+		waiting := any(n)
+		if err != nil {
+			waiting = "unknown: " + err.Error()
+		}
+		f.Logger.Error("the Kafka reader has not fetched while its partitions hold messages; not ready until it reads again",
+			"reader", f.What, "partitions", parts, "idle", idle.Round(time.Millisecond).String(), "waiting", waiting,
+			"bound", bound.String(), "fix", "see the reader's warnings (fetch, join, heartbeat) and the broker's state")
+	}
+	return err
+}
+
+// subscribed is the line kafka-go 0.4.51's group reader logs when it is
+// assigned partitions; its argument prints as map[{topic:T partition:N}:OFFSET ...].
+const subscribed = "subscribed to topics and partitions: %+v"
+
+var partitionOf = regexp.MustCompile(`partition:(\d+)\}`)
+
+// InfoLogger returns kafka-go's logger for the reader: it learns each
+// assignment from the line kafka-go logs when it subscribes (kafka-go tells
+// it no other way), and passes every line to next.
+func (f *ReaderFaults) InfoLogger(next kafka.Logger) kafka.LoggerFunc {
+	return func(msg string, args ...any) {
+		if f != nil && msg == subscribed && len(args) == 1 {
+			parts := []int{}
+			for _, m := range partitionOf.FindAllStringSubmatch(fmt.Sprintf("%+v", args[0]), -1) {
+				if p, err := strconv.Atoi(m[1]); err == nil {
+					parts = append(parts, p)
+				}
+			}
+			f.assigned(parts)
+		}
+		if next != nil {
+			next.Printf(msg, args...)
+		}
 	}
 }
 

@@ -59,3 +59,94 @@ func TestReaderFaults(t *testing.T) {
 		t.Error("a nil ReaderFaults reported something")
 	}
 }
+
+// TestReaderStall: a reader with partitions that has not fetched for the
+// bound while they hold messages is stalled (not ready, one error line) until
+// it fetches again; an idle reader with nothing waiting, one without
+// partitions and a delay tier waiting for its head's due time are not.
+func TestReaderStall(t *testing.T) {
+	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	var logs bytes.Buffer
+	f := &ReaderFaults{What: "topic sends, group capper", Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Now: func() time.Time { return now }}
+	const bound = 30 * time.Second
+	waiting := int64(0)
+	var asked [][]int
+	lag := func(parts []int) (int64, error) { asked = append(asked, parts); return waiting, nil }
+	check := func(tier bool) {
+		t.Helper()
+		if err := f.CheckStall(bound, tier, lag); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// No assignment yet: never stalled, lag not asked.
+	check(false)
+	now = now.Add(time.Hour)
+	check(false)
+	if f.Failing() || len(asked) != 0 {
+		t.Fatalf("a reader without partitions: failing %v, lag asked %v", f.Failing(), asked)
+	}
+	// kafka-go logs the assignment; the idle time starts there.
+	f.InfoLogger(nil)(subscribed, map[struct {
+		topic     string
+		partition int32
+	}]int64{{"sends", 0}: -2, {"sends", 3}: 12})
+	waiting = 7
+	now = now.Add(bound - time.Millisecond)
+	check(false)
+	if f.Failing() || len(asked) != 0 {
+		t.Fatalf("within the bound of its assignment: failing %v, lag asked %v", f.Failing(), asked)
+	}
+	// A delay tier waiting for its head's due time is not stalled.
+	now = now.Add(time.Millisecond)
+	check(true)
+	if f.Failing() || len(asked) != 0 {
+		t.Fatalf("a tier waiting for a due time: failing %v, lag asked %v", f.Failing(), asked)
+	}
+	// Idle for the bound with messages waiting: stalled, one error line.
+	check(false)
+	check(false)
+	if !f.Failing() {
+		t.Fatal("idle for the bound with 7 messages waiting, and not failing")
+	}
+	if len(asked) != 2 || fmt.Sprint(asked[0]) != "[0 3]" {
+		t.Errorf("lag asked for %v, want the assigned partitions [0 3] twice", asked)
+	}
+	if n := strings.Count(logs.String(), `"level":"ERROR"`); n != 1 || !strings.Contains(logs.String(), `"waiting":7`) ||
+		!strings.Contains(logs.String(), `"reader":"topic sends, group capper"`) || !strings.Contains(logs.String(), `"idle":"30s"`) {
+		t.Errorf("want one error line naming the reader, the 7 waiting and the 30s idle:\n%s", logs.String())
+	}
+	// A fetch ends it at once.
+	f.Fetched()
+	if f.Failing() {
+		t.Error("still stalled after a fetch")
+	}
+	// Idle again with nothing waiting: ready (an idle topic).
+	waiting = 0
+	now = now.Add(2 * bound)
+	check(false)
+	if f.Failing() {
+		t.Error("stalled on partitions with nothing waiting")
+	}
+	// Idle for the bound and the lag cannot be told (the broker does not answer): stalled.
+	if err := f.CheckStall(bound, false, func([]int) (int64, error) { return 0, errors.New("broker away") }); err == nil || !f.Failing() {
+		t.Errorf("a failed lag query: err %v, failing %v; want the error and stalled", err, f.Failing())
+	}
+	if !strings.Contains(logs.String(), `"waiting":"unknown: broker away"`) {
+		t.Errorf("the second stall's line does not say the lag is unknown:\n%s", logs.String())
+	}
+	// A new assignment with no partitions (a replica beyond the partition count) is never stalled.
+	f.InfoLogger(nil)(subscribed, map[struct {
+		topic     string
+		partition int32
+	}]int64{})
+	now = now.Add(2 * bound)
+	check(false)
+	if f.Failing() {
+		t.Error("a reader assigned no partitions is stalled")
+	}
+	var none *ReaderFaults
+	if none.CheckStall(bound, false, lag) != nil || none.Failing() {
+		t.Error("a nil ReaderFaults stalled")
+	}
+}

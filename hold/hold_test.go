@@ -124,10 +124,19 @@ func TestReaderWaitsForWake(t *testing.T) {
 	r := hold.NewReader(&source{msgs: []kafka.Message{{Offset: 7, Headers: s.AppendHeaders(nil)}, {Offset: 8}}}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
+	if r.Waiting() {
+		t.Error("waiting before it holds a message")
+	}
 	if _, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("fetch before the wake time: %v, want the context's deadline", err)
 	}
+	if !r.Waiting() {
+		t.Error("not waiting while it holds a message before its wake time (the stall watch would call the tier stalled)")
+	}
 	m, err := r.FetchMessage(context.Background())
+	if r.Waiting() {
+		t.Error("still waiting after the message was returned")
+	}
 	if err != nil || m.Offset != 7 {
 		t.Fatalf("fetch: offset %d, %v; want the kept message 7", m.Offset, err)
 	}

@@ -2,6 +2,7 @@ package hold
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -21,6 +22,7 @@ type Reader struct {
 	src     Source
 	now     func() time.Time
 	pending *kafka.Message
+	wake    atomic.Int64 // unix nanoseconds the pending message is due at; 0: none pending
 }
 
 // NewReader returns a Reader of src; now defaults to time.Now.
@@ -43,6 +45,7 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	}
 	if s, ok, err := ParseState(r.pending.Headers); err == nil && ok {
 		if wait := s.Wake.Sub(r.now()); wait > 0 {
+			r.wake.Store(s.Wake.UnixNano())
 			t := time.NewTimer(wait)
 			defer t.Stop()
 			select {
@@ -54,7 +57,15 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	}
 	m := *r.pending
 	r.pending = nil
+	r.wake.Store(0)
 	return m, nil
+}
+
+// Waiting reports whether the reader holds a message that is not due yet:
+// its tier has messages but none to return. Safe for concurrent use.
+func (r *Reader) Waiting() bool {
+	w := r.wake.Load()
+	return w != 0 && r.now().UnixNano() < w
 }
 
 // CommitMessages commits through the source.

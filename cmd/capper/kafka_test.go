@@ -5,6 +5,7 @@ package main_test
 // stops mid-stream. Each must lose nothing and count nothing twice.
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"syscall"
@@ -149,6 +150,63 @@ func TestBrokerRestartMidStream(t *testing.T) {
 				down.Seconds(), back.Sub(stopped).Seconds()-down.Seconds(), time.Since(back).Seconds())
 		})
 	}
+}
+
+// TestStalledReaderIsNotReady: a reader that cannot fetch is not refused
+// (nothing a grant fixes), it only stops; kafka-go retries inside and says
+// nothing the worker could classify. An idle worker whose partitions hold
+// nothing stays ready past the stall bound (3 fetch waits + the session
+// timeout, 7.5 s here); with the broker gone (SIGKILL) the input reader has
+// not fetched for the bound and its lag cannot be told: not ready, one error
+// line naming the reader. With the broker back it reads again, decides what
+// came meanwhile and is ready.
+func TestStalledReaderIsNotReady(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	w := start(s, true)
+	first := testenv.Blast("sa", 200, 50)
+	s.Produce(first)
+	s.CollectJobs(first, 60*time.Second)
+	waitReadyz(t, w, 200)
+	// Idle with nothing waiting, beyond the bound and a check: still ready.
+	const bound, check = 7500 * time.Millisecond, 2 * time.Second
+	for idle := time.Now(); time.Since(idle) < bound+2*check; time.Sleep(200 * time.Millisecond) {
+		if code := readyz(t, w.metrics); code != 200 {
+			t.Fatalf("/readyz answers %d while the worker is idle with nothing waiting:\n%s", code, w.logText())
+		}
+	}
+	const msg = "the Kafka reader has not fetched while its partitions hold messages; not ready until it reads again"
+	if _, line, ok := w.logTime(msg, time.Time{}); ok {
+		t.Fatalf("a stall was logged while the worker was idle with nothing waiting: %v", line)
+	}
+	stopped := time.Now()
+	restart := testenv.StopKafka(t, syscall.SIGKILL)
+	waitReadyz(t, w, 503)
+	var line map[string]any
+	for end := time.Now().Add(30 * time.Second); line == nil; time.Sleep(50 * time.Millisecond) {
+		for _, l := range strings.Split(w.logText(), "\n") {
+			var v map[string]any
+			if json.Unmarshal([]byte(l), &v) == nil && v["msg"] == msg && strings.Contains(fmt.Sprint(v["reader"]), "topic "+s.Topics[0]+",") {
+				line = v
+			}
+		}
+		if line == nil && time.Now().After(end) {
+			t.Fatalf("no stall line for the input reader within 30 s of the broker's SIGKILL:\n%s", w.logText())
+		}
+	}
+	if line["level"] != "ERROR" || !strings.HasPrefix(fmt.Sprint(line["waiting"]), "unknown: ") || line["bound"] != bound.String() {
+		t.Errorf("the stall is logged as %v; want level ERROR, waiting unknown (the broker is gone), bound %v", line, bound)
+	}
+	if scrapeMetric(t, w.metrics, "capper_ready") != 0 {
+		t.Error("capper_ready is 1 while the input reader is stalled")
+	}
+	notReady := time.Since(stopped)
+	restart()
+	second := testenv.Blast("sb", 200, 50)
+	s.Produce(second)
+	all := append(append([]testenv.JobSpec{}, first...), second...)
+	s.CheckAccounting(all, s.CollectJobs(all, 120*time.Second), true)
+	waitReadyz(t, w, 200)
+	t.Logf("not ready %.1f s after the broker's SIGKILL; stall line: %v", notReady.Seconds(), line)
 }
 
 // TestEndpointsServedDuringStartup: while start-up waits for a broker that

@@ -220,14 +220,14 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 		Dialer:            dialer,
 		MinBytes:          1,
 		MaxBytes:          maxBytes,
-		MaxWait:           500 * time.Millisecond,
+		MaxWait:           readerMaxWait,
 		CommitInterval:    0, // synchronous commits, after the outputs are acknowledged
 		StartOffset:       kafka.FirstOffset,
 		SessionTimeout:    time.Duration(c.SessionTimeout),
 		RebalanceTimeout:  time.Duration(c.SessionTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		QueueCapacity:     queue,
-		Logger:            kafkaLogger(logger, slog.LevelDebug),
+		Logger:            faults.InfoLogger(kafkaLogger(logger, slog.LevelDebug)),
 		ErrorLogger:       faults.ErrorLogger(kafkaLogger(logger, slog.LevelWarn)),
 	})
 }

@@ -170,7 +170,8 @@ type Daemon struct {
 	// process's own (from their end, never committed) to drop the near
 	// cache's copies of the logs of users another replica changed.
 	cacheReaders []cacheReader
-	wheel        *hold.Wheel // nil when holding is disabled
+	watched      []watchedReader // every reader that consumes for a worker, for the stall watch
+	wheel        *hold.Wheel     // nil when holding is disabled
 	metrics      *consumer.Metrics
 	srv          *http.Server
 	addr         string
@@ -228,6 +229,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	d.readers = append(d.readers, input)
+	d.watched = append(d.watched, watchedReader{inputFaults, cfg.Kafka.Topics.Input, cfg.Kafka.GroupID, nil})
 	var decider consumer.Decider = skewGuard{d.Limiter, d.Skew}
 	if opts.Decider != nil {
 		d.Log.Warn("the decider is replaced: capping is skipped (a benchmark baseline, never production)")
@@ -267,8 +269,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 				return nil, err
 			}
 			d.readers = append(d.readers, r)
+			hr := hold.NewReader(r, nil)
+			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), hr.Waiting})
 			tc := wc
-			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hold.NewReader(r, nil), t.Name, log, faults
+			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hr, t.Name, log, faults
 			tc.RoundTrips = nil // the input worker reports round trips per batch
 			if err := d.addWorker(tc); err != nil {
 				return nil, err
@@ -306,6 +310,7 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 		faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", e.topic, group), Logger: log}
 		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, faults, d.Log)
 		d.readers = append(d.readers, r)
+		d.watched = append(d.watched, watchedReader{faults, e.topic, group, nil})
 		w, err := consumer.NewEventWorker(consumer.EventConfig{Kind: e.kind, Reader: r, Writer: d.writer, DLQ: cfg.Kafka.Topics.DLQ,
 			Recorder: d.Limiter, Rules: d.workers[0].Rules, MaxFuture: time.Duration(cfg.MaxClockSkew),
 			BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), Now: wc.Now, Logger: log, Faults: faults,
@@ -503,6 +508,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.Skew.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
+	go d.watchStalls(bg, cfg.Kafka)
 	for _, c := range d.cacheReaders {
 		go d.dropCached(bg, c)
 	}

@@ -3,10 +3,12 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/config"
 )
 
@@ -14,9 +16,9 @@ import (
 const lagInterval = 10 * time.Second
 
 // groupLag returns the messages of topic that group has not committed yet:
-// over its partitions, the last offset minus the committed one (minus the
-// first retained one where nothing is committed).
-func groupLag(ctx context.Context, c *kafka.Client, group, topic string) (int64, error) {
+// over its partitions (those of only, when not nil), the last offset minus
+// the committed one (minus the first retained one where nothing is committed).
+func groupLag(ctx context.Context, c *kafka.Client, group, topic string, only []int) (int64, error) {
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
 	if err != nil {
 		return 0, err
@@ -30,7 +32,9 @@ func groupLag(ctx context.Context, c *kafka.Client, group, topic string) (int64,
 			return 0, fmt.Errorf("topic %s: %w", topic, t.Error)
 		}
 		for _, p := range t.Partitions {
-			parts = append(parts, p.ID)
+			if only == nil || slices.Contains(only, p.ID) {
+				parts = append(parts, p.ID)
+			}
 		}
 	}
 	reqs := make([]kafka.OffsetRequest, 0, 2*len(parts))
@@ -106,7 +110,7 @@ func (d *Daemon) watchLag(ctx context.Context, c config.Kafka) {
 func (d *Daemon) measureLag(ctx context.Context, client *kafka.Client, c config.Kafka) error {
 	ctx, cancel := context.WithTimeout(ctx, lagInterval/2)
 	defer cancel()
-	n, err := groupLag(ctx, client, c.GroupID, c.Topics.Input)
+	n, err := groupLag(ctx, client, c.GroupID, c.Topics.Input, nil)
 	if err != nil {
 		return fmt.Errorf("input %s: %w", c.Topics.Input, err)
 	}
@@ -115,11 +119,64 @@ func (d *Daemon) measureLag(ctx context.Context, client *kafka.Client, c config.
 		return nil
 	}
 	for _, t := range d.wheel.Tiers() {
-		n, err := groupLag(ctx, client, TierGroup(c.GroupID, t.Name), t.Topic)
+		n, err := groupLag(ctx, client, TierGroup(c.GroupID, t.Name), t.Topic, nil)
 		if err != nil {
 			return fmt.Errorf("delay tier %s: %w", t.Topic, err)
 		}
 		d.metrics.SetHeld(t.Name, n)
 	}
 	return nil
+}
+
+// A reader stalls when it has partitions, has not fetched for stallBound and
+// they hold messages not committed (consumer.ReaderFaults.CheckStall): three
+// of its fetch waits plus the session timeout, so that a rebalance after a
+// replica died, which stops every reader for up to the session timeout, is
+// not one. Checked every stallCheck.
+const (
+	readerMaxWait = 500 * time.Millisecond // kafka.ReaderConfig.MaxWait of every reader (newReader)
+	stallCheck    = 2 * time.Second
+)
+
+func stallBound(c config.Kafka) time.Duration {
+	return 3*readerMaxWait + time.Duration(c.SessionTimeout)
+}
+
+// watchedReader is a reader the stall watch checks: its faults, its topic and
+// group, and whether it waits for a due time (a delay tier's head; nil: never).
+type watchedReader struct {
+	faults       *consumer.ReaderFaults
+	topic, group string
+	waiting      func() bool
+}
+
+// watchStalls checks every reader for a stall every stallCheck; the lag of a
+// reader's partitions is only asked for once it has been idle for the bound.
+func (d *Daemon) watchStalls(ctx context.Context, c config.Kafka) {
+	_, transport, err := KafkaClients(c)
+	if err != nil {
+		return // New already built the same clients
+	}
+	client := &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: transport, Timeout: 5 * time.Second}
+	bound := stallBound(c)
+	t := time.NewTicker(stallCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, w := range d.watched {
+			waiting := w.waiting != nil && w.waiting()
+			err := w.faults.CheckStall(bound, waiting, func(parts []int) (int64, error) {
+				lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				return groupLag(lctx, client, w.group, w.topic, parts)
+			})
+			if err != nil && ctx.Err() == nil {
+				d.Log.Debug("measuring an idle reader's lag failed", "topic", w.topic, "group", w.group, "err", err)
+			}
+		}
+	}
 }
