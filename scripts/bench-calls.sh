@@ -44,7 +44,7 @@ args() { # args NAME NOW KEY MEMBER -> the script's arguments after EVALSHA
     *) echo "${sha[$1]} 1 $3 $2 $4 1 604800000 0 0 0 0 $day 1073741824 86400000 '' $week 1073741824 604800000 ''" ;;
   esac
 }
-call() { # call NAME: REQUESTS calls, prints the masters' us of CPU per call
+call() { # call NAME ROUND: REQUESTS calls on keys of their own, prints the masters' us of CPU per call
   local now before after
   now=$(date +%s%3N)
   local check
@@ -52,11 +52,11 @@ call() { # call NAME: REQUESTS calls, prints the masters' us of CPU per call
   [[ $check =~ ^(ERR|NOSCRIPT|WRONGTYPE)|error ]] && { echo "bench-calls: $1 failed: $check" >&2; exit 1; }
   before=$(masters_cpu)
   eval "redis-benchmark -p $port --cluster -q -n $REQUESTS -c $CLIENTS -P $PIPELINE -r $USERS \
-    evalsha $(args "$1" "$now" "rbcost:$1:{tag}:__rand_int__" "m__rand_int__")" >/dev/null 2>&1
+    evalsha $(args "$1" "$now" "rbcost:$1:$2:{tag}:__rand_int__" "m__rand_int__")" >/dev/null 2>&1
   after=$(masters_cpu)
   awk -v a="$before" -v b="$after" -v n="$REQUESTS" 'BEGIN {printf "%.2f", 1e6 * (b - a) / n}'
 }
-cleanup() { # drop the benchmark's keys
+cleanup() { # drop the benchmark's keys (once, at the end: a scan of every key)
   local a
   for a in "${addrs[@]}"; do
     redis-cli -h "${a%:*}" -p "${a##*:}" --scan --pattern 'rbcost:*' | xargs -r -n 500 redis-cli -h "${a%:*}" -p "${a##*:}" unlink >/dev/null 2>&1 || true
@@ -66,8 +66,7 @@ trap cleanup EXIT
 rows=()
 for r in $(seq "$ROUNDS"); do
   for s in seed decide bare; do
-    cleanup
-    rows+=("$s $(call "$s")")
+    rows+=("$s $(call "$s" "$r")")
   done
   echo "bench-calls round $r: ${rows[*]: -3}" >&2
 done
