@@ -40,6 +40,8 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	prefsShare := fs.Float64("prefs-share", 0, "give this share of the users a preference (at most one email a day, or no promotions) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
 	feedbackShare := fs.Float64("feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	channels := fs.String("channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
+	rate := fs.Int("rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
 	partitions := fs.Int("create-topics", 0, "create the input and output topics with this many partitions when missing (0: do not)")
 	if err := parseFlags(fs, "capper loadgen --config FILE --manifest FILE [flags]", args, stdout, stderr); err != nil {
@@ -48,6 +50,15 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if *manifest == "" {
 		fmt.Fprintln(stderr, "capper loadgen: --config and --manifest are required")
 		return errUsage
+	}
+	if *rate < 0 {
+		fmt.Fprintln(stderr, "capper loadgen: --rate must be 0 or more")
+		return errUsage
+	}
+	for _, c := range strings.Split(*channels, ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			g.Channels = append(g.Channels, c)
+		}
 	}
 	cfg, err := loadConfig(*path)
 	if err != nil {
@@ -106,12 +117,17 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	w := daemon.NewWriter(cfg.Kafka, transport, ts.Input, 5000, daemon.NewLogger("warn", os.Stderr))
 	defer w.Close()
 	start, last := time.Now(), time.Now()
-	err = loadtest.Produce(ctx, w, msgs, 5000, func(done int) {
+	progress := func(done int) {
 		if time.Since(last) >= time.Second || done == len(msgs) {
 			last = time.Now()
 			fmt.Fprintf(stderr, "loadgen: %d/%d messages (%.0f%%), %.0f/s\n", done, len(msgs), 100*float64(done)/float64(len(msgs)), float64(done)/time.Since(start).Seconds())
 		}
-	})
+	}
+	if *rate == 0 {
+		err = loadtest.Produce(ctx, w, msgs, 5000, progress)
+	} else {
+		err = producePaced(ctx, w, msgs, *rate, start, progress)
+	}
 	if err != nil {
 		return err
 	}
@@ -303,6 +319,29 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
+// producePaced produces msgs at rate per second, a tenth of a second's share
+// at a time, each share when its time has come (a demand's pace, for the
+// budget bench: make bench-budget).
+func producePaced(ctx context.Context, w *kafka.Writer, msgs []kafka.Message, rate int, start time.Time, progress func(done int)) error {
+	per := max(1, rate/10)
+	for i := 0; i < len(msgs); i += per {
+		at := start.Add(time.Duration(i) * time.Second / time.Duration(rate))
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		end := min(i+per, len(msgs))
+		if err := loadtest.Produce(ctx, w, msgs[i:end], per, nil); err != nil {
+			return err
+		}
+		progress(end)
+	}
+	return nil
+}
+
 func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 	fmt.Fprintf(w, "capper report: %d jobs sent, %d outputs read\n", r.Jobs, outputs)
 	fmt.Fprintf(w, "  decisions   allowed %d, duplicate %d, exempt %d, unchecked %d, capped %d, dead-letter %d\n", r.Allowed, r.Duplicates, r.Exempt, r.Unchecked, r.Capped, r.DLQ)
@@ -325,6 +364,10 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 	if r.Held > 0 {
 		fmt.Fprintf(w, "  holds       %d held records; %d released jobs decided, release lag p50 %.0f ms, p99 %.0f ms; %d still held (due later)\n",
 			r.Held, r.Released, r.ReleaseP50ms, r.ReleaseP99ms, r.Pending)
+	}
+	for _, b := range r.Budgets {
+		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window (from the second to the one before the last) %v; at most %d in any %v\n",
+			b.Budget, b.Limit, b.Window, b.Whole, b.MaxAny, b.Window)
 	}
 	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)
 	for _, p := range r.Problems {

@@ -313,8 +313,15 @@ func TestCheckBudget(t *testing.T) {
 	}
 	add("slow", 12, 200*time.Millisecond) // 5 per second
 	add("other", 5, time.Millisecond)     // its own budget key
-	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 0 {
+	r := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
+	if r.Violations != 0 {
 		t.Fatalf("within the budget: %v", r.Problems)
+	}
+	// What each key delivered: per whole window from its first send, the
+	// first and the last left out (0..2.2 s: windows [0,1) [1,2) [2,3)).
+	got := fmt.Sprint(r.Budgets)
+	if want := "[{speed:other 5 1s [] 5} {speed:slow 5 1s [5] 5}]"; got != want {
+		t.Errorf("budget delivery %s, want %s", got, want)
 	}
 	add("fast", 7, 100*time.Millisecond) // 7 in 0.7 s
 	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 1 || !strings.Contains(r.Problems[0], "budget speed:fast") {

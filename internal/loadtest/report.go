@@ -73,9 +73,26 @@ type Result struct {
 	ReleaseP50ms float64 `json:"release_p50_ms"`
 	ReleaseP99ms float64 `json:"release_p99_ms"`
 
+	// Budgets: what each budget (per campaign: each key) forwarded per window.
+	Budgets []BudgetDelivery `json:"budgets,omitempty"`
+
 	ByCap     map[string]int            `json:"-"`
 	BySegment map[string]map[string]int `json:"-"` // segment -> decision -> outputs
 	Problems  []string                  `json:"-"` // the first few, for people
+}
+
+// BudgetDelivery is what a budget forwarded: its allowed sends (by decision
+// time) per window of its length, from its first allowed send. The first and
+// the last window are partial (the demand begins, the backlog ends), so Whole
+// leaves them out: under demand above the limit, each of those is the share
+// of the limit the budget delivers.
+type BudgetDelivery struct {
+	Budget string        `json:"budget"`
+	Limit  int           `json:"limit"`
+	Window time.Duration `json:"window_ns"`
+	Whole  []int         `json:"whole_windows"`
+	// MaxAny is the most allowed sends in any window of its length (sliding).
+	MaxAny int `json:"max_any"`
 }
 
 // OK reports whether nothing was lost or over-sent.
@@ -456,7 +473,7 @@ func (c *checker) arbitrations() {
 // moment after it took its token) of the allowed sends in its scope.
 func (c *checker) budgets() {
 	byKey := map[string][]time.Time{}
-	limits := map[string]int{}
+	limits, spec := map[string]int{}, map[string]int{}
 	windows := map[string]time.Duration{}
 	for _, sends := range c.allowed {
 		for _, s := range sends {
@@ -470,22 +487,40 @@ func (c *checker) budgets() {
 				}
 				byKey[key] = append(byKey[key], s.t)
 				limits[key] = b.limit + b.limit/40 // the documented bound by decision time: one bucket's share more (40 buckets)
+				spec[key] = b.limit
 				windows[key] = b.window
 			}
 		}
 	}
-	for key, ts := range byKey {
+	keys := make([]string, 0, len(byKey))
+	for key := range byKey {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		ts := byKey[key]
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) })
+		d := BudgetDelivery{Budget: key, Limit: spec[key], Window: windows[key]}
+		reported := false
 		for i, j := 0, 0; i < len(ts); i++ {
 			for j < len(ts) && ts[j].Sub(ts[i]) < windows[key] {
 				j++
 			}
-			if j-i > limits[key] {
+			d.MaxAny = max(d.MaxAny, j-i)
+			if j-i > limits[key] && !reported {
 				c.r.Violations++
 				c.r.problem("budget %s: %d sends in the %v from %s, at most %d", key, j-i, windows[key], ts[i].Format(time.RFC3339Nano), limits[key])
-				break
+				reported = true
 			}
 		}
+		per := make([]int, int(ts[len(ts)-1].Sub(ts[0])/windows[key])+1)
+		for _, t := range ts {
+			per[int(t.Sub(ts[0])/windows[key])]++
+		}
+		if len(per) > 2 {
+			d.Whole = per[1 : len(per)-1]
+		}
+		c.r.Budgets = append(c.r.Budgets, d)
 	}
 }
 
