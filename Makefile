@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-priority bench-prefs
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-budget-cost bench-priority bench-prefs
 
 GO ?= go
 
@@ -53,9 +53,13 @@ bench-blast:
 bench-hold:
 	scripts/bench-hold.sh
 
-## bench-budget: the cost of a global budget that never binds, end to end, side by side with none, and its Redis calls per 1,000 jobs
+## bench-budget: does a budget deliver its limit? 100 SMS per 2 s under 3x the demand for 60 s, 1 and 3 replicas, per-window delivery (medians of 3)
 bench-budget:
-	scripts/bench-budget.sh
+	scripts/bench-budget.sh delivery
+
+## bench-budget-cost: the cost of a global budget that never binds, end to end, side by side with none, and its Redis calls per 1,000 jobs
+bench-budget-cost:
+	scripts/bench-budget.sh cost
 
 ## bench-priority: what priority costs per decision: unused, reserved, arbitrated, every send competing (medians of 3)
 bench-priority:

@@ -1,14 +1,77 @@
 #!/usr/bin/env bash
-# bench-budget.sh — what a global budget costs end to end, measured side by side in one run: the same blast
-# (BENCH_JOBS, default 200,000, for BENCH_USERS, default 50,000) through demo.sh with config.example.yaml's
+# bench-budget.sh (make bench-budget) — does a global budget deliver its limit? An SMS budget of LIMIT per
+# WINDOW (default 100 per 2s) under three times that demand (capper loadgen --rate, SMS only) for DURATION
+# seconds (default 60), with 1 and with 3 replicas in the group, alternated ROUNDS times (default 3). For each
+# run, capper report counts the allowed SMS per whole window (from the second window to the one before the last,
+# by decision time) and the most in any sliding window. Prints per replica count the medians over the rounds of
+# the windows' median, minimum and maximum as a share of the limit, and the most in any window.
+# Goal (issue 30): every whole window at least 95% of the limit, none over it (the report's judge allows one
+# bucket's share more by decision time: limit + limit/40). The demand is loadgen's mix on one channel (a tenth
+# of the users get 30% of the jobs, so some are capped by config.example.yaml's caps after taking a token)
+# without resends (see LOADGEN_EXTRA below). Each run: DURATION s of demand, max_hold 10s, then the report.
+#
+# scripts/bench-budget.sh cost (make bench-budget-cost) — what a budget costs end to end instead: the same
+# blast (BENCH_JOBS, default 200,000, for BENCH_USERS, default 50,000) through demo.sh with config.example.yaml's
 # rules (drop policy), without a budget and with one budget over every send that never binds (a billion per
-# second: every job takes a token, none waits), alternated ROUNDS times (default 3). Prints the medians of
-# jobs/s and worker CPU per job, the budget's Redis calls per 1,000 jobs, and budget / none.
+# second: every job takes a token, none waits), alternated ROUNDS times. Prints the medians of jobs/s and
+# worker CPU per job, the budget's Redis calls per 1,000 jobs, and budget / none.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
+ROUNDS=${ROUNDS:-3}
+
+if [[ ${1:-delivery} == delivery ]]; then
+  LIMIT=${LIMIT:-100}
+  WINDOW=${WINDOW:-2}   # seconds
+  DURATION=${DURATION:-60}
+  # No resends of earlier job ids (loadgen's default 2%): a resend held for the budget beside its original can
+  # be capped beyond max_hold before the original takes a token and is allowed, so the job reaches two topics
+  # and the report fails (a known defect, not this bench's measure). LOADGEN_EXTRA="" shows it.
+  LOADGEN_EXTRA=${LOADGEN_EXTRA-"--duplicates 1e-9"}
+  rate=$((3 * LIMIT / WINDOW))
+  sed "s/^  budgets: \[\]/  budgets: [{name: sms, channel: sms, limit: $LIMIT, window: ${WINDOW}s, max_hold: 10s}]/" \
+    "$work/drop.yaml" >"$work/sms.yaml"
+  grep -q 'name: sms, channel: sms' "$work/sms.yaml" || { echo "bench-budget: cannot derive the budget config" >&2; exit 1; }
+  deliver() { # deliver REPLICAS -> prints "median_pct min_pct max_pct max_any windows"
+    local out rc=0
+    out=$(DEMO_CONFIG="$work/sms.yaml" DEMO_JOBS=$((rate * DURATION)) DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$(($1 - 1)) \
+      DEMO_LOADGEN_ARGS="--rate $rate --channels sms $LOADGEN_EXTRA" scripts/demo.sh 2>&1) || rc=$?
+    if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
+      echo "$out" >&2; echo "bench-budget: the run with $1 replicas failed" >&2; exit 1
+    fi
+    echo "$out" | grep -E '^  (decisions|holds|budget|checks)' | sed "s/^/  [$1 replicas] /" >&2
+    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" <<'PY'
+import json, statistics, sys
+b = json.loads(sys.argv[1])["budgets"][0]
+w = [100 * n / b["limit"] for n in b["whole_windows"]]
+print("%.1f %.1f %.1f %d %d" % (statistics.median(w), min(w), max(w), b["max_any"], len(w)))
+PY
+  }
+  echo "bench-budget: an SMS budget of $LIMIT per ${WINDOW}s, demand $rate SMS/s for ${DURATION}s, 1 and 3 replicas, $ROUNDS rounds, $(nproc) cores" >&2
+  for r in $(seq "$ROUNDS"); do
+    for n in 1 3; do
+      res=$(deliver "$n") # a failed run ends the bench (set -e)
+      echo "$n $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
+    done
+  done
+  python3 - "$work/delivery.txt" "$LIMIT" "$WINDOW" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    n, *v = line.split()
+    rows.setdefault(n, []).append([float(x) for x in v])
+limit, window = int(sys.argv[2]), sys.argv[3]
+print("| replicas | whole windows per run | delivered/limit, median window | minimum window | maximum window | most in any %ss (limit %d) | rounds (median window) |" % (window, limit))
+print("|---|---|---|---|---|---|---|")
+for n in sorted(rows):
+    med = [statistics.median(c) for c in zip(*rows[n])]
+    print("| %s | %d | %.1f%% | %.1f%% | %.1f%% | %d | %s |" % (n, med[4], med[0], med[1], med[2], med[3], ", ".join("%.1f%%" % r[0] for r in rows[n])))
+print("goal: every whole window at least 95%%, none over 100%% (the medians of the minimum and the maximum above)")
+PY
+  exit 0
+fi
+[[ $1 == cost ]] || { echo "usage: scripts/bench-budget.sh [delivery|cost]" >&2; exit 2; }
 JOBS=${BENCH_JOBS:-200000}
 USERS=${BENCH_USERS:-50000}
-ROUNDS=${ROUNDS:-3}
 
 cp "$work/drop.yaml" "$work/none.yaml"
 sed 's/^  budgets: \[\]/  budgets: [{name: everything, limit: 1000000000, window: 1s}]/' "$work/none.yaml" >"$work/budget.yaml"

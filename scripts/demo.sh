@@ -21,6 +21,8 @@ METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
 PASSTHROUGH=${DEMO_PASSTHROUGH:-0}  # 1: run capper-passthrough (capping skipped), bench-e2e.sh's baseline
 PREPRODUCE=${DEMO_PREPRODUCE:-0}    # 1: produce the blast before the worker starts (see below)
 CONFIG=${DEMO_CONFIG:-config.example.yaml}
+EXTRA_WORKERS=${DEMO_EXTRA_WORKERS:-0} # more replicas in the group (metrics on the next ports); the figures are the first's
+LOADGEN_ARGS=${DEMO_LOADGEN_ARGS:-}   # more capper loadgen flags, e.g. "--rate 150 --channels sms" (bench-budget.sh)
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -33,11 +35,14 @@ fi
 eval "$(scripts/stack.sh env)"
 work=$(mktemp -d)
 worker_pid=""
+extra_pids=()
 cleanup() {
-  if [[ -n $worker_pid ]] && kill -0 "$worker_pid" 2>/dev/null; then
-    kill -TERM "$worker_pid" 2>/dev/null || true
-    wait "$worker_pid" 2>/dev/null || true
-  fi
+  for p in $worker_pid "${extra_pids[@]}"; do
+    if kill -0 "$p" 2>/dev/null; then
+      kill -TERM "$p" 2>/dev/null || true
+      wait "$p" 2>/dev/null || true
+    fi
+  done
   ((started_stack)) && scripts/stack.sh down >&2
   rm -rf "$work"
 }
@@ -76,7 +81,8 @@ say "topics $run.sends{,.allowed,.capped,.dlq,.held,.delay.*} with $PARTITIONS p
 
 loadgen() {
   say "loadgen: $JOBS jobs for $USERS users"
-  "$capper" loadgen --config "$CONFIG" --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv"
+  # shellcheck disable=SC2086 # LOADGEN_ARGS is a list of flags
+  "$capper" loadgen --config "$CONFIG" --jobs "$JOBS" --users "$USERS" --seed 42 --manifest "$work/manifest.csv" $LOADGEN_ARGS
 }
 # DEMO_PREPRODUCE=1: the whole blast is in Kafka before the worker starts (a backlog to drain, as when a
 # scheduler dumps a campaign at once); the drain line then times the worker alone.
@@ -85,6 +91,13 @@ loadgen() {
 say "starting capper run (metrics on http://$METRICS/metrics)"
 "${worker[@]}" --config "$CONFIG" 2>"$work/worker.log" &
 worker_pid=$!
+metrics_addrs=("$METRICS")
+for i in $(seq "$EXTRA_WORKERS"); do
+  addr="${METRICS%:*}:$((${METRICS##*:} + i))"
+  CAPPER_METRICS_ADDR=$addr "${worker[@]}" --config "$CONFIG" 2>"$work/worker$i.log" &
+  extra_pids+=($!)
+  metrics_addrs+=("$addr")
+done
 worker_started=$(date +%s.%N)
 # The broker's CPU from the worker's start to the drain: the jobs' produce (unless produced before), the
 # fetches, the outputs and the commits.
@@ -103,18 +116,20 @@ redis_masters_cpu() {
   echo "$total"
 }
 redis_start=$(redis_masters_cpu)
-for _ in $(seq 300); do
-  curl -fsS "http://$METRICS/readyz" >/dev/null 2>&1 && break
+for addr in "${metrics_addrs[@]}"; do for _ in $(seq 300); do
+  curl -fsS "http://$addr/readyz" >/dev/null 2>&1 && break
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
   sleep 0.1
+done; done
+for addr in "${metrics_addrs[@]}"; do
+  curl -fsS "http://$addr/readyz" >/dev/null || { cat "$work"/worker*.log >&2; echo "demo: capper ($addr) not ready after 30 s" >&2; exit 1; }
 done
-curl -fsS "http://$METRICS/readyz" >/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper not ready after 30 s" >&2; exit 1; }
 
 ((PREPRODUCE)) || loadgen
 
 say "waiting for capper to drain"
 for _ in $(seq 1800); do
-  handled=$(curl -fsS "http://$METRICS/metrics" | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
+  handled=$(for addr in "${metrics_addrs[@]}"; do curl -fsS "http://$addr/metrics"; done | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
   ((handled >= JOBS)) && break
   kill -0 "$worker_pid" 2>/dev/null || break
   sleep 0.2
