@@ -23,6 +23,7 @@ PREPRODUCE=${DEMO_PREPRODUCE:-0}    # 1: produce the blast before the worker sta
 CONFIG=${DEMO_CONFIG:-config.example.yaml}
 EXTRA_WORKERS=${DEMO_EXTRA_WORKERS:-0} # more replicas in the group (metrics on the next ports); the figures are the first's
 LOADGEN_ARGS=${DEMO_LOADGEN_ARGS:-}   # more capper loadgen flags, e.g. "--rate 150 --channels sms" (bench-budget.sh)
+KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -125,6 +126,10 @@ for addr in "${metrics_addrs[@]}"; do
   curl -fsS "http://$addr/readyz" >/dev/null || { cat "$work"/worker*.log >&2; echo "demo: capper ($addr) not ready after 30 s" >&2; exit 1; }
 done
 
+if [[ -n $KILL_AFTER ]] && ((EXTRA_WORKERS)); then
+  victim=${extra_pids[-1]}
+  (sleep "$KILL_AFTER"; kill -KILL "$victim" 2>/dev/null && echo "demo: SIGKILLed worker $victim at $(date +%s.%N)" >&2) &
+fi
 ((PREPRODUCE)) || loadgen
 
 say "waiting for capper to drain"
@@ -153,9 +158,10 @@ curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK
   /^capper_batch_size_count/ {batches=$2} /^capper_batch_size_sum/ {handled=$2}
   /^capper_redis_round_trips_per_batch_sum/ {rt=$2} /^capper_redis_round_trips_per_batch_count/ {rtn=$2}
   /^capper_budget_redis_calls_total\{/ {bc+=$2}
+  /^capper_budget_tokens_total\{/ {split($1, k, "kind=\""); split(k[2], kk, "\""); tok[kk[1]] += $2}
   /^capper_decide_script_calls_total / {sc=$2} /^capper_near_cache_hits_total / {hits=$2}
-  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f near cache hits/job, %d budget redis calls, peak rss %.0f MiB\n",
-        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, hits/jobs, bc, rss/1024 }'
+  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f near cache hits/job, %d budget redis calls (tokens: %d granted, %d used, %d put back, %d lapsed), peak rss %.0f MiB\n",
+        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, hits/jobs, bc, tok["granted"], tok["used"], tok["put_back"], tok["lapsed"], rss/1024 }'
 awk -v t=$((broker_end - broker_start)) -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v pre="$PREPRODUCE" 'BEGIN {
   printf "broker: cpu %.1f s (%.1f us/job) from the worker'"'"'s start to the drain (%s)\n", t/hz, 1e6*t/hz/jobs,
     pre ? "fetches, outputs, commits" : "the jobs'"'"' produce, fetches, outputs, commits" }'
