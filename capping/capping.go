@@ -183,6 +183,12 @@ type Request struct {
 	// or evicted, and Caps must be empty. Its Decision is Duplicate (with
 	// Recorded) when the job is in the log, else the zero decision.
 	DuplicateOnly bool
+	// Refused, with DuplicateOnly, names what refuses the send (an expiry,
+	// quiet hours, a budget): unless the job is in the log, it is marked
+	// refused in the same call, so that a later copy of it (a redelivery, a
+	// resend) is answered RefusedBefore instead of decided, and every job
+	// keeps one final outcome. At most 200 bytes.
+	Refused string
 	// Arbitration, when above 0, is the arbitration window of the request's
 	// Arbitrated caps: a send that would take the last slot of one of them is
 	// not recorded but answered Candidate, to be decided again at RetryAt
@@ -219,6 +225,9 @@ func (r *Request) validate() error {
 	if (r.DuplicateOnly || !r.SentAt.IsZero()) && len(r.Caps) > 0 {
 		return errors.New("a duplicate check or an external send with caps")
 	}
+	if r.Refused != "" && (!r.DuplicateOnly || len(r.Refused) > 200) {
+		return errors.New("a refusal's name without a duplicate check, or longer than 200 bytes")
+	}
 	if len(r.Caps) == 0 && r.Retention <= 0 && !r.DuplicateOnly {
 		return errors.New("no caps and no retention")
 	}
@@ -241,6 +250,10 @@ type Decision struct {
 	// Duplicate reports that the job id was already in the log: the job was
 	// allowed before and is not counted again. Allowed is true.
 	Duplicate bool
+	// RefusedBefore reports that the job was marked refused (Request.Refused)
+	// by an earlier copy: it is refused again, nothing is recorded, and Cap is
+	// the name it was refused with.
+	RefusedBefore bool
 	// Cap names the cap that decides RetryAt when the send is capped (its
 	// Name, or "cap<i>" for the unnamed i-th cap of the request); empty otherwise.
 	Cap string

@@ -357,6 +357,58 @@ func TestDuplicateOnly(t *testing.T) {
 	}
 }
 
+// TestRefusedMark: a duplicate check that names a refusal (Request.Refused)
+// marks a job that is not in the log refused, in the same call; a later copy
+// of the job is then refused too (RefusedBefore, with the refusal's name)
+// and never recorded, whatever its caps say, so one job keeps one final
+// outcome. The mark counts in no cap, is written once, leaves a job that
+// went before a duplicate, and ages out with the log.
+func TestRefusedMark(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	ten := capping.Cap{Name: "ten", Window: time.Hour, Limit: 10}
+	refuse := func(jobID string) capping.Decision {
+		t.Helper()
+		return e.decide(t, capping.Request{UserID: 9, JobID: jobID, Channel: "sms", DuplicateOnly: true, Refused: "sms-budget", Retention: time.Hour})[0]
+	}
+	if d := refuse("j1"); d.Allowed || d.Duplicate || d.RefusedBefore || d.Cap != "" {
+		t.Fatalf("the first refusal's look: %+v, want the zero decision (not sent before)", d)
+	}
+	key := e.lim.Key(9)
+	if n := e.rdb.ZCard(ctx, key).Val(); n != 1 {
+		t.Fatalf("the log holds %d entries after the refusal, want its mark", n)
+	}
+	e.clock.Add(time.Second)
+	// Another copy of j1 with room under its caps: refused, not recorded.
+	d := e.decide(t, capping.Request{UserID: 9, JobID: "j1", Channel: "sms", Caps: []capping.Cap{ten}})[0]
+	if d.Allowed || !d.RefusedBefore || d.Cap != "sms-budget" {
+		t.Fatalf("a copy of the refused job: %+v, want refused before as sms-budget", d)
+	}
+	// The mark counts in no cap; another job goes.
+	if d := e.decide(t, capping.Request{UserID: 9, JobID: "j2", Channel: "sms", Caps: []capping.Cap{ten}})[0]; !d.Allowed || d.Counts[0] != 0 {
+		t.Fatalf("another job: %+v, want allowed with nothing counted before", d)
+	}
+	// A second refusal of j1 writes no second mark; a refusal of a job that went is a duplicate.
+	refuse("j1")
+	if d := refuse("j2"); !d.Duplicate {
+		t.Errorf("a refusal's look of a job that went: %+v, want a duplicate", d)
+	}
+	if n := e.rdb.ZCard(ctx, key).Val(); n != 2 {
+		t.Errorf("the log holds %d entries, want j2 and j1's one mark", n)
+	}
+	// The mark ages out with the log: past the retention, j1 is decided as new.
+	e.clock.Add(2 * time.Hour)
+	if d := e.decide(t, capping.Request{UserID: 9, JobID: "j1", Channel: "sms", Caps: []capping.Cap{ten}})[0]; !d.Allowed || d.RefusedBefore {
+		t.Errorf("j1 after the retention: %+v, want allowed (its mark aged out)", d)
+	}
+	if n := e.rdb.ZCard(ctx, key).Val(); n != 1 {
+		t.Errorf("the log holds %d entries after the retention, want j1 alone", n)
+	}
+	if _, err := e.lim.Decide(ctx, []capping.Request{{UserID: 9, JobID: "x", Channel: "sms", Refused: "b", Caps: []capping.Cap{ten}}}); !errors.Is(err, capping.ErrInvalidRequest) {
+		t.Errorf("a refusal's name on a decision: %v, want ErrInvalidRequest", err)
+	}
+}
+
 // TestExceededNamesEveryRefusingCap: a send refused by two caps names both
 // (the one that decides retry-at first in Cap); a shadow cap and a cap whose
 // scope the send is not in are not named.

@@ -6,6 +6,8 @@
 -- ARGV[1]  now: ms since the epoch, from the worker's clock (never the server's)
 -- ARGV[2]  member of this send
 -- ARGV[3]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
+--          "3": a send refused outside this script (expired, quiet hours, a budget): unless it is in the
+--          log (a duplicate) or marked already, mark it refused as ARGV[9] names it; no caps follow
 --          "2": the same, at exactly ARGV[1] (a send made elsewhere, at its time), not after the log's latest;
 --          "0": look only, write nothing
 -- ARGV[4]  retention (ms): entries this old are evicted, the key expires at least this long after a write
@@ -45,7 +47,9 @@
 --   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before,
 --             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap),
---             4 capped by one of the user's preferences (cap 0; the preference's field follows the counts)
+--             4 capped by one of the user's preferences (cap 0; the preference's field follows the counts),
+--             5 refused before: the job is marked refused (see the log below; cap 0, counts 0, the
+--               refusal's name follows the counts); in mode "3", 1 means marked now and 2 a duplicate
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
 --   retry_at  ms at which every exceeded cap passes again; 0 when capped for good (a limit of 0);
 --             for a duplicate, the ms at which the job was recorded; for an allowed send, the ms it is
@@ -63,6 +67,7 @@ local now = tonumber(ARGV[1])
 local member = ARGV[2]
 local record = ARGV[3] ~= '0'
 local exact = ARGV[3] == '2'
+local mark = ARGV[3] == '3'
 local retention = tonumber(ARGV[4])
 local maxlog = tonumber(ARGV[5])
 local window = tonumber(ARGV[6])
@@ -105,19 +110,35 @@ local function matches(m, channels, tags, campaign)
   return true
 end
 
--- The log, oldest first. Recording evicts what is older than the retention first.
+-- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode
+-- "3") is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
+-- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
+-- allowed: one final topic per job. Marks sort first and count in no window. Recording evicts entries and
+-- marks older than the retention first.
 local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
 local members, scores, n = {}, {}, 0
+local refused, stale = nil, 0
 local horizon = now - retention
 for i = 1, #raw, 2 do
   local s = tonumber(raw[i + 1])
-  if not record or s > horizon then
+  if s < 0 then
+    if not record or -s > horizon then
+      local m = raw[i]
+      local len = string.byte(m, 1)
+      refused = refused or {}
+      refused[string.sub(m, 2, 1 + len)] = string.sub(m, 2 + len)
+    else
+      stale = stale + 1
+    end
+  elseif not record or s > horizon then
     n = n + 1
     members[n], scores[n] = raw[i], s
+  else
+    stale = stale + 1
   end
 end
-if n * 2 < #raw then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+if stale > 0 then -- old marks have scores in (-horizon, 0), old entries in [0, horizon]
+  redis.call('ZREMRANGEBYSCORE', key, string.format('(%d', -horizon), string.format('%d', horizon))
 end
 
 local status, recorded = 1, nil
@@ -126,6 +147,27 @@ for i = 1, n do
     status, recorded = 2, scores[i]
     break
   end
+end
+
+-- A send marked refused before: refused again, nothing recorded (its counts are not computed).
+local refusal = status ~= 2 and refused and refused[member]
+if refusal then
+  local reply = {5, 0, 0}
+  for _ = 9, #ARGV - 3, 4 do
+    reply[#reply + 1] = 0
+  end
+  reply[#reply + 1] = refusal
+  return reply
+end
+if mark then
+  if status == 1 then
+    redis.call('ZADD', key, -now, string.char(#member) .. member .. ARGV[9])
+    if redis.call('PTTL', key) < retention then
+      redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
+    end
+    return {1, 0, 0}
+  end
+  return {2, 0, recorded}
 end
 
 -- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.

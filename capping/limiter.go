@@ -314,7 +314,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			if err == nil {
 				var tail []any
 				decs[i], tail, err = parseReply(v, reqs[i].Caps, b.args[i].member, now)
-				if err == nil && (decs[i].Allowed && record) && !b.replicated(b.nodes[i]) {
+				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
 				}
 				if err == nil && reqs[i].DuplicateOnly && !decs[i].Duplicate {
@@ -620,6 +620,9 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 		v[7] = 1
 	}
 	switch {
+	case r.Refused != "":
+		v[2] = 3
+		args = append(args, r.Refused)
 	case record && !r.SentAt.IsZero():
 		v[2] = 2
 	case record:
@@ -638,7 +641,8 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []any, error) {
 	ncaps := len(caps)
 	arr, ok := v.([]any)
-	pref := ok && len(arr) == 4+ncaps && arr[0] == int64(4) // capped by a preference: its field last
+	// capped by a preference (4) or refused before (5): a name last
+	pref := ok && len(arr) == 4+ncaps && (arr[0] == int64(4) || arr[0] == int64(5))
 	if !ok || len(arr) < 3+ncaps || (!pref && (len(arr)-3-ncaps)%2 != 0) {
 		return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: want an array of %d integers and a log", v, 3+ncaps)
 	}
@@ -657,7 +661,11 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []an
 	if pref {
 		field, ok := arr[3+ncaps].(string)
 		if !ok {
-			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: no preference named", v)
+			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: no preference or refusal named", v)
+		}
+		if d.RefusedBefore {
+			d.Cap = field
+			return d, nil, nil
 		}
 		d.Cap = PreferenceCap(field)
 		d.Exceeded = []string{d.Cap}
@@ -688,6 +696,8 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decisio
 	case 2:
 		d.Allowed, d.Duplicate = true, true
 		d.Recorded = time.UnixMilli(ints[2])
+	case 5: // Cap is the refusal's: the caller names it
+		d.RefusedBefore = true
 	case 4: // Cap is the preference's: the caller names it
 		if ints[2] > 0 {
 			d.RetryAt = time.UnixMilli(ints[2])
