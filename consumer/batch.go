@@ -236,7 +236,7 @@ func (w *Worker) request(e *entry) capping.Request {
 	r := capping.Request{UserID: e.job.UserID, JobID: e.job.JobID, Channel: e.job.Channel, Campaign: e.job.CampaignID,
 		Tags: e.tags, Retention: e.plan.Retention}
 	if e.out.Ask == AskDuplicate {
-		r.DuplicateOnly = true
+		r.DuplicateOnly, r.Refused = true, e.out.Cap
 		return r
 	}
 	r.Caps, r.Preferences = e.plan.Caps, w.cfg.Preferences && !e.plan.CountOnly // a count-only send is never capped

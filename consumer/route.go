@@ -19,6 +19,9 @@ const (
 	ReasonExpired    = "expired"         // its expires_at passed, or comes before its slot
 	ReasonMaxHold    = "beyond max_hold" // its slot comes after submission + max_hold
 	ReasonQuietHours = "quiet_hours"     // in quiet hours under the drop policy
+	// ReasonRefusedBefore: another copy of the job (a redelivery, a resend)
+	// was refused for good before; this one follows it (capping.Decision.RefusedBefore).
+	ReasonRefusedBefore = "refused before"
 	// ReasonArbitration is the hold reason of a candidate for a cap's last
 	// slot, waiting for the end of its arbitration window.
 	ReasonArbitration = "arbitration"
@@ -123,8 +126,8 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	}
 	r := &f.redis
 	switch {
-	case !r.asked && refusal.Kind == Capped:
-		return Outcome{Ask: AskDuplicate}
+	case !r.asked && refusal.Kind == Capped: // the look marks it refused as refusal.Cap
+		return Outcome{Ask: AskDuplicate, Cap: refusal.Cap}
 	case !r.asked:
 		return Outcome{Ask: AskDecision}
 	case r.invalid != "":
@@ -140,6 +143,8 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	switch {
 	case d.Duplicate: // decided when it was first allowed
 		return Outcome{Kind: Duplicate, DecidedAt: cmp.Or(d.Recorded, at), Hold: f.arrived}
+	case d.RefusedBefore && refusal.Kind != Capped: // another copy was refused for good: so is this one
+		return Outcome{Kind: Capped, Cap: d.Cap, Reason: ReasonRefusedBefore, DecidedAt: at, Hold: f.arrived}
 	case refusal.Kind == Capped:
 		refusal.DecidedAt, refusal.Hold = at, f.arrived
 		return refusal

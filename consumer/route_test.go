@@ -104,7 +104,7 @@ func TestRoute(t *testing.T) {
 			want: "held cap=daily due=15:00:00 by=cap count=2 tier=1h arbitration=lost"},
 		{name: "no delay tiers: a hold policy drops", job: email, noWheel: true, f: facts{since: noon, redis: capped(3 * h)},
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
-		{name: "expired on arrival: only a duplicate check", job: email, f: facts{expiresAt: noon}, want: "pending ask=duplicate"},
+		{name: "expired on arrival: only a duplicate check, which marks it refused", job: email, f: facts{expiresAt: noon}, want: "pending ask=duplicate refused-as=expired"},
 		{name: "expired, not sent before", job: email, f: facts{expiresAt: noon, redis: notFound},
 			want: "capped cap=expired reason=expired at=12:00:00"},
 		{name: "expired, a redelivery of a job that went", job: email, f: facts{expiresAt: noon, redis: dup}, want: "duplicate at=11:00:00"},
@@ -114,16 +114,20 @@ func TestRoute(t *testing.T) {
 		{name: "invalid request", job: email, f: facts{redis: answer{asked: true, invalid: "empty channel"}}, want: "dlq error=empty channel"},
 		{name: "exempt", job: cat("transactional"), want: "exempt at=12:00:00"},
 		{name: "exempt and expired", job: cat("transactional"), f: facts{expiresAt: noon}, want: "capped cap=expired reason=expired at=12:00:00"},
-		{name: "quiet hours, drop: a duplicate check first", job: cat("night"), now: night, want: "pending ask=duplicate"},
+		{name: "quiet hours, drop: a duplicate check first", job: cat("night"), now: night, want: "pending ask=duplicate refused-as=quiet_hours"},
 		{name: "quiet hours, drop: capped until they end", job: cat("night"), now: night, f: facts{redis: notFound},
 			want: "capped cap=quiet_hours reason=quiet_hours retry=08:00:00 at=12:00:00"},
 		{name: "quiet hours, hold", job: cat("quiet-held"), now: night, f: facts{since: night},
 			want: "held cap=quiet_hours due=08:00:00 by=quiet_hours count=1 tier=1h"},
-		{name: "quiet hours, hold, expires first", job: cat("quiet-held"), now: night, f: facts{since: night, expiresAt: morning.Add(-h)}, want: "pending ask=duplicate"},
+		{name: "quiet hours, hold, expires first", job: cat("quiet-held"), now: night, f: facts{since: night, expiresAt: morning.Add(-h)}, want: "pending ask=duplicate refused-as=quiet_hours"},
 		{name: "budget: tokens first", job: sms, want: "pending ask=tokens"},
 		{name: "budget: granted, Redis decides", job: sms, f: facts{tokens: tokens}, want: "pending ask=decision"},
 		{name: "budget exhausted: held until a token", job: sms, f: facts{since: noon, tokens: short(2 * time.Second)},
 			want: "held cap=sms due=12:00:02 by=budget count=1 tier=1s"},
+		{name: "budget exhausted beyond its max_hold: a duplicate check, which marks it refused", job: sms, f: facts{since: noon.Add(-h), tokens: short(2 * time.Second)},
+			want: "pending ask=duplicate refused-as=sms"},
+		{name: "a copy of a job refused for good before: refused too", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{RefusedBefore: true, Cap: "sms", At: noon}}},
+			want: "capped cap=sms reason=refused before at=12:00:00"},
 		{name: "budget exhausted beyond its max_hold", job: sms, f: facts{since: noon.Add(-h), tokens: short(2 * time.Second), redis: notFound},
 			want: "capped cap=sms reason=beyond max_hold retry=12:00:02 at=12:00:00"},
 		{name: "budget exhausted, no delay tiers: capped naming the budget", job: sms, noWheel: true, f: facts{since: noon, tokens: short(2 * time.Second), redis: notFound},
@@ -171,7 +175,11 @@ func describe(o Outcome) string {
 	clock := func(t time.Time) string { return t.UTC().Format("15:04:05.999") }
 	s := o.Kind.String()
 	if o.Kind == Pending {
-		return s + " ask=" + [...]string{"nothing", "tokens", "decision", "duplicate"}[o.Ask]
+		s += " ask=" + [...]string{"nothing", "tokens", "decision", "duplicate"}[o.Ask]
+		if o.Cap != "" {
+			s += " refused-as=" + o.Cap // the look marks the job refused
+		}
+		return s
 	}
 	add := func(k, v string) {
 		if v != "" {
