@@ -366,7 +366,7 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 			r.Held, r.Released, r.ReleaseP50ms, r.ReleaseP99ms, r.Pending)
 	}
 	for _, b := range r.Budgets {
-		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window (from the second to the one before the last) %v; at most %d in any %v\n",
+		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, b.MaxAny, b.Window)
 	}
 	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)

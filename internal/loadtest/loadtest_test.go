@@ -323,6 +323,13 @@ func TestCheckBudget(t *testing.T) {
 	if want := "[{speed:other 5 1s [] 5} {speed:slow 5 1s [5] 5}]"; got != want {
 		t.Errorf("budget delivery %s, want %s", got, want)
 	}
+	// With produce stamps, only the windows that end by the last one count:
+	// the demand ended at 1.5 s, before the second window's end.
+	outs[0].ProducedAt = t0.Add(1500 * time.Millisecond)
+	if got, want := fmt.Sprint(loadtest.Check(sent, outs, p, t0.Add(time.Hour)).Budgets[1].Whole), "[]"; got != want {
+		t.Errorf("whole windows while the demand lasted %s, want %s", got, want)
+	}
+	outs[0].ProducedAt = time.Time{}
 	add("fast", 7, 100*time.Millisecond) // 7 in 0.7 s
 	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 1 || !strings.Contains(r.Problems[0], "budget speed:fast") {
 		t.Fatalf("violations %d %v, want one for speed:fast", r.Violations, r.Problems)

@@ -82,10 +82,11 @@ type Result struct {
 }
 
 // BudgetDelivery is what a budget forwarded: its allowed sends (by decision
-// time) per window of its length, from its first allowed send. The first and
-// the last window are partial (the demand begins, the backlog ends), so Whole
-// leaves them out: under demand above the limit, each of those is the share
-// of the limit the budget delivers.
+// time) per window of its length, from its first allowed send. Whole counts
+// the windows after the first (partial: the demand begins) that end by the
+// last produce stamp (the demand has ended after it; without stamps, all but
+// the last, partial one): under demand above the limit, each of those is the
+// share of the limit the budget delivers.
 type BudgetDelivery struct {
 	Budget string        `json:"budget"`
 	Limit  int           `json:"limit"`
@@ -184,6 +185,7 @@ type checker struct {
 	lat         []float64
 	releaseLag  []float64
 	first, last time.Time
+	produced    time.Time // the newest produce stamp: when the demand ended
 }
 
 type sentSend struct {
@@ -254,6 +256,9 @@ func (c *checker) timing(o *Output) {
 	}
 	if o.Time.After(c.last) {
 		c.last = o.Time
+	}
+	if o.ProducedAt.After(c.produced) {
+		c.produced = o.ProducedAt
 	}
 }
 
@@ -517,8 +522,14 @@ func (c *checker) budgets() {
 		for _, t := range ts {
 			per[int(t.Sub(ts[0])/windows[key])]++
 		}
-		if len(per) > 2 {
-			d.Whole = per[1 : len(per)-1]
+		// Whole windows while the demand lasts: after the first, ending by the
+		// last produce (without produce stamps, before the last window).
+		end := len(per) - 1
+		if !c.produced.IsZero() {
+			end = min(end, int(c.produced.Sub(ts[0])/windows[key]))
+		}
+		if end > 1 {
+			d.Whole = per[1:end]
 		}
 		c.r.Budgets = append(c.r.Budgets, d)
 	}
