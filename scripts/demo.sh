@@ -134,7 +134,7 @@ fi
 
 say "waiting for capper to drain"
 for _ in $(seq 1800); do
-  handled=$(for addr in "${metrics_addrs[@]}"; do curl -fsS "http://$addr/metrics"; done | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
+  handled=$(for addr in "${metrics_addrs[@]}"; do curl -fsS "http://$addr/metrics" 2>/dev/null || true; done | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
   ((handled >= JOBS)) && break
   kill -0 "$worker_pid" 2>/dev/null || break
   sleep 0.2
@@ -152,6 +152,12 @@ status=0
 "$capper" report --config "$CONFIG" --manifest "$work/manifest.csv" --idle 30s || status=$?
 
 # The worker's own cost: CPU time from /proc, batches and Redis round trips from its metrics.
+if ! kill -0 "$worker_pid" 2>/dev/null; then
+  rc=0; wait "$worker_pid" || rc=$?
+  echo "demo: capper run exited during the run (status $rc); its log:" >&2
+  tail -50 "$work/worker.log" >&2
+  exit 1
+fi
 ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat")
 rss=$(awk '/^VmHWM:/ {print $2}' "/proc/$worker_pid/status") # peak resident set, KiB
 curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v rss="$rss" '
