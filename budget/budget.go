@@ -40,6 +40,22 @@ type Spec struct {
 	Name   string // identifies it in metrics and holds
 	Limit  int    // (>= 1)
 	Window time.Duration
+	// Burst lets the whole limit go at once. Without it, a bucket (a
+	// fortieth of the window) grants at most PerBucket tokens: the sends are
+	// spread over the window, and under sustained demand every window
+	// delivers at least Limit - PerBucket. With it, tokens freed together
+	// are taken together again a window and a bucket later, so they travel
+	// in lumps that drift across windows: one window in 40 can get none.
+	Burst bool
+}
+
+// PerBucket is the most tokens one bucket grants: the limit's fortieth,
+// rounded up; 0 (no bound) with Burst.
+func (s *Spec) PerBucket() int {
+	if s.Burst {
+		return 0
+	}
+	return (s.Limit + Buckets - 1) / Buckets
 }
 
 // Want asks for one token of a budget key: the budget itself, or one
@@ -53,9 +69,9 @@ type Want struct {
 type Grant struct {
 	OK bool
 	// RetryAt, when not OK, is when a token is expected back for this job:
-	// the window's oldest bucket leaves it, and each job already refused before
-	// it in this process waits one more 1/Limit of the window, so released jobs
-	// arrive at the budget's rate instead of all at once.
+	// the start of the earliest bucket with a token not yet promised to a job
+	// refused before it in this process (see refuse), so released jobs arrive
+	// as tokens come back instead of all at once.
 	RetryAt time.Time
 }
 
@@ -107,10 +123,11 @@ type state struct {
 	inflight chan struct{}
 	next     time.Time // when tokens come back, from the last refused call
 	// frees are when the window's counted tokens come back, oldest first,
-	// from the last answer of Redis; promised counts the refused jobs told
-	// to come back at each of those times (a window later, the same times
-	// recur: tokens granted then come back again).
+	// and room the tokens the window had left, from the last answer of
+	// Redis; promised counts the refused jobs told to come back at each
+	// bucket's start (see promise).
 	frees    []free
+	room     int
 	promised map[int64]int
 	touched  time.Time // the last Take of the key
 	// the budget's token counters, resolved once
@@ -291,7 +308,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 		ch := make(chan struct{})
 		st.inflight = ch
 		st.mu.Unlock()
-		granted, bucket, next, frees, err := b.call(ctx, key, st.spec, now, ask, 0)
+		granted, bucket, next, frees, room, err := b.call(ctx, key, st.spec, now, ask, 0)
 		st.mu.Lock()
 		st.inflight = nil
 		close(ch)
@@ -307,7 +324,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 		} else {
 			st.next = time.Time{}
 		}
-		st.frees = frees
+		st.frees, st.room = frees, room
 		if granted == 0 {
 			b.refuse(st, now, idx, grants)
 			return nil
@@ -344,33 +361,20 @@ type free struct {
 func maxLease(s *Spec) int { return max(1, s.Limit/Buckets) }
 
 // refuse answers the wants idx with the times tokens come back: each refused
-// job is promised the earliest time at which a counted bucket leaves the
-// window and that is not yet promised to as many jobs as it frees tokens;
-// past the window's buckets, the same times a window later. So held jobs come
-// back when tokens do, as many as come back, and a budget under
-// over-demand is used as soon as its tokens are free (jobs spread evenly at
-// the budget's rate came back into buckets with no token and were held
-// again, while tokens waited).
+// job is promised the start of the earliest bucket that has a token for it
+// (promise), so held jobs come back when tokens do, as many as come back, and
+// a budget under over-demand is used as soon as its tokens are free (jobs
+// spread evenly at the budget's rate came back into buckets with no token and
+// were held again, while tokens waited).
 func (b *Budgets) refuse(st *state, now time.Time, idx []int, grants []Grant) {
-	if len(st.frees) > 0 {
-		nowMs, win := now.UnixMilli(), st.spec.Window.Milliseconds()
-		for at := range st.promised {
-			if at < nowMs {
-				delete(st.promised, at)
-			}
+	nowMs := now.UnixMilli()
+	for at := range st.promised {
+		if at < nowMs {
+			delete(st.promised, at)
 		}
-		for _, i := range idx {
-			grants[i] = Grant{RetryAt: time.UnixMilli(st.promise(nowMs, win))}
-		}
-		b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
-		return
-	}
-	at := st.next // no bucket known (cannot happen after a refusal from Redis): when the oldest leaves
-	if at.Before(now) {
-		at = now.Add(st.spec.Window / Buckets)
 	}
 	for _, i := range idx {
-		grants[i] = Grant{RetryAt: at}
+		grants[i] = Grant{RetryAt: time.UnixMilli(st.promise(nowMs))}
 	}
 	b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
 }
@@ -386,18 +390,44 @@ func (st *state) promising(now time.Time) bool {
 	return false
 }
 
-// promise returns the earliest time (ms) at or after now at which tokens come
-// back and fewer jobs than tokens were promised it, and promises it once more.
-func (st *state) promise(now, window int64) int64 {
-	for cycle := int64(0); ; cycle++ {
-		for _, f := range st.frees {
-			at := f.at + cycle*window
-			if at >= now && st.promised[at] < f.n {
-				st.promised[at]++
-				return at
-			}
+// promiseHorizon bounds how many windows ahead promise looks for a token.
+const promiseHorizon = 64
+
+// promise returns the start (ms) of the earliest bucket after now's that has
+// a token for one more refused job, and promises it. It walks the buckets
+// from there with a pool of tokens: the room the window had left, the tokens
+// each counted bucket frees as it leaves the window (frees), and those taken
+// by the jobs promised each bucket, which come back a window and a bucket
+// after it; a bucket serves at most PerBucket. Past promiseHorizon windows
+// (nothing counted and no room: only after a failed call), the next bucket.
+func (st *state) promise(now int64) int64 {
+	width := st.spec.Window.Milliseconds() / Buckets
+	per := st.spec.PerBucket()
+	var back [Buckets + 2]int // tokens coming back, by bucket index modulo the ring
+	pool, fi := st.room, 0
+	first := now - now%width + width
+	for k := 0; k < promiseHorizon*Buckets; k++ {
+		t := first + int64(k)*width
+		for fi < len(st.frees) && st.frees[fi].at <= t {
+			pool += st.frees[fi].n
+			fi++
 		}
+		pool += back[k%len(back)]
+		back[k%len(back)] = 0
+		capacity := pool
+		if per > 0 {
+			capacity = min(capacity, per)
+		}
+		if st.promised[t] < capacity {
+			st.promised[t]++
+			return t
+		}
+		used := max(0, min(st.promised[t], capacity))
+		pool -= used
+		back[(k+Buckets+1)%len(back)] += used
 	}
+	st.promised[first]++
+	return first
 }
 
 // Return puts back n tokens of key that Take granted and were not used (the
@@ -431,7 +461,7 @@ func (b *Budgets) Close(ctx context.Context) error {
 		if n == 0 || !live {
 			continue
 		}
-		if _, _, _, _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket); err != nil {
+		if _, _, _, _, _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -461,18 +491,19 @@ func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
 
 // call runs the script for delta tokens; it returns the tokens granted, the
 // bucket they are counted in and when tokens come back: next, the first
-// time, and frees, each time and how many, oldest first.
-func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) (granted int, at int64, next int64, frees []free, err error) {
+// time, frees, each time and how many, oldest first, and room, the tokens
+// the window has left.
+func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) (granted int, at int64, next int64, frees []free, room int, err error) {
 	r, err := b.script(ctx, key, s, now, delta, bucket)
 	if err != nil {
-		return 0, 0, 0, nil, err
+		return 0, 0, 0, nil, 0, err
 	}
 	width := s.Window.Milliseconds() / Buckets
 	for i := 4; i+1 < len(r); i += 2 {
 		frees = append(frees, free{at: r[i] + width + s.Window.Milliseconds(), n: int(r[i+1])})
 	}
 	sort.Slice(frees, func(i, j int) bool { return frees[i].at < frees[j].at })
-	return int(r[0]), r[2], r[3], frees, nil
+	return int(r[0]), r[2], r[3], frees, max(0, s.Limit-int(r[1])), nil
 }
 
 // script runs budget.lua once, outside any pipeline: go-redis's Script.Run
@@ -484,7 +515,7 @@ func (b *Budgets) script(ctx context.Context, key string, s *Spec, now time.Time
 	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()
 	v, err := script.Run(ctx, b.cfg.Client, []string{b.RedisKey(key)},
-		now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10)).Result()
+		now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10), s.PerBucket()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("budget %s: %w", key, err)
 	}

@@ -63,7 +63,7 @@ func granted(gs []Grant) int {
 func TestBucketArithmetic(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket boundary
 	b, _ := newBudgets(t, c, true)
-	spec := &Spec{Name: "b", Limit: 10, Window: time.Second}
+	spec := &Spec{Name: "b", Limit: 10, Window: time.Second, Burst: true} // bucket arithmetic with lumps
 	ctx := context.Background()
 	take := func(n int) []Grant {
 		t.Helper()
@@ -110,7 +110,7 @@ func TestBucketArithmetic(t *testing.T) {
 func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
 	b, _ := newBudgets(t, c, true)
-	spec := &Spec{Name: "r", Limit: 100, Window: time.Second}
+	spec := &Spec{Name: "r", Limit: 100, Window: time.Second, Burst: true}
 	ctx := context.Background()
 	gs, _ := b.Take(ctx, wants(spec, "r", 60)) // 60 in the first bucket
 	c.add(100 * time.Millisecond)
@@ -125,12 +125,63 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 		}
 	}
 	// The first bucket's 60 come back when it leaves the window (1 s and its
-	// width after it started), the second's 40 100 ms later; the other 30 a
-	// window after the first.
+	// width after it started), the second's 40 100 ms later; the other 30
+	// when the first 60 come back again, a window and a bucket later.
 	w := int(time.Second / Buckets / time.Millisecond)
-	want := map[time.Time]int{at(1000 + w): 60, at(1100 + w): 40, at(2000 + w): 30}
+	want := map[time.Time]int{at(1000 + w): 60, at(1100 + w): 40, at(2000 + 2*w): 30}
 	if !maps.Equal(count, want) {
 		t.Errorf("refused jobs by retry-at %v, want %v", count, want)
+	}
+	// Spread (the default): a bucket grants at most 3 of 100; the window has
+	// room, so the refused come back 3 a bucket from the next one on.
+	spread := &Spec{Name: "rs", Limit: 100, Window: time.Second}
+	gs, _ = b.Take(ctx, wants(spread, "rs", 10))
+	count = map[time.Time]int{}
+	for _, g := range gs {
+		if !g.OK {
+			count[g.RetryAt]++
+		}
+	}
+	now := c.now().UnixMilli() - 1_800_000_000_000
+	next := int(now) - int(now)%w + w
+	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 1}
+	if granted(gs) != 3 || !maps.Equal(count, want) {
+		t.Errorf("spread: %d granted, refused by retry-at %v; want 3 and %v", granted(gs), count, want)
+	}
+}
+
+// TestSpreadDeliversEveryWindow: under demand far above the limit, a budget
+// spread over its window (the default) delivers at least the limit less one
+// bucket's share in every window, and never more than the limit; one whose
+// whole limit goes at once (Burst) takes it in one lump that comes back a
+// window and a bucket later, so the lump drifts a bucket per window and a
+// window in 40 gets nothing. Simulated on a fixed clock, a bucket at a time.
+func TestSpreadDeliversEveryWindow(t *testing.T) {
+	perWindow := func(burst bool) []int {
+		c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
+		b, _ := newBudgets(t, c, false)
+		spec := &Spec{Name: "spread", Limit: 40, Window: time.Second, Burst: burst}
+		width := time.Second / Buckets
+		var windows []int
+		for bucket := 0; bucket < 42*Buckets; bucket++ {
+			gs, err := b.Take(context.Background(), wants(spec, "spread", 100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bucket%Buckets == 0 {
+				windows = append(windows, 0)
+			}
+			windows[len(windows)-1] += granted(gs)
+			c.add(width)
+		}
+		return windows
+	}
+	spread, burst := perWindow(false), perWindow(true)
+	if slices.Min(spread) < 39 || slices.Max(spread) > 40 {
+		t.Errorf("spread: sends per window %v, want 39 or 40 in each", spread)
+	}
+	if slices.Min(burst) != 0 || slices.Max(burst) != 40 {
+		t.Errorf("burst: sends per window %v, want 40 but for one window of 0 (the lump drifted across it)", burst)
 	}
 }
 
@@ -286,7 +337,7 @@ func TestTokensOfASlowCall(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_050)} // half-way through a 100 ms bucket
 	b, _ := newBudgets(t, c, true)                    // no lease: each call asks for the demand alone
 	SetScripter(b, slowScripter{Scripter(b), c})
-	spec := &Spec{Name: "slow", Limit: 3, Window: time.Second}
+	spec := &Spec{Name: "slow", Limit: 3, Window: time.Second, Burst: true}
 	gs, err := b.Take(context.Background(), wants(spec, "slow", 3))
 	if err != nil {
 		t.Fatal(err)

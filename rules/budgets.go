@@ -17,13 +17,18 @@ type Budget struct {
 	Name string `yaml:"name"`
 	// Limit is the most sends of its scope in any Window. (Required, >= 1)
 	Limit *int `yaml:"limit"`
-	// Window is rolling, whole milliseconds, a multiple of 10 ms (one per bucket). (Required)
+	// Window is rolling, whole milliseconds, a multiple of 40 ms (one per bucket). (Required)
 	Window Duration `yaml:"window"`
 	// Scope, as for caps; per_campaign makes one budget per campaign id. Empty: every send.
 	Scope `yaml:",inline"`
 	// MaxHold bounds how long after submission a job may wait for a token;
 	// later it is capped with reason "beyond max_hold". Defaults to 24h.
 	MaxHold Duration `yaml:"max_hold"`
+	// Burst lets the whole limit go at once (budget.Spec.Burst). Defaults to
+	// false: at most a fortieth of the limit (rounded up) per fortieth of the
+	// window, so that every window under sustained demand delivers the limit
+	// less that fortieth.
+	Burst bool `yaml:"burst"`
 }
 
 type compiledBudget struct {
@@ -48,7 +53,7 @@ func (r *Rules) compileBudgets(bs []Budget) error {
 		case b.MaxHold < 0 || time.Duration(b.MaxHold) > maxHoldLimit:
 			return fmt.Errorf("%s (%s): max_hold %v is not between 0 and 30d", f, b.Name, time.Duration(b.MaxHold))
 		}
-		spec := &budget.Spec{Name: b.Name, Limit: *b.Limit, Window: time.Duration(b.Window)}
+		spec := &budget.Spec{Name: b.Name, Limit: *b.Limit, Window: time.Duration(b.Window), Burst: b.Burst}
 		if err := spec.Validate(); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
