@@ -70,7 +70,7 @@ for n in ("1", "3", "3k"):
         continue
     med = [statistics.median(c) for c in zip(*rows[n])]
     print("| %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %d | %s |" % (names[n], med[4], med[0], med[1], med[2], med[5], med[3], ", ".join("%.1f%%" % r[1] for r in rows[n])))
-print("goal: every whole window at least 95%%, none over 100%% (the medians of the minimum and the maximum above)")
+print("goal: every whole window at least 95%, none over 100% (the medians of the minimum and the maximum above)")
 PY
   exit 0
 fi
