@@ -10,7 +10,7 @@
 -- ARGV[5]  delta: > 0 take up to delta tokens (as many as the window has left); < 0 give -delta tokens back
 --          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts); 0 only look
 -- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
--- ARGV[7]  a bucket's share of the limit (0: no bound): a bucket grants at most its share plus what the
+-- ARGV[7]  a bucket's share of the limit (0: no bound, the default; spread: true in the rules): a bucket grants at most its share plus what the
 --          8 buckets before it (a fifth of the window) left of theirs since the window's oldest counted bucket (a send promised a
 --          bucket that arrives a few buckets late, as a held job does on a busy machine, still finds its
 --          token; an idle budget carries nothing), so a budget is spread over its window

@@ -63,7 +63,7 @@ func granted(gs []Grant) int {
 func TestBucketArithmetic(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket boundary
 	b, _ := newBudgets(t, c, true)
-	spec := &Spec{Name: "b", Limit: 10, Window: time.Second, Burst: true} // bucket arithmetic with lumps
+	spec := &Spec{Name: "b", Limit: 10, Window: time.Second}
 	ctx := context.Background()
 	take := func(n int) []Grant {
 		t.Helper()
@@ -110,7 +110,7 @@ func TestBucketArithmetic(t *testing.T) {
 func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
 	b, _ := newBudgets(t, c, true)
-	spec := &Spec{Name: "r", Limit: 100, Window: time.Second, Burst: true}
+	spec := &Spec{Name: "r", Limit: 100, Window: time.Second}
 	ctx := context.Background()
 	gs, _ := b.Take(ctx, wants(spec, "r", 60)) // 60 in the first bucket
 	c.add(100 * time.Millisecond)
@@ -132,9 +132,9 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	if !maps.Equal(count, want) {
 		t.Errorf("refused jobs by retry-at %v, want %v", count, want)
 	}
-	// Spread (the default): a bucket grants at most 3 of 100; the window has
+	// Spread: a bucket grants at most 3 of 100; the window has
 	// room, so the refused come back 3 a bucket from the next one on.
-	spread := &Spec{Name: "rs", Limit: 100, Window: time.Second}
+	spread := &Spec{Name: "rs", Limit: 100, Window: time.Second, Spread: true}
 	gs, _ = b.Take(ctx, wants(spread, "rs", 10))
 	count = map[time.Time]int{}
 	for _, g := range gs {
@@ -150,17 +150,18 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	}
 }
 
-// TestSpreadDeliversEveryWindow: under demand far above the limit, a budget
-// spread over its window (the default) delivers at least the limit less one
-// bucket's share in every window, and never more than the limit; one whose
-// whole limit goes at once (Burst) takes it in one lump that comes back a
-// window and a bucket later, so the lump drifts a bucket per window and a
-// window in 40 gets nothing. Simulated on a fixed clock, a bucket at a time.
+// TestSpreadDeliversEveryWindow: under demand far above the limit in every
+// bucket, a budget spread over its window (Spread) delivers at least the
+// limit less one bucket's share in every window, and never more than the
+// limit; one whose whole limit goes at once (the default) takes it in one
+// lump that comes back a window and a bucket later, so the lump drifts a
+// bucket per window and a window in 40 gets nothing. Simulated on a fixed
+// clock, a bucket at a time.
 func TestSpreadDeliversEveryWindow(t *testing.T) {
 	perWindow := func(burst bool) []int {
 		c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
 		b, _ := newBudgets(t, c, false)
-		spec := &Spec{Name: "spread", Limit: 40, Window: time.Second, Burst: burst}
+		spec := &Spec{Name: "spread", Limit: 40, Window: time.Second, Spread: !burst}
 		width := time.Second / Buckets
 		var windows []int
 		for bucket := 0; bucket < 42*Buckets; bucket++ {
@@ -337,7 +338,7 @@ func TestTokensOfASlowCall(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_050)} // half-way through a 100 ms bucket
 	b, _ := newBudgets(t, c, true)                    // no lease: each call asks for the demand alone
 	SetScripter(b, slowScripter{Scripter(b), c})
-	spec := &Spec{Name: "slow", Limit: 3, Window: time.Second, Burst: true}
+	spec := &Spec{Name: "slow", Limit: 3, Window: time.Second}
 	gs, err := b.Take(context.Background(), wants(spec, "slow", 3))
 	if err != nil {
 		t.Fatal(err)
