@@ -29,7 +29,8 @@ if [[ ${1:-delivery} == delivery ]]; then
   # and the report fails (a known defect, not this bench's measure). LOADGEN_EXTRA="" shows it.
   LOADGEN_EXTRA=${LOADGEN_EXTRA-"--duplicates 1e-9"}
   rate=$((3 * LIMIT / WINDOW))
-  sed "s/^  budgets: \[\]/  budgets: [{name: sms, channel: sms, limit: $LIMIT, window: ${WINDOW}s, max_hold: 10s}]/" \
+  SPREAD=${SPREAD:-false} # true: the budget is spread over its window (rules.budgets[].spread)
+  sed "s/^  budgets: \[\]/  budgets: [{name: sms, channel: sms, limit: $LIMIT, window: ${WINDOW}s, max_hold: 10s, spread: $SPREAD}]/" \
     "$work/drop.yaml" >"$work/sms.yaml"
   grep -q 'name: sms, channel: sms' "$work/sms.yaml" || { echo "bench-budget: cannot derive the budget config" >&2; exit 1; }
   deliver() { # deliver REPLICAS [KILL_AFTER] -> prints "median_pct min_pct max_pct max_any windows below_95"
@@ -48,7 +49,7 @@ w = [100 * n / b["limit"] for n in b["whole_windows"]]
 print("%.1f %.1f %.1f %d %d %d" % (statistics.median(w), min(w), max(w), b["max_any"], len(w), sum(x < 95 for x in w)))
 PY
   }
-  echo "bench-budget: an SMS budget of $LIMIT per ${WINDOW}s, demand $rate SMS/s for ${DURATION}s, 1 and 3 replicas and 3 with a SIGKILL, $ROUNDS rounds, $(nproc) cores" >&2
+  echo "bench-budget: an SMS budget of $LIMIT per ${WINDOW}s (spread: $SPREAD), demand $rate SMS/s for ${DURATION}s, 1 and 3 replicas and 3 with a SIGKILL, $ROUNDS rounds, $(nproc) cores" >&2
   for r in $(seq "$ROUNDS"); do
     for n in 1 3 3k; do # 3k: three replicas, one SIGKILLed a third into the demand
       if [[ $n == 3k ]]; then res=$(deliver 3 $((DURATION / 3))); else res=$(deliver "$n"); fi # a failed run ends the bench
