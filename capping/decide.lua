@@ -110,6 +110,16 @@ local function matches(m, channels, tags, campaign)
   return true
 end
 
+-- keep makes the key live at least the retention after a write. A PEXPIRE is a write replicated in a
+-- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
+-- eighth, at most an hour) and, unless always, is skipped while more than the retention is left (PTTL
+-- only reads).
+local function keep(always)
+  if always or redis.call('PTTL', key) < retention then
+    redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
+  end
+end
+
 -- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode
 -- "3") is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
 -- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
@@ -162,9 +172,7 @@ end
 if mark then
   if status == 1 then
     redis.call('ZADD', key, -now, string.char(#member) .. member .. ARGV[9])
-    if redis.call('PTTL', key) < retention then
-      redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
-    end
+    keep(false)
     return {1, 0, 0}
   end
   return {2, 0, recorded}
@@ -378,14 +386,9 @@ if record and (status == 1 or status == 2) then
     n = n + 1
     members[n], scores[n] = member, now
   end
-  -- The key lives at least the retention after its newest entry. A PEXPIRE is a write replicated in a
-  -- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
-  -- eighth, at most an hour) and is skipped while more than the retention is left (PTTL only reads).
   -- Always on a duplicate: the write advances this connection's replication offset past the earlier
   -- write of the same job, so a WAIT after the script waits for that too.
-  if status == 2 or redis.call('PTTL', key) < retention then
-    redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
-  end
+  keep(status == 2)
 end
 
 local reply = {status, hit, retry_at}
