@@ -20,13 +20,7 @@ eval "$(scripts/stack.sh env)"
 addrs=(${CAPPER_TEST_REDIS_ADDRS//,/ })
 port=${addrs[0]##*:}
 
-masters_cpu() { # seconds of CPU the masters have used
-  local a
-  for a in "${addrs[@]}"; do
-    redis-cli -h "${a%:*}" -p "${a##*:}" info | tr -d '\r' | awk -F: '
-      /^role:/ {m = ($2 == "master")} /^used_cpu_(sys|user):/ {c += $2} END {printf "%.6f\n", m ? c : 0}'
-  done | awk '{t += $1} END {printf "%.6f", t}'
-}
+source scripts/redis-cpu.sh
 load() { # load FILE -> sha, loaded on every node
   local sha a got
   sha=$(sha1sum "$1" | cut -d' ' -f1)
@@ -50,10 +44,10 @@ call() { # call NAME ROUND: REQUESTS calls on keys of their own, prints the mast
   local check
   check=$(eval "redis-cli -c -p $port evalsha $(args "$1" "$now" "rbcost:{x}:0" m0)" 2>&1)
   [[ $check =~ ^(ERR|NOSCRIPT|WRONGTYPE)|error ]] && { echo "bench-calls: $1 failed: $check" >&2; exit 1; }
-  before=$(masters_cpu)
+  before=$(redis_masters_cpu "${addrs[@]}")
   eval "redis-benchmark -p $port --cluster -q -n $REQUESTS -c $CLIENTS -P $PIPELINE -r $USERS \
     evalsha $(args "$1" "$now" "rbcost:$1:$2:{tag}:__rand_int__" "m__rand_int__")" >/dev/null 2>&1
-  after=$(masters_cpu)
+  after=$(redis_masters_cpu "${addrs[@]}")
   awk -v a="$before" -v b="$after" -v n="$REQUESTS" 'BEGIN {printf "%.2f", 1e6 * (b - a) / n}'
 }
 cleanup() { # drop the benchmark's keys (once, at the end: a scan of every key)

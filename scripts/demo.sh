@@ -107,16 +107,8 @@ broker_ticks() { awk '{print $14 + $15}' "/proc/$broker_pid/stat"; }
 broker_start=$(broker_ticks)
 # The Redis Cluster masters' CPU over the same span (INFO cpu: user + sys seconds): what the decisions cost
 # the resource a deployment sizes first. Replicas are left out (they replay the writes).
-redis_masters_cpu() {
-  local addr total=0 t
-  for addr in ${CAPPER_TEST_REDIS_ADDRS//,/ }; do
-    t=$(redis-cli -h "${addr%:*}" -p "${addr##*:}" info 2>/dev/null | tr -d '\r' | awk -F: '
-      /^role:/ {m = ($2 == "master")} /^used_cpu_(sys|user):/ {c += $2} END {printf "%.6f", m ? c : 0}')
-    total=$(awk -v a="$total" -v b="${t:-0}" 'BEGIN {printf "%.6f", a + b}')
-  done
-  echo "$total"
-}
-redis_start=$(redis_masters_cpu)
+source scripts/redis-cpu.sh
+redis_start=$(redis_masters_cpu ${CAPPER_TEST_REDIS_ADDRS//,/ })
 for addr in "${metrics_addrs[@]}"; do for _ in $(seq 300); do
   curl -fsS "http://$addr/readyz" >/dev/null 2>&1 && break
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
@@ -141,7 +133,7 @@ for _ in $(seq 1800); do
 done
 drained=$(date +%s.%N)
 broker_end=$(broker_ticks)
-redis_end=$(redis_masters_cpu)
+redis_end=$(redis_masters_cpu ${CAPPER_TEST_REDIS_ADDRS//,/ })
 echo "capper handled $handled of $JOBS jobs" >&2
 if ((PREPRODUCE)); then
   awk -v a="$worker_started" -v b="$drained" -v n="$handled" 'BEGIN { printf "drain: %d jobs in %.1f s from worker start (%.0f jobs/s)\n", n, b - a, n / (b - a) }' >&2
