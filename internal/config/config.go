@@ -99,6 +99,22 @@ type Hold struct {
 	// (the default); [] disables holding (rules that hold are then refused).
 	// The shortest bounds how late a held job is released.
 	Tiers []string `yaml:"tiers"`
+	// MaxWait is how long a delay tier's batch waits for more due jobs after
+	// its first: each released job's wait is added to how late it is
+	// decided, and a budget's freed tokens wait for it too. At most 1s.
+	// Defaults to 10ms (0: the default).
+	MaxWait Duration `yaml:"max_wait"`
+}
+
+// DefaultTierWait is hold.max_wait's default.
+const DefaultTierWait = 10 * time.Millisecond
+
+// BatchWait returns the tiers' batch wait.
+func (h Hold) BatchWait() time.Duration {
+	if h.MaxWait == 0 {
+		return DefaultTierWait
+	}
+	return time.Duration(h.MaxWait)
 }
 
 // Delays returns the tiers' delays (nil when holding is disabled).
@@ -327,6 +343,9 @@ func (c *Config) Validate() error {
 	}
 	if time.Duration(c.Batch.MaxWait) > time.Second {
 		bad("batch.max_wait", "%v is over 1s", time.Duration(c.Batch.MaxWait))
+	}
+	if c.Hold.MaxWait < 0 || time.Duration(c.Hold.MaxWait) > time.Second {
+		bad("hold.max_wait", "%v is not between 0 and 1s", time.Duration(c.Hold.MaxWait))
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

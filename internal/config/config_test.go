@@ -75,6 +75,7 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"no brokers", map[string]string{"CAPPER_KAFKA_BROKERS": ""}, "", "kafka.brokers (CAPPER_KAFKA_BROKERS)"},
 		{"batch size", map[string]string{"CAPPER_BATCH_SIZE": "0x"}, "", "CAPPER_BATCH_SIZE"},
 		{"batch wait", map[string]string{"CAPPER_BATCH_MAX_WAIT": "5s"}, "", "batch.max_wait"},
+		{"tier wait", map[string]string{"CAPPER_HOLD_MAX_WAIT": "2s"}, "", "hold.max_wait"},
 		{"input is an output", map[string]string{"CAPPER_KAFKA_TOPICS_INPUT": "sends.dlq"}, "", "kafka.topics.input"},
 		{"sasl without password", map[string]string{"CAPPER_KAFKA_SASL_MECHANISM": "plain", "CAPPER_KAFKA_SASL_USERNAME": "u"}, "", "kafka.sasl_username"},
 		{"unknown field", nil, "kafka: {brokerz: [x]}\n", "brokerz"},
