@@ -53,7 +53,7 @@ bench-blast:
 bench-hold:
 	scripts/bench-hold.sh
 
-## bench-budget: does a budget deliver its limit? 100 SMS per 2 s under 3x the demand for 60 s, 1 and 3 replicas, per-window delivery (medians of 3)
+## bench-budget: does a budget deliver its limit? 250 SMS per 5 s under 3x the demand for 60 s, 1 and 3 replicas and a SIGKILL, per-window delivery (medians of 3)
 bench-budget:
 	scripts/bench-budget.sh delivery
 

@@ -10,18 +10,22 @@
 -- ARGV[5]  delta: > 0 take up to delta tokens (as many as the window has left); < 0 give -delta tokens back
 --          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts); 0 only look
 -- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
--- ARGV[7]  a bucket's share of the limit (0: no bound, the default; spread: true in the rules): a bucket grants at most its share plus what the
---          8 buckets before it (a fifth of the window) left of theirs since the window's oldest counted bucket (a send promised a
---          bucket that arrives a few buckets late, as a held job does on a busy machine, still finds its
---          token; an idle budget carries nothing), so a budget is spread over its window
---          and delivers about its limit in every window under sustained demand; one whose whole limit goes
---          at once frees it at once a window and a bucket later, so its tokens come and go in lumps that
---          drift across windows (a window of 0 once in 40)
+-- ARGV[7]  burst (0: none, the whole limit may go at once; spread: false): otherwise the budget is spread
+--          over its window by a token bucket inside the window's limit, kept in KEYS[2]. Tokens accrue at twice
+--          limit/window, up to burst (a fifth of the limit); an idle budget starts with a bucket's share; a
+--          call grants at most what has accrued. While the window is full nothing accrues, and accrual
+--          resumes so that, when its oldest counted bucket leaves, that bucket's tokens up to a bucket's share
+--          may be taken at once: tokens freed in a lump come back at the rate, so lumps dissolve, and tokens
+--          freed a few at a time are taken as they free. Without it, tokens taken together are freed together
+--          a window and a bucket later and taken together again: lumps whose period is a window and a bucket
+--          (and the wait for the next decision) drift across windows, and a window in 40 can get none.
+-- KEYS[2]  (with a burst) the rate's state, e.g. fc:b:{sms}:r (same slot): l = tokens accrued (a float),
+--          t = ms they were counted at (after a full window, in the future)
 -- Reply: {granted, used, bucket, next, b_1, n_1, b_2, n_2, ...}
 --   granted  tokens taken now (0 when giving back or looking)
 --   used     tokens counted in the window after this call
 --   bucket   the bucket the granted tokens are counted in: they must be used before bucket + width
---   next     ms at which tokens come back: the next bucket when only this bucket's bound refused some,
+--   next     ms at which tokens come back: when the next token accrues when only the rate refused some,
 --            else when the oldest counted bucket leaves the window; 0 when none
 --   b_i n_i  every counted bucket and its tokens after this call: bucket b_i's n_i tokens come back at
 --            b_i + width + window (the caller schedules refused jobs at those times)
@@ -31,7 +35,8 @@ local window = tonumber(ARGV[2])
 local width = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local delta = tonumber(ARGV[5])
-local per_bucket = tonumber(ARGV[7] or '0')
+local burst = tonumber(ARGV[7] or '0')
+local rate = 2 * limit / window -- tokens per ms: twice the limit's pace, so a freed token is soon taken again
 local cur = now - now % width
 
 if delta < 0 then
@@ -62,18 +67,31 @@ for i = 1, #h, 2 do
   end
 end
 
+-- The rate's level, accrued up to now (none while a full window's oldest bucket has not left: t > now).
+local level, at = 0, now
+if burst > 0 and delta ~= 0 then
+  local r = redis.call('HGETALL', KEYS[2])
+  level, at = limit, now -- idle (the key expired): the whole limit, as without a burst
+  for i = 1, #r, 2 do
+    if r[i] == 'l' then
+      level = tonumber(r[i + 1])
+    elseif r[i] == 't' then
+      at = tonumber(r[i + 1])
+    end
+  end
+  if now > at then
+    level, at = math.min(burst, level + (now - at) * rate), now
+  end
+  if delta < 0 then
+    level = math.min(burst, level - delta)
+  end
+end
+
 local granted = 0
 if delta > 0 then
   granted = math.max(0, math.min(delta, limit - used))
-  if per_bucket > 0 then
-    local bound = per_bucket
-    for j = 1, 8 do -- since the oldest counted bucket: an idle budget carries nothing
-      local b = cur - j * width
-      if oldest and b >= oldest then
-        bound = bound + math.max(0, per_bucket - (counted[b] or 0))
-      end
-    end
-    granted = math.max(0, math.min(granted, bound - (counted[cur] or 0)))
+  if burst > 0 then
+    granted = math.min(granted, math.floor(level + 1e-9))
   end
   if granted > 0 then
     redis.call('HINCRBY', key, string.format('%d', cur), granted)
@@ -87,10 +105,20 @@ if delta > 0 then
 end
 
 local next = 0
-if delta > 0 and granted < delta and used < limit then -- this bucket's bound, not the window's limit
-  next = cur + width
-elseif oldest then
+if oldest then
   next = oldest + width + window
+end
+if burst > 0 and delta ~= 0 then
+  level = level - granted
+  if used >= limit and oldest then -- full: nothing accrues until the oldest bucket leaves; then the tokens it
+    -- frees may be taken at once up to a bucket's share (a lump beyond that comes back at the rate)
+    local share = math.min(counted[oldest], math.ceil(limit * width / window))
+    level, at = 0, oldest + width + window - share / rate
+  elseif delta > 0 and granted < delta then -- the rate refused some: the next token
+    next = at + math.ceil((1 - level) / rate)
+  end
+  redis.call('HSET', KEYS[2], 'l', string.format('%.6f', level), 't', string.format('%d', at))
+  redis.call('PEXPIRE', KEYS[2], window + width)
 end
 local reply = {granted, used, cur, next}
 for b, n in pairs(counted) do

@@ -132,10 +132,11 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	if !maps.Equal(count, want) {
 		t.Errorf("refused jobs by retry-at %v, want %v", count, want)
 	}
-	// Spread: a bucket grants at most 3 of 100; the window has
-	// room, so the refused come back 3 a bucket from the next one on.
+	// Spread: an idle budget grants a bucket's share (3 of 100), then tokens
+	// at its pace; the window has room, so the refused are promised a
+	// bucket's share a bucket from the next one on.
 	spread := &Spec{Name: "rs", Limit: 100, Window: time.Second, Spread: true}
-	gs, _ = b.Take(ctx, wants(spread, "rs", 10))
+	gs, _ = b.Take(ctx, wants(spread, "rs", 12))
 	count = map[time.Time]int{}
 	for _, g := range gs {
 		if !g.OK {
@@ -144,19 +145,21 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	}
 	now := c.now().UnixMilli() - 1_800_000_000_000
 	next := int(now) - int(now)%w + w
-	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 1}
+	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 3}
 	if granted(gs) != 3 || !maps.Equal(count, want) {
 		t.Errorf("spread: %d granted, refused by retry-at %v; want 3 and %v", granted(gs), count, want)
 	}
 }
 
 // TestSpreadDeliversEveryWindow: under demand far above the limit in every
-// bucket, a budget spread over its window (Spread) delivers at least the
-// limit less one bucket's share in every window, and never more than the
-// limit; one whose whole limit goes at once (the default) takes it in one
-// lump that comes back a window and a bucket later, so the lump drifts a
-// bucket per window and a window in 40 gets nothing. Simulated on a fixed
-// clock, a bucket at a time.
+// bucket, a budget spread over its window (Spread) never delivers more than
+// the limit in a window and at least 37 of 40 (92.5%) in every one: its
+// first window takes half the window at twice the pace, and that lump
+// drifts a bucket a window (the demand comes at each bucket's start, so a
+// freed token waits a whole bucket: the worst case) until it dissolves, after
+// which every window gets 39 or 40. One whose whole limit goes at once takes
+// it in one lump that comes back a window and a bucket later, so a window in
+// 40 gets nothing. Simulated on a fixed clock, a bucket at a time.
 func TestSpreadDeliversEveryWindow(t *testing.T) {
 	perWindow := func(burst bool) []int {
 		c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
@@ -178,12 +181,14 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 		return windows
 	}
 	spread, burst := perWindow(false), perWindow(true)
-	if slices.Min(spread) < 39 || slices.Max(spread) > 40 {
-		t.Errorf("spread: sends per window %v, want 39 or 40 in each", spread)
+	settled := spread[len(spread)-20:]
+	if slices.Min(spread) < 37 || slices.Max(spread) > 40 || slices.Min(settled) < 39 {
+		t.Errorf("spread: sends per window %v, want 37 to 40 in each, 39 or 40 in the last 20", spread)
 	}
 	if slices.Min(burst) != 0 || slices.Max(burst) != 40 {
 		t.Errorf("burst: sends per window %v, want 40 but for one window of 0 (the lump drifted across it)", burst)
 	}
+	t.Logf("spread: %v", spread)
 }
 
 // TestLeaseSizing: a lease grows while it is used up and shrinks when it lapses.

@@ -24,11 +24,13 @@ type Budget struct {
 	// MaxHold bounds how long after submission a job may wait for a token;
 	// later it is capped with reason "beyond max_hold". Defaults to 24h.
 	MaxHold Duration `yaml:"max_hold"`
-	// Spread spreads the sends over the window (budget.Spec.Spread): a
-	// fortieth of the window grants at most a fortieth of the limit (rounded
-	// up) plus what the 8 before it left. Defaults to false: the whole limit
-	// may go at once.
-	Spread bool `yaml:"spread"`
+	// Spread spreads the sends over the window (budget.Spec.Spread), so
+	// every window under sustained demand gets about the limit. Defaults to
+	// true; false lets the whole limit go at once (a burst below the limit
+	// is sent at once rather than at the budget's pace), which under
+	// sustained demand above the limit travels in lumps that drift across
+	// windows (a window in 40 can get none).
+	Spread *bool `yaml:"spread"`
 }
 
 type compiledBudget struct {
@@ -53,7 +55,7 @@ func (r *Rules) compileBudgets(bs []Budget) error {
 		case b.MaxHold < 0 || time.Duration(b.MaxHold) > maxHoldLimit:
 			return fmt.Errorf("%s (%s): max_hold %v is not between 0 and 30d", f, b.Name, time.Duration(b.MaxHold))
 		}
-		spec := &budget.Spec{Name: b.Name, Limit: *b.Limit, Window: time.Duration(b.Window), Spread: b.Spread}
+		spec := &budget.Spec{Name: b.Name, Limit: *b.Limit, Window: time.Duration(b.Window), Spread: b.Spread == nil || *b.Spread}
 		if err := spec.Validate(); err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
