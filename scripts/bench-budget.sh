@@ -36,45 +36,58 @@ if [[ ${1:-delivery} == delivery ]]; then
   sed "s/^  budgets: \[\]/  budgets: [{name: sms, channel: sms, limit: $LIMIT, window: ${WINDOW}s, max_hold: 10s, spread: $SPREAD}]/" \
     "$work/drop.yaml" >"$work/sms.yaml"
   grep -q 'name: sms, channel: sms' "$work/sms.yaml" || { echo "bench-budget: cannot derive the budget config" >&2; exit 1; }
-  deliver() { # deliver REPLICAS [KILL_AFTER] -> prints "median_pct min_pct max_pct max_any windows below_95"
-    local out rc=0
-    out=$(DEMO_CONFIG="$work/sms.yaml" DEMO_JOBS=$((rate * DURATION)) DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$(($1 - 1)) \
+  # The SIGKILL run lasts longer: its victim's partitions wait for kafka.session_timeout (30 s), and the
+  # issue's goal is delivery back to 95% within that plus a window, so the windows after it must show.
+  SESSION=30
+  deliver() { # deliver REPLICAS [KILL_AFTER SECONDS] -> prints "median min max max_any windows below_95 grace_min"
+    # (percentages of the limit; with a kill, min and below_95 leave out the windows that overlap the grace
+    # from the kill to SESSION s and a window after it, and grace_min is the least of those; else -1)
+    local out rc=0 secs=${3:-$DURATION}
+    out=$(DEMO_CONFIG="$work/sms.yaml" DEMO_JOBS=$((rate * secs)) DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$(($1 - 1)) \
       DEMO_KILL_AFTER="${2:-}" \
       DEMO_LOADGEN_ARGS="--rate $rate --channels sms $LOADGEN_EXTRA" scripts/demo.sh 2>&1) || rc=$?
     if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
       echo "$out" >&2; echo "bench-budget: the run with $1 replicas failed" >&2; exit 1
     fi
     echo "$out" | grep -E '^(  (decisions|holds|budget|checks)|worker:)' | sed "s/^/  [$1 replicas] /" >&2
-    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" <<'PY'
+    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "${2:--1}" "$SESSION" "$WINDOW" <<'PY'
 import json, statistics, sys
 b = json.loads(sys.argv[1])["budgets"][0]
+kill, session, window = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 w = [100 * n / b["limit"] for n in b["whole_windows"]]
-print("%.1f %.1f %.1f %d %d %d" % (statistics.median(w), min(w), max(w), b["max_any"], len(w), sum(x < 95 for x in w)))
+# whole window i covers [(i+1)*window, (i+2)*window) from the first allowed send, which the demand (and the
+# kill's clock, started just before the load generator) begins with
+grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
+out = [x for x, g in zip(w, grace) if not g]
+ing = [x for x, g in zip(w, grace) if g]
+print("%.1f %.1f %.1f %d %d %d %.1f" % (statistics.median(w), min(out), max(w), b["max_any"], len(w), sum(x < 95 for x in out),
+                                        min(ing) if ing else -1))
 PY
   }
   echo "bench-budget: an SMS budget of $LIMIT per ${WINDOW}s (spread: $SPREAD), demand $rate SMS/s for ${DURATION}s, 1 and 3 replicas and 3 with a SIGKILL, $ROUNDS rounds, $(nproc) cores" >&2
   for r in $(seq "$ROUNDS"); do
     for n in 1 3 3k; do # 3k: three replicas, one SIGKILLed a third into the demand
-      if [[ $n == 3k ]]; then res=$(deliver 3 $((DURATION / 3))); else res=$(deliver "$n"); fi # a failed run ends the bench
+      if [[ $n == 3k ]]; then res=$(deliver 3 $((DURATION / 3)) $((DURATION + SESSION + 2 * WINDOW))); else res=$(deliver "$n"); fi # a failed run ends the bench
       echo "$n $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
     done
   done
-  python3 - "$work/delivery.txt" "$LIMIT" "$WINDOW" <<'PY'
+  python3 - "$work/delivery.txt" "$LIMIT" "$WINDOW" "$SESSION" <<'PY'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     n, *v = line.split()
     rows.setdefault(n, []).append([float(x) for x in v])
 limit, window = int(sys.argv[2]), sys.argv[3]
-print("| replicas | whole windows per run | delivered/limit, median window | minimum window | maximum window | windows below 95%% | most in any %ss (limit %d) | rounds (minimum window) |" % (window, limit))
-print("|---|---|---|---|---|---|---|---|")
-names = {"1": "1", "3": "3", "3k": "3, one SIGKILLed a third in"}
+print("| replicas | whole windows per run | delivered/limit, median window | minimum window | maximum window | windows below 95%% | most in any %ss (limit %d) | rounds (minimum window) | minimum window in the SIGKILL's grace (the session timeout, %d s, and a window) |" % (window, limit, int(sys.argv[4])))
+print("|---|---|---|---|---|---|---|---|---|")
+names = {"1": "1", "3": "3", "3k": "3, one SIGKILLed a third in (the other columns: outside that grace)"}
 for n in ("1", "3", "3k"):
     if n not in rows:
         continue
     med = [statistics.median(c) for c in zip(*rows[n])]
-    print("| %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %d | %s |" % (names[n], med[4], med[0], med[1], med[2], med[5], med[3], ", ".join("%.1f%%" % r[1] for r in rows[n])))
-print("goal: every whole window at least 95%, none over 100% (the medians of the minimum and the maximum above)")
+    grace = "%.1f%% (%s)" % (med[6], ", ".join("%.1f%%" % r[6] for r in rows[n])) if n == "3k" else "-"
+    print("| %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %d | %s | %s |" % (names[n], med[4], med[0], med[1], med[2], med[5], med[3], ", ".join("%.1f%%" % r[1] for r in rows[n]), grace))
+print("goal: every whole window at least 95%%, none over 100%%; with a SIGKILL, back to 95%% within the session timeout (%d s) and a window" % int(sys.argv[4]))
 PY
   exit 0
 fi

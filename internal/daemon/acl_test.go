@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -100,11 +101,15 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := &budget.Spec{Name: "acl", Limit: 3, Window: time.Second}
-	gs, err := b.Take(ctx, []budget.Want{{Spec: spec, Key: "acl"}, {Spec: spec, Key: "acl"}})
-	if err != nil || !gs[0].OK {
-		t.Fatalf("budget take as capper: %v %v", gs, err)
+	for _, spread := range []bool{true, false} { // spread keeps its pace in a second key
+		spec := &budget.Spec{Name: "acl", Limit: 3, Window: time.Second, Spread: spread}
+		key := fmt.Sprint("acl-", spread)
+		gs, err := b.Take(ctx, []budget.Want{{Spec: spec, Key: key}, {Spec: spec, Key: key}})
+		if err != nil || !gs[0].OK {
+			t.Fatalf("budget take as capper (spread %v): %v %v", spread, gs, err)
+		}
 	}
+	spec := &budget.Spec{Name: "acl", Limit: 3, Window: time.Second}
 	if _, err := b.Peek(ctx, budget.Want{Spec: spec, Key: "acl"}); err != nil {
 		t.Fatalf("budget peek as capper: %v", err)
 	}

@@ -274,7 +274,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			tc := wc
 			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hr, t.Name, log, faults
 			tc.BatchWait = cfg.Hold.BatchWait() // released jobs come due one by one: a short wait
-			tc.RoundTrips = nil // the input worker reports round trips per batch
+			tc.RoundTrips = nil                 // the input worker reports round trips per batch
 			if err := d.addWorker(tc); err != nil {
 				return nil, err
 			}
