@@ -41,10 +41,10 @@ type Spec struct {
 	Limit  int    // (>= 1)
 	Window time.Duration
 	// Spread makes the budget a token bucket inside its window (budget.lua):
-	// tokens accrue at twice Limit per Window, up to Burst, starting from a
-	// bucket's share; none accrue while the window is full, and when its
-	// oldest bucket leaves, at most a bucket's share of its tokens may go
-	// at once. So sends are spread over the window, and lumps dissolve.
+	// tokens accrue at twice Limit per Window, up to Burst (an idle budget
+	// starts with the whole limit, so a burst below it goes at once); none
+	// accrue while the window is full, and when its oldest bucket leaves, at
+	// most a bucket's share of its tokens may go at once. So sends are spread over the window, and lumps dissolve.
 	// Without it the whole limit may go at once, and tokens freed together
 	// are taken together again a window and a bucket later, so under
 	// sustained demand they travel in lumps that drift across windows: a

@@ -12,7 +12,7 @@
 -- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
 -- ARGV[7]  burst (0: none, the whole limit may go at once; spread: false): otherwise the budget is spread
 --          over its window by a token bucket inside the window's limit, kept in KEYS[2]. Tokens accrue at twice
---          limit/window, up to burst (a fifth of the limit); an idle budget starts with a bucket's share; a
+--          limit/window, up to burst (a fifth of the limit); an idle budget starts with the whole limit; a
 --          call grants at most what has accrued. While the window is full nothing accrues, and accrual
 --          resumes so that, when its oldest counted bucket leaves, that bucket's tokens up to a bucket's share
 --          may be taken at once: tokens freed in a lump come back at the rate, so lumps dissolve, and tokens

@@ -132,11 +132,16 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	if !maps.Equal(count, want) {
 		t.Errorf("refused jobs by retry-at %v, want %v", count, want)
 	}
-	// Spread: an idle budget grants a bucket's share (3 of 100), then tokens
-	// at its pace; the window has room, so the refused are promised a
-	// bucket's share a bucket from the next one on.
+	// Spread: an idle budget grants up to its whole limit at once (12 of
+	// 100); a millisecond later it has its burst (a fifth of the limit, 20)
+	// and grants that; the window has room, so the 10 refused are promised a
+	// bucket's share (3) a bucket from the next one on.
 	spread := &Spec{Name: "rs", Limit: 100, Window: time.Second, Spread: true}
-	gs, _ = b.Take(ctx, wants(spread, "rs", 12))
+	if gs, _ = b.Take(ctx, wants(spread, "rs", 12)); granted(gs) != 12 {
+		t.Fatalf("spread, idle: %d of 12 granted, want all", granted(gs))
+	}
+	c.add(time.Millisecond)
+	gs, _ = b.Take(ctx, wants(spread, "rs", 30))
 	count = map[time.Time]int{}
 	for _, g := range gs {
 		if !g.OK {
@@ -145,9 +150,9 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	}
 	now := c.now().UnixMilli() - 1_800_000_000_000
 	next := int(now) - int(now)%w + w
-	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 3}
-	if granted(gs) != 3 || !maps.Equal(count, want) {
-		t.Errorf("spread: %d granted, refused by retry-at %v; want 3 and %v", granted(gs), count, want)
+	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 3, at(next + 3*w): 1}
+	if granted(gs) != 20 || !maps.Equal(count, want) {
+		t.Errorf("spread: %d granted, refused by retry-at %v; want 20 and %v", granted(gs), count, want)
 	}
 }
 
