@@ -41,14 +41,17 @@ type Spec struct {
 	Limit  int    // (>= 1)
 	Window time.Duration
 	// Spread makes the budget a token bucket inside its window (budget.lua):
-	// tokens accrue at twice Limit per Window, up to Burst (an idle budget
-	// starts with the whole limit, so a burst below it goes at once); none
-	// accrue while the window is full, and when its oldest bucket leaves, at
-	// most a bucket's share of its tokens may go at once. So sends are spread over the window, and lumps dissolve.
-	// Without it the whole limit may go at once, and tokens freed together
-	// are taken together again a window and a bucket later, so under
-	// sustained demand they travel in lumps that drift across windows: a
-	// window in 40 can get none (rules: spread: false).
+	// tokens accrue at the limit's pace (Limit per Window), up to Burst (an
+	// idle budget starts with the whole limit, so a burst below it goes at
+	// once); none accrue while the window is full, and when its oldest
+	// bucket leaves, at most a bucket's share of its tokens may go at once.
+	// So under sustained demand sends go at an even pace, and lumps dissolve;
+	// a window delivers about Window / (Window + a bucket + the wait for the
+	// next decision) of the limit (97% of 5 s at the defaults). Without it
+	// the whole limit may go at once, and tokens freed together are taken
+	// together again a window and a bucket later, so under sustained demand
+	// they travel in lumps that drift across windows: a window in 40 can get
+	// none (rules: spread: false).
 	Spread bool
 }
 
@@ -78,6 +81,12 @@ func (s *Spec) Burst() int {
 type Want struct {
 	Spec *Spec
 	Key  string // Spec.Name, or Spec.Name + ":" + the campaign for a per-campaign budget
+	// Until is the last moment a refused job can wait for a token (its
+	// max_hold, its expiry; now when it cannot be held at all): it is
+	// promised a token back only before then. A job told a later time is
+	// not coming back, and a token promised to it would wait for nobody
+	// while jobs refused after it were promised later ones. Zero: no bound.
+	Until time.Time
 }
 
 // Grant answers a Want.
@@ -264,7 +273,7 @@ func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
 		byKey[w.Key] = append(byKey[w.Key], i)
 	}
 	if len(order) == 1 { // the usual case: one budget key in the batch, no goroutine
-		return grants, b.take(ctx, b.state(wants[0]), order[0], byKey[order[0]], grants)
+		return grants, b.take(ctx, b.state(wants[0]), order[0], byKey[order[0]], wants, grants)
 	}
 	errs := make([]error, len(order))
 	var wg sync.WaitGroup
@@ -273,7 +282,7 @@ func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[k] = b.take(ctx, b.state(wants[idx[0]]), key, idx, grants)
+			errs[k] = b.take(ctx, b.state(wants[idx[0]]), key, idx, wants, grants)
 		}()
 	}
 	wg.Wait()
@@ -281,7 +290,7 @@ func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
 }
 
 // take serves the wants idx of one key.
-func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, grants []Grant) error {
+func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wants []Want, grants []Grant) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	for len(idx) > 0 {
@@ -297,7 +306,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 			return nil
 		}
 		if !st.next.IsZero() && now.Before(st.next) { // Redis said none are left until next
-			b.refuse(st, now, idx, grants)
+			b.refuse(st, now, idx, wants, grants)
 			return nil
 		}
 		if st.inflight != nil { // another caller is asking Redis: wait for its answer
@@ -342,7 +351,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, gr
 		}
 		st.frees, st.room = frees, room
 		if granted == 0 {
-			b.refuse(st, now, idx, grants)
+			b.refuse(st, now, idx, wants, grants)
 			return nil
 		}
 		// The tokens asked for go to the wants that asked, even when their
@@ -382,14 +391,20 @@ func maxLease(s *Spec) int { return max(1, s.Limit/Buckets) }
 // a budget under over-demand is used as soon as its tokens are free (jobs
 // spread evenly at the budget's rate came back into buckets with no token and
 // were held again, while tokens waited).
-func (b *Budgets) refuse(st *state, now time.Time, idx []int, grants []Grant) {
+func (b *Budgets) refuse(st *state, now time.Time, idx []int, wants []Want, grants []Grant) {
 	nowMs := now.UnixMilli()
 	for at := range st.promised {
 		if at < nowMs {
 			delete(st.promised, at)
 		}
 	}
-	st.promise(nowMs, len(idx), func(j int, at int64) { grants[idx[j]] = Grant{RetryAt: time.UnixMilli(at)} })
+	until := func(j int) int64 {
+		if u := wants[idx[j]].Until; !u.IsZero() {
+			return u.UnixMilli()
+		}
+		return 0
+	}
+	st.promise(nowMs, len(idx), until, func(j int, at int64) { grants[idx[j]] = Grant{RetryAt: time.UnixMilli(at)} })
 	b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
 }
 
@@ -413,9 +428,12 @@ const promiseHorizon = 64
 // the room the window had left, the tokens each counted bucket frees as it
 // leaves the window (frees), and those taken by the jobs promised each
 // bucket, which come back a window and a bucket after it; a bucket serves at
-// most PerBucket (with Spread). Past promiseHorizon windows (nothing counted
-// and no room: only after a failed call), the next bucket.
-func (st *state) promise(now int64, n int, set func(j int, at int64)) {
+// most PerBucket (with Spread). A job whose earliest bucket is not before its
+// until (ms; 0: no bound) is told that bucket but promised nothing: it will
+// not come back (capped beyond max_hold, expired), and its token goes to the
+// next job. Past promiseHorizon windows (nothing counted and no room: only
+// after a failed call), the next bucket.
+func (st *state) promise(now int64, n int, until func(j int) int64, set func(j int, at int64)) {
 	width := st.spec.Window.Milliseconds() / Buckets
 	per := st.spec.PerBucket()
 	var back [Buckets + 2]int // tokens coming back, by bucket index modulo the ring
@@ -434,8 +452,10 @@ func (st *state) promise(now int64, n int, set func(j int, at int64)) {
 			capacity = min(capacity, per)
 		}
 		for ; j < n && st.promised[t] < capacity; j++ {
-			st.promised[t]++
 			set(j, t)
+			if u := until(j); u == 0 || t < u {
+				st.promised[t]++
+			}
 		}
 		used := max(0, min(st.promised[t], capacity))
 		pool -= used

@@ -11,14 +11,16 @@
 --          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts); 0 only look
 -- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
 -- ARGV[7]  burst (0: none, the whole limit may go at once; spread: false): otherwise the budget is spread
---          over its window by a token bucket inside the window's limit, kept in KEYS[2]. Tokens accrue at twice
---          limit/window, up to burst (a fifth of the limit); an idle budget starts with the whole limit; a
---          call grants at most what has accrued. While the window is full nothing accrues, and accrual
---          resumes so that, when its oldest counted bucket leaves, that bucket's tokens up to a bucket's share
---          may be taken at once: tokens freed in a lump come back at the rate, so lumps dissolve, and tokens
---          freed a few at a time are taken as they free. Without it, tokens taken together are freed together
---          a window and a bucket later and taken together again: lumps whose period is a window and a bucket
---          (and the wait for the next decision) drift across windows, and a window in 40 can get none.
+--          over its window by a token bucket inside the window's limit, kept in KEYS[2]. Tokens accrue at
+--          limit/window, the limit's pace, up to burst (a fifth of the limit); an idle budget starts with the
+--          whole limit; a call grants at most what has accrued. While the window is full nothing accrues, and
+--          accrual resumes so that, when its oldest counted bucket leaves, that bucket's tokens up to a
+--          bucket's share may be taken at once. Tokens freed in a lump come back at the pace, so lumps
+--          dissolve into an even flow. A faster pace (twice the limit's was tried) keeps a lump whole: it
+--          comes back a window, a bucket and the wait for the next decision later, so it drifts across the
+--          windows' edges, and a window it straddles gets 92% of the limit once in about 30 windows.
+--          Without a burst, tokens taken together are freed together a window and a bucket later and taken
+--          together again: the same drifting lumps, and a window in 40 can get none.
 -- KEYS[2]  (with a burst) the rate's state, e.g. fc:b:{sms}:r (same slot): l = tokens accrued (a float),
 --          t = ms they were counted at (after a full window, in the future)
 -- Reply: {granted, used, bucket, next, b_1, n_1, b_2, n_2, ...}
@@ -36,7 +38,7 @@ local width = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local delta = tonumber(ARGV[5])
 local burst = tonumber(ARGV[7] or '0')
-local rate = 2 * limit / window -- tokens per ms: twice the limit's pace, so a freed token is soon taken again
+local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
 
 if delta < 0 then

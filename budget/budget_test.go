@@ -156,15 +156,51 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	}
 }
 
+// TestNoTokenPromisedToAJobThatCannotWait: a refused job that cannot wait
+// until a token comes back for it (Until: its max_hold, its expiry) is told
+// when, but the token is not promised to it (it will be capped, not come
+// back): the jobs refused after it are promised that token. Promised to it,
+// such tokens waited for nobody while the queue of promises grew past every
+// job's max_hold (bench-budget, 100 s of demand: from the 66th second every
+// refused send was capped at once, and windows got 87% of the limit).
+func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
+	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "u", Limit: 100, Window: time.Second, Spread: true} // 3 per bucket
+	ctx := context.Background()
+	if gs, _ := b.Take(ctx, wants(spec, "u", 100)); granted(gs) != 100 {
+		t.Fatalf("idle: %d of 100 granted, want all", granted(gs))
+	}
+	w := time.Second / Buckets
+	back := c.now().Add(time.Second + w) // the first bucket leaves the window
+	ws := wants(spec, "u", 6)
+	for i := range 3 {
+		ws[i].Until = c.now().Add(time.Second) // capped beyond max_hold before then
+	}
+	gs, _ := b.Take(ctx, ws)
+	for i, g := range gs {
+		if g.OK || !g.RetryAt.Equal(back) {
+			t.Errorf("want %d: %+v, want refused and told %v (a bucket's share, 3, then promised)", i, g, back)
+		}
+	}
+	gs, _ = b.Take(ctx, wants(spec, "u", 1)) // the next bucket: 3 promised to those that wait
+	if g := gs[0]; g.OK || !g.RetryAt.Equal(back.Add(w)) {
+		t.Errorf("the 7th: %+v, want refused until %v", g, back.Add(w))
+	}
+}
+
 // TestSpreadDeliversEveryWindow: under demand far above the limit in every
 // bucket, a budget spread over its window (Spread) never delivers more than
-// the limit in a window and at least 37 of 40 (92.5%) in every one: its
-// first window takes half the window at twice the pace, and that lump
-// drifts a bucket a window (the demand comes at each bucket's start, so a
-// freed token waits a whole bucket: the worst case) until it dissolves, after
-// which every window gets 39 or 40. One whose whole limit goes at once takes
-// it in one lump that comes back a window and a bucket later, so a window in
-// 40 gets nothing. Simulated on a fixed clock, a bucket at a time.
+// the limit in a window and at least 39 of 40 in every one: the idle budget's
+// first window goes at once, and its lump dissolves into the limit's pace;
+// a token then comes back a window and a bucket after its bucket started
+// (the demand comes at each bucket's start, so a freed token waits a whole
+// bucket: the worst case), so a window gets 40 * 40/41, 39. One whose whole
+// limit goes at once takes it in one lump that comes back a window and a
+// bucket later, so a window in 40 gets nothing. (At twice the pace, the
+// first window's lump drifted a bucket a window before it dissolved, 37 of
+// 40 at worst, and with a real decision's wait it never did.) Simulated on a
+// fixed clock, a bucket at a time.
 func TestSpreadDeliversEveryWindow(t *testing.T) {
 	perWindow := func(burst bool) []int {
 		c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
@@ -186,9 +222,8 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 		return windows
 	}
 	spread, burst := perWindow(false), perWindow(true)
-	settled := spread[len(spread)-20:]
-	if slices.Min(spread) < 37 || slices.Max(spread) > 40 || slices.Min(settled) < 39 {
-		t.Errorf("spread: sends per window %v, want 37 to 40 in each, 39 or 40 in the last 20", spread)
+	if slices.Min(spread) < 39 || slices.Max(spread) > 40 {
+		t.Errorf("spread: sends per window %v, want 39 or 40 in each", spread)
 	}
 	if slices.Min(burst) != 0 || slices.Max(burst) != 40 {
 		t.Errorf("burst: sends per window %v, want 40 but for one window of 0 (the lump drifted across it)", burst)

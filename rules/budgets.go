@@ -24,12 +24,12 @@ type Budget struct {
 	// MaxHold bounds how long after submission a job may wait for a token;
 	// later it is capped with reason "beyond max_hold". Defaults to 24h.
 	MaxHold Duration `yaml:"max_hold"`
-	// Spread spreads the sends over the window (budget.Spec.Spread), so
-	// every window under sustained demand gets about the limit. Defaults to
-	// true; false lets the whole limit go at once (a burst below the limit
-	// is sent at once rather than at the budget's pace), which under
-	// sustained demand above the limit travels in lumps that drift across
-	// windows (a window in 40 can get none).
+	// Spread spreads the sends over the window (budget.Spec.Spread): under
+	// sustained demand they go at the limit's pace and every window gets
+	// about the limit (97% of a 5 s window). Defaults to true; false lets
+	// the whole limit go at once at any time (spread, only an idle
+	// budget's), which under sustained demand above the limit travels in
+	// lumps that drift across windows (a window in 40 can get none).
 	Spread *bool `yaml:"spread"`
 }
 

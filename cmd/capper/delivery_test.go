@@ -10,17 +10,20 @@ import (
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-// TestBudgetDeliversItsLimit: an SMS budget of 20 per 2 s under three times
-// the demand, sustained for 24 s: every whole window after the first
-// forwards at least 95% of the limit, and no 2 s more than the limit by
-// decision time (which follows the token: the limit holds by token time; 2
-// more allow for decisions a bucket or two after their tokens on a busy
-// machine). Counted, not timed: the window is long enough for a busy
-// machine. With one replica and with three, the budget spread over its
-// window (the default): three replicas with the whole limit free to go at
-// once once forwarded all of it in one window and none in the next (tokens
-// freed together are taken together again a window and a bucket later, and
-// the lump drifts across a window's edge; issue 30).
+// TestBudgetDeliversItsLimit: an SMS budget of 200 per 10 s under three
+// times the demand, sustained for 50 s: every whole window after the first
+// forwards at least 95% of the limit, and no 10 s more than the limit by
+// decision time (which follows the token: the limit holds by token time; a
+// bucket's share, 5, more allow for decisions a bucket or two after their
+// tokens on a busy machine). Counted, not timed: at the limit's pace a token
+// comes back a window and a bucket (250 ms) after its bucket started, so a
+// window gets about 97.5% of the limit whatever the decision's wait up to a
+// bucket; a window of 10 s leaves a busy machine that. With one replica and
+// with three, the budget spread over its window (the default): three
+// replicas with the whole limit free to go at once once forwarded all of it
+// in one window and none in the next (tokens freed together are taken
+// together again a window and a bucket later, and the lump drifts across a
+// window's edge; issue 30).
 func TestBudgetDeliversItsLimit(t *testing.T) {
 	for _, replicas := range []int{1, 3} {
 		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
@@ -33,14 +36,14 @@ rules:
       caps: [{name: daily, window: 24h, limit: 100}]
   default_caps: [{name: daily, window: 24h, limit: 100}]
   budgets:
-    - {name: sms, channel: sms, limit: 20, window: 2s, max_hold: 1h}
+    - {name: sms, channel: sms, limit: 200, window: 10s, max_hold: 1h}
 `)
 			var ws []*worker
 			for range replicas {
 				ws = append(ws, start(s, true))
 			}
 			s.WaitGroupMembers(t, replicas, 60*time.Second)
-			const rate, secs, limit = 30, 24, 20 // three times the budget's 10 per second
+			const rate, secs, limit, window = 60, 50, 200, 10 * time.Second // three times the budget's 20 per second
 			var jobs []testenv.JobSpec
 			begin := time.Now()
 			for sec := range secs {
@@ -54,7 +57,7 @@ rules:
 					time.Sleep(wait) // the demand's pace (a job per user), not a wait for an event
 				}
 			}
-			outs := s.Collect(secs*limit/2, 90*time.Second) // what the budget forwards by the end of the demand
+			outs := s.Collect(secs*limit/10, 120*time.Second) // what the budget forwards by the end of the demand
 			var at []time.Time
 			for _, o := range outs {
 				if o.Decision == "allowed" {
@@ -64,27 +67,27 @@ rules:
 				}
 			}
 			slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
-			per := make([]int, secs/2)
+			per := make([]int, secs*time.Second/window)
 			for _, a := range at {
-				if k := int(a.Sub(at[0]) / (2 * time.Second)); k < len(per) {
+				if k := int(a.Sub(at[0]) / window); k < len(per) {
 					per[k]++
 				}
 			}
 			worst := 0
 			for i, j := 0, 0; i < len(at); i++ {
-				for j < len(at) && at[j].Sub(at[i]) < 2*time.Second {
+				for j < len(at) && at[j].Sub(at[i]) < window {
 					j++
 				}
 				worst = max(worst, j-i)
 			}
-			t.Logf("allowed per 2 s window from the first: %v; at most %d in any 2 s", per, worst)
+			t.Logf("allowed per %v window from the first: %v; at most %d in any %v", window, per, worst, window)
 			for k, n := range per[1 : len(per)-1] { // whole windows after the first, while the demand lasts
 				if n < limit*95/100 {
 					t.Errorf("window %d forwarded %d, below 95%% of the limit of %d (windows %v)", k+1, n, limit, per)
 				}
 			}
-			if worst > limit+2 {
-				t.Errorf("%d sends in 2 s, over the limit of %d", worst, limit)
+			if worst > limit+limit/40 {
+				t.Errorf("%d sends in %v, over the limit of %d and a bucket's share", worst, window, limit)
 			}
 			var lapsed []string
 			for _, w := range ws {
