@@ -46,8 +46,8 @@ type Spec struct {
 	// once); none accrue while the window is full, and when its oldest
 	// bucket leaves, at most a bucket's share of its tokens may go at once.
 	// So under sustained demand sends go at an even pace, and lumps dissolve;
-	// a window delivers about Window / (Window + a bucket + the wait for the
-	// next decision) of the limit (97% of 5 s at the defaults). Without it
+	// a window delivers about Window / (Window + a bucket) of the limit, 99%
+	// (a decision's wait beyond a bucket costs more). Without it
 	// the whole limit may go at once, and tokens freed together are taken
 	// together again a window and a bucket later, so under sustained demand
 	// they travel in lumps that drift across windows: a window in 40 can get
@@ -55,7 +55,7 @@ type Spec struct {
 	Spread bool
 }
 
-// PerBucket is a bucket's share with Spread: the limit's fortieth, rounded
+// PerBucket is a bucket's share with Spread: the limit / Buckets, rounded
 // up; 0 (no bound) without. Refused sends are promised at most this many per
 // bucket (see promise).
 func (s *Spec) PerBucket() int {
@@ -177,18 +177,21 @@ func New(cfg Config) (*Budgets, error) {
 }
 
 // Buckets is how many buckets a window has: a bucket leaves the window
-// whole, so tokens come back at most a fortieth of the window late, and a
-// lease lasts at most a fortieth of the window. A token is reused at best
-// every window plus a bucket, so under sustained demand a budget forwards
-// Buckets/(Buckets+1) of its limit per window at least (with 10 buckets it
-// was 91%: below what the customer pays for).
-const Buckets = 40
+// whole, so a token comes back a window and up to a bucket after it was
+// taken, and a lease lasts at most a bucket. Under sustained demand a
+// spread budget's tokens are taken as their bucket starts (when the oldest
+// leaves), so each is reused every window plus a bucket: a window forwards
+// Buckets/(Buckets+1) of its limit, 99% (with 40 buckets it was 97.5%, and
+// the windows' jitter from the decisions' waits took some below 95%; with 10
+// it was 91%).
+const Buckets = 100
 
 // Bound is the most sends of the budget's scope in any window as measured by
-// their decision times: the limit, plus one bucket's share, since a job is
+// their decision times: the limit, plus a fortieth of it, since a job is
 // decided a moment after it took its token (by token time the limit holds
-// exactly).
-func (s *Spec) Bound() int { return s.Limit + s.Limit/Buckets }
+// exactly). The fortieth is a bucket of the 40 a window had before, kept as
+// the slack for a decision's delay (capper report allows the same).
+func (s *Spec) Bound() int { return s.Limit + s.Limit/40 }
 
 // Validate reports whether s is usable.
 func (s *Spec) Validate() error {

@@ -133,15 +133,15 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 		t.Errorf("refused jobs by retry-at %v, want %v", count, want)
 	}
 	// Spread: an idle budget grants up to its whole limit at once (12 of
-	// 100); a millisecond later it has its burst (a fifth of the limit, 20)
+	// 300); a millisecond later it has its burst (a fifth of the limit, 60)
 	// and grants that; the window has room, so the 10 refused are promised a
 	// bucket's share (3) a bucket from the next one on.
-	spread := &Spec{Name: "rs", Limit: 100, Window: time.Second, Spread: true}
+	spread := &Spec{Name: "rs", Limit: 300, Window: time.Second, Spread: true}
 	if gs, _ = b.Take(ctx, wants(spread, "rs", 12)); granted(gs) != 12 {
 		t.Fatalf("spread, idle: %d of 12 granted, want all", granted(gs))
 	}
 	c.add(time.Millisecond)
-	gs, _ = b.Take(ctx, wants(spread, "rs", 30))
+	gs, _ = b.Take(ctx, wants(spread, "rs", 70))
 	count = map[time.Time]int{}
 	for _, g := range gs {
 		if !g.OK {
@@ -151,8 +151,8 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	now := c.now().UnixMilli() - 1_800_000_000_000
 	next := int(now) - int(now)%w + w
 	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 3, at(next + 3*w): 1}
-	if granted(gs) != 20 || !maps.Equal(count, want) {
-		t.Errorf("spread: %d granted, refused by retry-at %v; want 20 and %v", granted(gs), count, want)
+	if granted(gs) != 60 || !maps.Equal(count, want) {
+		t.Errorf("spread: %d granted, refused by retry-at %v; want 60 and %v", granted(gs), count, want)
 	}
 }
 
@@ -166,10 +166,10 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
 	b, _ := newBudgets(t, c, true)
-	spec := &Spec{Name: "u", Limit: 100, Window: time.Second, Spread: true} // 3 per bucket
+	spec := &Spec{Name: "u", Limit: 300, Window: time.Second, Spread: true} // 3 per bucket
 	ctx := context.Background()
-	if gs, _ := b.Take(ctx, wants(spec, "u", 100)); granted(gs) != 100 {
-		t.Fatalf("idle: %d of 100 granted, want all", granted(gs))
+	if gs, _ := b.Take(ctx, wants(spec, "u", 300)); granted(gs) != 300 {
+		t.Fatalf("idle: %d of 300 granted, want all", granted(gs))
 	}
 	w := time.Second / Buckets
 	back := c.now().Add(time.Second + w) // the first bucket leaves the window
@@ -191,24 +191,24 @@ func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 
 // TestSpreadDeliversEveryWindow: under demand far above the limit in every
 // bucket, a budget spread over its window (Spread) never delivers more than
-// the limit in a window and at least 39 of 40 in every one: the idle budget's
-// first window goes at once, and its lump dissolves into the limit's pace;
-// a token then comes back a window and a bucket after its bucket started
-// (the demand comes at each bucket's start, so a freed token waits a whole
-// bucket: the worst case), so a window gets 40 * 40/41, 39. One whose whole
-// limit goes at once takes it in one lump that comes back a window and a
-// bucket later, so a window in 40 gets nothing. (At twice the pace, the
-// first window's lump drifted a bucket a window before it dissolved, 37 of
-// 40 at worst, and with a real decision's wait it never did.) Simulated on a
-// fixed clock, a bucket at a time.
+// the limit in a window and at least 99 of 100 in every one: the idle
+// budget's first window goes at once, and its lump dissolves into the
+// limit's pace; a token then comes back a window and a bucket after its
+// bucket started (the demand comes at each bucket's start, so a freed token
+// waits a whole bucket: the worst case), so a window gets 100 * 100/101, 99.
+// One whose whole limit goes at once takes it in one lump that comes back a
+// window and a bucket later, so a window in 100 gets nothing. (At twice the
+// pace, the first window's lump drifted a bucket a window before it
+// dissolved, 37 of 40 at worst with 40 buckets, and with a real decision's
+// wait it never did.) Simulated on a fixed clock, a bucket at a time.
 func TestSpreadDeliversEveryWindow(t *testing.T) {
 	perWindow := func(burst bool) []int {
 		c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
 		b, _ := newBudgets(t, c, false)
-		spec := &Spec{Name: "spread", Limit: 40, Window: time.Second, Spread: !burst}
+		spec := &Spec{Name: "spread", Limit: 100, Window: time.Second, Spread: !burst}
 		width := time.Second / Buckets
 		var windows []int
-		for bucket := 0; bucket < 42*Buckets; bucket++ {
+		for bucket := 0; bucket < 102*Buckets; bucket++ {
 			gs, err := b.Take(context.Background(), wants(spec, "spread", 100))
 			if err != nil {
 				t.Fatal(err)
@@ -222,11 +222,11 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 		return windows
 	}
 	spread, burst := perWindow(false), perWindow(true)
-	if slices.Min(spread) < 39 || slices.Max(spread) > 40 {
-		t.Errorf("spread: sends per window %v, want 39 or 40 in each", spread)
+	if slices.Min(spread) < 99 || slices.Max(spread) > 100 {
+		t.Errorf("spread: sends per window %v, want 99 or 100 in each", spread)
 	}
-	if slices.Min(burst) != 0 || slices.Max(burst) != 40 {
-		t.Errorf("burst: sends per window %v, want 40 but for one window of 0 (the lump drifted across it)", burst)
+	if slices.Min(burst) != 0 || slices.Max(burst) != 100 {
+		t.Errorf("burst: sends per window %v, want 100 but for one window of 0 (the lump drifted across it)", burst)
 	}
 	t.Logf("spread: %v", spread)
 }

@@ -17,7 +17,7 @@ type Budget struct {
 	Name string `yaml:"name"`
 	// Limit is the most sends of its scope in any Window. (Required, >= 1)
 	Limit *int `yaml:"limit"`
-	// Window is rolling, whole milliseconds, a multiple of 40 ms (one per bucket). (Required)
+	// Window is rolling, whole milliseconds, a multiple of 100 ms (one per bucket). (Required)
 	Window Duration `yaml:"window"`
 	// Scope, as for caps; per_campaign makes one budget per campaign id. Empty: every send.
 	Scope `yaml:",inline"`
@@ -26,7 +26,7 @@ type Budget struct {
 	MaxHold Duration `yaml:"max_hold"`
 	// Spread spreads the sends over the window (budget.Spec.Spread): under
 	// sustained demand they go at the limit's pace and every window gets
-	// about the limit (97% of a 5 s window). Defaults to true; false lets
+	// about the limit (99% of it). Defaults to true; false lets
 	// the whole limit go at once at any time (spread, only an idle
 	// budget's), which under sustained demand above the limit travels in
 	// lumps that drift across windows (a window in 40 can get none).

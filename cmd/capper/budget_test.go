@@ -68,8 +68,8 @@ rules:
 		}
 		worst = max(worst, j-i)
 	}
-	// By decision time: the limit (a bucket's share of it is 0 with 40
-	// buckets) and 2 for decisions a bucket or two after their tokens.
+	// By decision time: the limit (a fortieth of it is 0) and 2 for
+	// decisions a bucket or two after their tokens.
 	if worst > 22 {
 		t.Errorf("%d sends of the hot campaign in one second, budget 20 (+2 by decision time)", worst)
 	}

@@ -14,11 +14,11 @@ import (
 // times the demand, sustained for 50 s: every whole window after the first
 // forwards at least 95% of the limit, and no 10 s more than the limit by
 // decision time (which follows the token: the limit holds by token time; a
-// bucket's share, 5, more allow for decisions a bucket or two after their
-// tokens on a busy machine). Counted, not timed: at the limit's pace a token
-// comes back a window and a bucket (250 ms) after its bucket started, so a
-// window gets about 97.5% of the limit whatever the decision's wait up to a
-// bucket; a window of 10 s leaves a busy machine that. With one replica and
+// fortieth, 5, more allow for decisions a bucket or two after their tokens
+// on a busy machine). Counted, not timed: at the limit's pace a token comes
+// back a window and a bucket (100 ms) after its bucket started, so a window
+// gets about 99% of the limit, less a busy machine's decision waits beyond
+// a bucket; a window of 10 s leaves them 4% of it. With one replica and
 // with three, the budget spread over its window (the default): three
 // replicas with the whole limit free to go at once once forwarded all of it
 // in one window and none in the next (tokens freed together are taken

@@ -133,8 +133,8 @@ type Policy struct {
 //   - A released job must not be decided before its due time; an allowed job
 //     not at or after its expires_at. Release lag is decided-at minus due.
 //   - No budget gets more allowed sends of its scope in any window than its
-//     limit plus a fortieth (one bucket of the 40 of budget.lua's window), by
-//     decision time.
+//     limit plus a fortieth (budget.Spec.Bound: a decision follows its token
+//     by moments), by decision time.
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
 //   - Every allowed send of a user (by unique job id; not exempt, not count-only,
 //     not unchecked) must have been within every cap of the user's rules that
@@ -491,7 +491,7 @@ func (c *checker) budgets() {
 					key += ":" + s.sent.Campaign
 				}
 				byKey[key] = append(byKey[key], s.t)
-				limits[key] = b.limit + b.limit/40 // the documented bound by decision time: one bucket's share more (40 buckets)
+				limits[key] = b.limit + b.limit/40 // the documented bound by decision time (budget.Spec.Bound): a fortieth more
 				spec[key] = b.limit
 				windows[key] = b.window
 			}
