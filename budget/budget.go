@@ -50,7 +50,7 @@ type Spec struct {
 	// (a decision's wait beyond a bucket costs more). Without it
 	// the whole limit may go at once, and tokens freed together are taken
 	// together again a window and a bucket later, so under sustained demand
-	// they travel in lumps that drift across windows: a window in 40 can get
+	// they travel in lumps that drift across windows: a window in 100 can get
 	// none (rules: spread: false).
 	Spread bool
 }
@@ -67,8 +67,8 @@ func (s *Spec) PerBucket() int {
 
 // Burst is the most tokens a spread budget accrues, so grants at once after
 // a pause in demand: a fifth of the limit, rounded up (what accrues in a
-// tenth of the window: a worker batch wait up to that loses none); 0
-// without Spread.
+// fifth of the window at the limit's pace: a pause in decisions up to that
+// loses none); 0 without Spread.
 func (s *Spec) Burst() int {
 	if !s.Spread {
 		return 0

@@ -20,7 +20,7 @@
 --          comes back a window, a bucket and the wait for the next decision later, so it drifts across the
 --          windows' edges, and a window it straddles gets 92% of the limit once in about 30 windows.
 --          Without a burst, tokens taken together are freed together a window and a bucket later and taken
---          together again: the same drifting lumps, and a window in 40 can get none.
+--          together again: the same drifting lumps, and a window in 100 (one per bucket) can get none.
 -- KEYS[2]  (with a burst) the rate's state, e.g. fc:b:{sms}:r (same slot): l = tokens accrued (a float),
 --          t = ms they were counted at (after a full window, in the future)
 -- Reply: {granted, used, bucket, next, b_1, n_1, b_2, n_2, ...}

@@ -160,7 +160,7 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 			continue
 		}
 		for _, wt := range e.plan.Wants {
-			wt.Until = w.holdUntil(e, wt.Spec.Name)
+			wt.Until = holdUntil(&e.facts, e.plan.OnShort(wt.Spec.Name), w.cfg.Wheel, e.at)
 			wants = append(wants, wt)
 			owners = append(owners, i)
 		}
@@ -202,21 +202,6 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		}
 	}
 	return nil
-}
-
-// holdUntil is the last moment e can be held for a token of the budget
-// named name (holdOrRefuse): its max_hold from its submission, or its expiry
-// if sooner; e.at when it cannot be held (no delay tiers).
-func (w *Worker) holdUntil(e *entry, name string) time.Time {
-	pol := e.plan.OnShort(name)
-	if !pol.Hold || w.cfg.Wheel == nil {
-		return e.at
-	}
-	until := e.facts.since.Add(pol.MaxHold)
-	if x := e.facts.expiresAt; !x.IsZero() && x.Before(until) {
-		until = x
-	}
-	return until
 }
 
 // holdsTokens reports whether e took the tokens of its plan.

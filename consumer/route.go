@@ -183,6 +183,21 @@ func strictest(p *rules.Plan, d *capping.Decision) rules.Policy {
 	return pol
 }
 
+// holdUntil is the first due time holdOrRefuse refuses under policy pol:
+// the job's max_hold from its submission, or its expiry if sooner; now when
+// it cannot be held at all (the drop policy, no delay tiers). A budget
+// promises its tokens only to jobs due before it (budget.Want.Until).
+func holdUntil(f *facts, pol rules.Policy, wheel *hold.Wheel, now time.Time) time.Time {
+	if !pol.Hold || wheel == nil {
+		return now
+	}
+	until := f.since.Add(pol.MaxHold)
+	if !f.expiresAt.IsZero() && f.expiresAt.Before(until) {
+		until = f.expiresAt
+	}
+	return until
+}
+
 // holdOrRefuse holds the job until due under policy pol, for cause (a cap,
 // a budget, quiet_hours), or says why it cannot be held (Reason: never, when
 // due is zero; expired, when it expires first; beyond max_hold; empty under

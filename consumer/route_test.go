@@ -243,3 +243,41 @@ func TestArbitrates(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldUntilIsWhereHoldingEnds: a job due a millisecond before holdUntil
+// is held, one due at it is refused (beyond max_hold, expired), and one that
+// cannot be held at all gets now: a budget promises tokens only before it.
+func TestHoldUntilIsWhereHoldingEnds(t *testing.T) {
+	wheel, err := hold.NewWheel("d.", []time.Duration{time.Second, time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	pol := rules.Policy{Hold: true, MaxHold: 2 * time.Hour}
+	for _, c := range []struct {
+		name   string
+		f      facts
+		until  time.Time
+		reason string
+	}{
+		{"max_hold from submission", facts{since: now.Add(-time.Hour)}, now.Add(time.Hour), ReasonMaxHold},
+		{"expiry first", facts{since: now, expiresAt: now.Add(30 * time.Minute)}, now.Add(30 * time.Minute), ReasonExpired},
+	} {
+		if got := holdUntil(&c.f, pol, wheel, now); !got.Equal(c.until) {
+			t.Errorf("%s: holdUntil %v, want %v", c.name, got, c.until)
+		}
+		if o := holdOrRefuse(&c.f, pol, c.until.Add(-time.Millisecond), "sms", "budget", wheel, now); o.Kind != Held {
+			t.Errorf("%s: due a millisecond before: %+v, want held", c.name, o)
+		}
+		if o := holdOrRefuse(&c.f, pol, c.until, "sms", "budget", wheel, now); o.Kind == Held || o.Reason != c.reason {
+			t.Errorf("%s: due at holdUntil: %+v, want refused (%s)", c.name, o, c.reason)
+		}
+	}
+	f := facts{since: now}
+	if got := holdUntil(&f, rules.Policy{}, wheel, now); !got.Equal(now) {
+		t.Errorf("drop policy: holdUntil %v, want now", got)
+	}
+	if got := holdUntil(&f, pol, nil, now); !got.Equal(now) {
+		t.Errorf("no delay tiers: holdUntil %v, want now", got)
+	}
+}

@@ -29,7 +29,7 @@ type Budget struct {
 	// about the limit (99% of it). Defaults to true; false lets
 	// the whole limit go at once at any time (spread, only an idle
 	// budget's), which under sustained demand above the limit travels in
-	// lumps that drift across windows (a window in 40 can get none).
+	// lumps that drift across windows (a window in 100 can get none).
 	Spread *bool `yaml:"spread"`
 }
 
