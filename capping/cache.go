@@ -128,7 +128,7 @@ func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
 		return false
 	}
 	var err error
-	*d, err = decisionOf(h, r.Caps, a.member, a.at)
+	*d, err = decisionOf(h, r.Caps, a.member, a.at, a.counts)
 	if err != nil { // cannot happen: evaluate returns a valid head
 		c.misses.Add(1)
 		return false

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -175,7 +176,11 @@ func loadScript(ctx context.Context, n node, name string) error {
 
 // Key returns the Redis key of a user's log.
 func (l *Limiter) Key(userID uint32) string {
-	return l.cfg.KeyPrefix + ":{" + strconv.FormatUint(uint64(userID), 10) + "}"
+	var buf [64]byte // one allocation (the string) for prefixes of up to 50 bytes
+	b := append(buf[:0], l.cfg.KeyPrefix...)
+	b = append(b, ":{"...)
+	b = strconv.AppendUint(b, uint64(userID), 10)
+	return string(append(b, '}'))
 }
 
 // Offsets of a member's parts (see Member).
@@ -313,7 +318,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			v, err := b.cmds[i].Result()
 			if err == nil {
 				var tail []any
-				decs[i], tail, err = parseReply(v, reqs[i].Caps, b.args[i].member, now)
+				decs[i], tail, err = parseReply(v, reqs[i].Caps, b.args[i].member, now, b.args[i].counts)
 				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
 				}
@@ -368,12 +373,18 @@ type reqArgs struct {
 	at        time.Time // the clock reading of the call
 	now       int64     // at in ms
 	member    string
-	retention int64   // ms
-	since     []int64 // per cap: the first ms that counts
-	reset     []int64 // per cap: a rolling window's ms, or minus a calendar period's end
+	retention int64    // ms
+	since     []int64  // per cap: the first ms that counts
+	reset     []int64  // per cap: a rolling window's ms, or minus a calendar period's end
+	filter    []string // per cap: Cap.filter(), set by scriptCmd
+	counts    []int    // per cap: the Decision's Counts
+
+	// Set by scriptCmd for a call to Redis (the call points at them).
+	key, arbKey, prefKey string
+	arb                  int64 // the arbitration window, ms
 }
 
-// newArgs computes the arguments of every request, on two backing arrays.
+// newArgs computes the arguments of every request, on four backing arrays.
 // The retention is the longest window plus margin (Config.ClockMargin).
 func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
 	ncaps := 0
@@ -381,6 +392,8 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
 		ncaps += len(reqs[i].Caps)
 	}
 	ints := make([]int64, 2*ncaps)
+	filters := make([]string, ncaps)
+	counts := make([]int, ncaps)
 	args := make([]reqArgs, len(reqs))
 	nowMs := now.UnixMilli()
 	for i := range reqs {
@@ -393,6 +406,8 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
 		a.member = Member(r.JobID, r.Channel, r.Campaign, r.Tags)
 		n := len(r.Caps)
 		a.since, a.reset, ints = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
+		a.filter, filters = filters[:n:n], filters[n:]
+		a.counts, counts = counts[:n:n], counts[n:]
 		retention := r.Retention
 		for j := range r.Caps {
 			c := &r.Caps[j]
@@ -475,10 +490,16 @@ func (b *batch) send(ctx context.Context, pending []int) {
 	}
 	pipes := map[pipeKey]redis.Pipeliner{}
 	b.waits = map[node][]*redis.IntCmd{}
+	size := 0
+	for _, i := range pending {
+		size += scriptLen(&b.reqs[i])
+	}
+	slab := make([]any, size) // every call's values
 	for _, i := range pending {
 		r := &b.reqs[i]
-		key := l.Key(r.UserID)
-		nd, err := l.route(ctx, key)
+		a := &b.args[i]
+		a.key = l.Key(r.UserID)
+		nd, err := l.route(ctx, a.key)
 		if err != nil {
 			b.nodes[i], b.routeErr = nil, err
 			continue
@@ -494,7 +515,9 @@ func (b *batch) send(ctx context.Context, pending []int) {
 		if r.DuplicateOnly {
 			record, maxLog = false, 0
 		}
-		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(b.eval, key, r, &b.args[i], record, maxLog)...)
+		n := scriptLen(r)
+		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(slab[:n:n], b.eval, r, a, record, maxLog)...)
+		slab = slab[n:]
 		_ = p.Process(ctx, b.cmds[i]) // queued; the result is read per command
 	}
 	l.calls.Add(uint64(len(pending)))
@@ -590,9 +613,35 @@ const argsStart = 4
 // ArbitrationKey returns the Redis key of a user's arbitration candidates.
 func (l *Limiter) ArbitrationKey(userID uint32) string { return l.Key(userID) + ":arb" }
 
+// The first two values of a call, boxed once: EVALSHA and the script's SHA1,
+// or EVAL and its body.
+var (
+	evalshaHead = [2]any{"evalsha", decideScript.Hash()}
+	evalHead    = [2]any{"eval", decideSource}
+)
+
+// scriptLen is how many values scriptCmd puts in a call of r.
+func scriptLen(r *Request) int {
+	n := argsStart + 8 + 4*len(r.Caps)
+	if r.Arbitration > 0 {
+		n++
+	}
+	if r.Preferences {
+		n++
+	}
+	if r.Refused != "" {
+		n++
+	}
+	return n
+}
+
 // scriptCmd builds one call of decide.lua, EVALSHA (or EVAL with its body
-// when eval is set), with its ARGV (see the script's header) in one array.
-func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLog int) []any {
+// when eval is set), with its ARGV (see the script's header), in dst (of
+// scriptLen(r)). It fills a's keys and filters. The values that vary per call
+// are pointers to a's and r's fields (go-redis writes *int64, *int and *string
+// as their values): an int64 or a string put in an interface would be copied to
+// the heap, a pointer is not. So r and a must not change until the call is sent.
+func scriptCmd(dst []any, eval bool, r *Request, a *reqArgs, record bool, maxLog int) []any {
 	keys := 1
 	if r.Arbitration > 0 {
 		keys++
@@ -601,28 +650,31 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 		keys++
 	}
 	start := argsStart + keys - 1
-	args := make([]any, start+8, start+8+4*len(r.Caps))
-	args[0], args[1] = "evalsha", decideScript.Hash()
+	args := dst[:start+8]
+	head := &evalshaHead
 	if eval {
-		args[0], args[1] = "eval", decideSource
+		head = &evalHead
 	}
-	args[2], args[3] = keys, key
+	args[0], args[1], args[2], args[3] = head[0], head[1], keys, &a.key
 	k := 4
 	if r.Arbitration > 0 {
-		args[k], k = key+":arb", k+1
+		a.arbKey = a.key + ":arb"
+		args[k], k = &a.arbKey, k+1
 	}
 	if r.Preferences {
-		args[k] = key + ":prefs"
+		a.prefKey = a.key + ":prefs"
+		args[k] = &a.prefKey
 	}
+	a.arb = r.Arbitration.Milliseconds()
 	v := args[start:]
-	v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7] = a.now, a.member, 0, a.retention, maxLog, r.Arbitration.Milliseconds(), r.Priority, 0
+	v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7] = &a.now, &a.member, 0, &a.retention, maxLog, &a.arb, r.Priority, 0
 	if r.Preferences {
 		v[7] = 1
 	}
 	switch {
 	case r.Refused != "":
 		v[2] = 3
-		args = append(args, r.Refused)
+		args = append(args, &r.Refused)
 	case record && !r.SentAt.IsZero():
 		v[2] = 2
 	case record:
@@ -630,15 +682,17 @@ func scriptCmd(eval bool, key string, r *Request, a *reqArgs, record bool, maxLo
 	}
 	for i := range r.Caps {
 		c := &r.Caps[i]
-		args = append(args, a.since[i], c.Limit, a.reset[i], c.filter())
+		a.filter[i] = c.filter()
+		args = append(args, &a.since[i], &c.Limit, &a.reset[i], &a.filter[i])
 	}
 	return args
 }
 
 // parseReply checks the script's reply shape against the request's caps and
 // returns its decision and the log that follows it, if any; it never panics
-// on a bad reply. member is the send's, to tell which shadow caps apply.
-func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []any, error) {
+// on a bad reply. member is the send's, to tell which shadow caps apply;
+// counts (of len(caps)) becomes the Decision's Counts, or nil.
+func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (Decision, []any, error) {
 	ncaps := len(caps)
 	arr, ok := v.([]any)
 	// capped by a preference (4) or refused before (5): a name last
@@ -646,7 +700,12 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []an
 	if !ok || len(arr) < 3+ncaps || (!pref && (len(arr)-3-ncaps)%2 != 0) {
 		return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: want an array of %d integers and a log", v, 3+ncaps)
 	}
-	ints := make([]int64, 3+ncaps)
+	var buf [3 + maxCaps]int64
+	ints := buf[:0]
+	if 3+ncaps > len(buf) {
+		ints = make([]int64, 0, 3+ncaps)
+	}
+	ints = ints[:3+ncaps]
 	for i := range ints {
 		n, ok := arr[i].(int64)
 		if !ok {
@@ -654,9 +713,9 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []an
 		}
 		ints[i] = n
 	}
-	d, err := decisionOf(ints, caps, member, now)
+	d, err := decisionOf(ints, caps, member, now, counts)
 	if err != nil {
-		return Decision{}, nil, fmt.Errorf("unexpected script reply %v: %w", ints, err)
+		return Decision{}, nil, fmt.Errorf("unexpected script reply %v: %w", slices.Clone(ints), err)
 	}
 	if pref {
 		field, ok := arr[3+ncaps].(string)
@@ -675,10 +734,14 @@ func parseReply(v any, caps []Cap, member string, now time.Time) (Decision, []an
 }
 
 // decisionOf turns a script's answer (status, cap, retry_at, counts...),
-// from Redis or the near cache, into a Decision.
-func decisionOf(ints []int64, caps []Cap, member string, now time.Time) (Decision, error) {
+// from Redis or the near cache, into a Decision. Its Counts are counts when
+// that has one per cap (the caller's array: no allocation per decision).
+func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts []int) (Decision, error) {
 	ncaps := len(caps)
-	d := Decision{At: now, Counts: make([]int, ncaps)}
+	if len(counts) != ncaps {
+		counts = make([]int, ncaps)
+	}
+	d := Decision{At: now, Counts: counts}
 	for i := range d.Counts {
 		d.Counts[i] = int(ints[3+i])
 	}

@@ -1,6 +1,7 @@
 package capping
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestScriptArgs(t *testing.T) {
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
 	a := &newArgs([]Request{r}, now, 0)[0]
-	args := scriptCmd(false, "fc:{7}", &r, a, true, 64)[argsStart:]
+	args := call(&r, a, true, 64)[argsStart:]
 	ms := int64(time.Hour / time.Millisecond)
 	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64, int64(0), 0, 0,
 		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, "",
@@ -36,17 +37,45 @@ func TestScriptArgs(t *testing.T) {
 	}
 	arb := r
 	arb.Arbitration, arb.Priority, arb.Caps = 2*time.Minute, 7, []Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 3, Arbitrated: true}}
-	if got := scriptCmd(false, "fc:{7}", &arb, &newArgs([]Request{arb}, now, 0)[0], true, 0); got[2] != 2 || got[3] != "fc:{7}" || got[4] != "fc:{7}:arb" ||
+	if got := call(&arb, &newArgs([]Request{arb}, now, 0)[0], true, 0); got[2] != 2 || got[3] != "fc:{7}" || got[4] != "fc:{7}:arb" ||
 		got[10] != int64(120000) || got[11] != 7 || got[16] != "\x02\x00\x00" {
 		t.Errorf("arbitrated request: %q, want 2 keys (the log, its candidates), ARGV[6] 120000, ARGV[7] 7, the cap's flags 2", got)
 	}
-	if got := scriptCmd(false, "fc:{7}", &r, a, false, 0)[argsStart+2]; got != 0 {
+	if got := call(&r, a, false, 0)[argsStart+2]; got != 0 {
 		t.Errorf("look-only ARGV[3] = %v, want 0", got)
 	}
+	marked := arb
+	marked.Preferences, marked.Refused, marked.Caps = true, "budget", nil
+	if got := call(&marked, &newArgs([]Request{marked}, now, 0)[0], true, 0); got[2] != 3 || got[5] != "fc:{7}:prefs" ||
+		got[argsStart+2+2] != 3 || got[argsStart+2+7] != 1 || got[len(got)-1] != "budget" {
+		t.Errorf("refused request with preferences: %q, want 3 keys (log, candidates, preferences), ARGV[3] 3, ARGV[8] 1, ARGV[9] the refusal", got)
+	}
 	r.Retention = 0
-	if got := scriptCmd(false, "fc:{7}", &r, &newArgs([]Request{r}, now, 0)[0], true, 0)[argsStart+3]; got != 24*ms {
+	if got := call(&r, &newArgs([]Request{r}, now, 0)[0], true, 0)[argsStart+3]; got != 24*ms {
 		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", got)
 	}
+}
+
+// call is scriptCmd's call of r for user 7, with the values it points at
+// (what go-redis writes) in their place.
+func call(r *Request, a *reqArgs, record bool, maxLog int) []any {
+	a.key = "fc:{7}"
+	n := scriptLen(r)
+	args := scriptCmd(make([]any, n), false, r, a, record, maxLog)
+	if len(args) != n {
+		panic(fmt.Sprintf("scriptCmd made %d values, scriptLen says %d", len(args), n))
+	}
+	for i, v := range args {
+		switch p := v.(type) {
+		case *int64:
+			args[i] = *p
+		case *int:
+			args[i] = *p
+		case *string:
+			args[i] = *p
+		}
+	}
+	return args
 }
 
 func TestMemberAndScopes(t *testing.T) {
@@ -110,7 +139,7 @@ func TestParseReply(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, _, err := parseReply(tt.reply, caps, member, now)
+			got, _, err := parseReply(tt.reply, caps, member, now, nil)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.err)
@@ -155,7 +184,7 @@ func TestShadowCapsAreReported(t *testing.T) {
 	}
 	// Allowed with 2 sends counted by both shadow caps: new-daily would have
 	// capped; push-shadow does not apply to an email send.
-	d, _, err := parseReply([]any{int64(1), int64(0), int64(0), int64(2), int64(2), int64(3)}, caps, Member("j", "email", "c", nil), now)
+	d, _, err := parseReply([]any{int64(1), int64(0), int64(0), int64(2), int64(2), int64(3)}, caps, Member("j", "email", "c", nil), now, make([]int, len(caps)))
 	if err != nil {
 		t.Fatal(err)
 	}
