@@ -27,7 +27,7 @@ run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us c
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1
   fi
-  echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:|broker:|redis:)' | sed "s/^/  [$1] /" >&2
+  echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:|broker:|redis:|redis calls:)' | sed "s/^/  [$1] /" >&2
   local json worker broker redis
   json=$(echo "$out" | grep '^{"jobs"' | tail -1)
   worker=$(echo "$out" | grep '^worker:' | tail -1)

@@ -109,6 +109,7 @@ broker_start=$(broker_ticks)
 # the resource a deployment sizes first. Replicas are left out (they replay the writes).
 source scripts/redis-cpu.sh
 redis_start=$(redis_masters_cpu ${CAPPER_TEST_REDIS_ADDRS//,/ })
+redis_masters_commands ${CAPPER_TEST_REDIS_ADDRS//,/ } >"$work/redis-commands.start"
 for addr in "${metrics_addrs[@]}"; do for _ in $(seq 300); do
   curl -fsS "http://$addr/readyz" >/dev/null 2>&1 && break
   kill -0 "$worker_pid" 2>/dev/null || { cat "$work/worker.log" >&2; echo "demo: capper run exited" >&2; exit 1; }
@@ -134,6 +135,7 @@ done
 drained=$(date +%s.%N)
 broker_end=$(broker_ticks)
 redis_end=$(redis_masters_cpu ${CAPPER_TEST_REDIS_ADDRS//,/ })
+redis_masters_commands ${CAPPER_TEST_REDIS_ADDRS//,/ } >"$work/redis-commands.end"
 echo "capper handled $handled of $JOBS jobs" >&2
 if ((PREPRODUCE)); then
   awk -v a="$worker_started" -v b="$drained" -v n="$handled" 'BEGIN { printf "drain: %d jobs in %.1f s from worker start (%.0f jobs/s)\n", n, b - a, n / (b - a) }' >&2
@@ -165,6 +167,7 @@ awk -v t=$((broker_end - broker_start)) -v hz="$(getconf CLK_TCK)" -v jobs="$JOB
     pre ? "fetches, outputs, commits" : "the jobs'"'"' produce, fetches, outputs, commits" }'
 awk -v a="$redis_start" -v b="$redis_end" -v jobs="$JOBS" 'BEGIN {
   printf "redis: masters cpu %.1f s (%.1f us/job) from the worker'"'"'s start to the drain\n", b - a, 1e6*(b - a)/jobs }'
+redis_commands_per_job "$work/redis-commands.start" "$work/redis-commands.end" "$JOBS"
 kill -TERM "$worker_pid"
 if ! wait "$worker_pid"; then
   echo "demo: capper run did not exit cleanly; its log:" >&2
