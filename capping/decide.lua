@@ -328,7 +328,15 @@ if arbkey and window > 0 and status == 1 and last then
     local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
     return tonumber(p), tonumber(r), tonumber(e)
   end
-  local mine = redis.call('HGET', arbkey, member)
+  -- One read of the user's candidates serves this send's own entry and its window's others.
+  local all = redis.call('HGETALL', arbkey)
+  local mine = nil
+  for j = 1, #all, 2 do
+    if all[j] == member then
+      mine = all[j + 1]
+      break
+    end
+  end
   local wend = nil
   if mine then
     local _, _, e = fields(mine)
@@ -343,7 +351,6 @@ if arbkey and window > 0 and status == 1 and last then
   if wend and now < wend then -- a redelivery before its window ends
     status, hit, retry_at = 3, last, wend
   elseif wend then -- back at its window's end: the best of its window takes the slot
-    local all = redis.call('HGETALL', arbkey)
     local best, bp, br = nil, -1, 0
     for j = 1, #all, 2 do
       local p, r, e = fields(all[j + 1])
@@ -358,8 +365,7 @@ if arbkey and window > 0 and status == 1 and last then
       status, hit, retry_at = 0, last, last_at
     end
   else -- a new candidate: join the user's open window, or open one
-    wend = now + window
-    local all = redis.call('HGETALL', arbkey)
+    wend = now + window -- a forgotten entry of this send's (HDEL above) ended before now: never joined
     for j = 2, #all, 2 do
       local _, _, e = fields(all[j])
       if e > now and e - window <= now and e < wend then
