@@ -230,6 +230,10 @@ func TestEvictionAndExpiry(t *testing.T) {
 	ctx := context.Background()
 	caps := []capping.Cap{daily3, weekly5}
 	e.decide(t, job(5, "email", caps...))
+	// A new key gets its TTL from its first write (the script sets it without asking PTTL).
+	if ttl := e.rdb.PTTL(ctx, e.lim.Key(5)).Val(); ttl <= 7*24*time.Hour || ttl > 7*24*time.Hour+time.Hour {
+		t.Fatalf("PTTL after the first send %v, want the longest window (7 days) and an hour", ttl)
+	}
 	e.clock.Add(3 * 24 * time.Hour)
 	e.decide(t, job(5, "email", caps...))
 	key := e.lim.Key(5)
@@ -377,6 +381,9 @@ func TestRefusedMark(t *testing.T) {
 	key := e.lim.Key(9)
 	if n := e.rdb.ZCard(ctx, key).Val(); n != 1 {
 		t.Fatalf("the log holds %d entries after the refusal, want its mark", n)
+	}
+	if ttl := e.rdb.PTTL(ctx, key).Val(); ttl <= time.Hour || ttl > time.Hour+time.Hour/8 {
+		t.Fatalf("PTTL of a log made by a mark %v, want the retention (an hour) and an eighth", ttl)
 	}
 	e.clock.Add(time.Second)
 	// Another copy of j1 with room under its caps: refused, not recorded.

@@ -113,7 +113,7 @@ end
 -- keep makes the key live at least the retention after a write. A PEXPIRE is a write replicated in a
 -- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
 -- eighth, at most an hour) and, unless always, is skipped while more than the retention is left (PTTL
--- only reads).
+-- only reads). Callers pass always for a key the script found empty (it did not exist: no TTL to ask).
 local function keep(always)
   if always or redis.call('PTTL', key) < retention then
     redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
@@ -172,7 +172,7 @@ end
 if mark then
   if status == 1 then
     redis.call('ZADD', key, -now, string.char(#member) .. member .. ARGV[9])
-    keep(false)
+    keep(#raw == 0)
     return {1, 0, 0}
   end
   return {2, 0, recorded}
@@ -394,7 +394,7 @@ if record and (status == 1 or status == 2) then
   end
   -- Always on a duplicate: the write advances this connection's replication offset past the earlier
   -- write of the same job, so a WAIT after the script waits for that too.
-  keep(status == 2)
+  keep(status == 2 or #raw == 0)
 end
 
 local reply = {status, hit, retry_at}
