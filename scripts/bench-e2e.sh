@@ -2,7 +2,8 @@
 # bench-e2e.sh (make bench-e2e, make bench-cost) — what a job costs each process, and the throughput, on this
 # machine in one run, alternated ROUNDS times (default 3):
 #   1. capper: BENCH_JOBS jobs (default 1,000,000) for BENCH_USERS users through demo.sh (loadgen ->
-#      capper run -> report), with the near cache (the default);
+#      capper run -> report), with the near cache (the default), on bench-lib's decide.yaml (the drop path,
+#      without arbitration windows: every job decided within the run, which each run checks);
 #   2. the same with the near cache off (redis.near_cache_size 0);
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
@@ -21,11 +22,15 @@ ROUNDS=${ROUNDS:-3}
 run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us"
   local out
   local rc=0
-  out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 DEMO_CONFIG="$work/drop.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" \
+  out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" \
     scripts/demo.sh 2>&1) || rc=$?
   # The baseline forwards everything, so its report finds cap violations; it must still lose nothing.
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1
+  fi
+  # Every job decided within the run, none left on a delay tier (its decision's cost would be missing).
+  if ! grep -q '"pending":0,' <<<"$out"; then
+    echo "$out" >&2; echo "bench-e2e: $1 run left jobs pending on the delay tiers: the figures would leave out their decisions" >&2; exit 1
   fi
   echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:|broker:|redis:|redis calls:)' | sed "s/^/  [$1] /" >&2
   local json worker broker redis
