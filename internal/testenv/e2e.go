@@ -300,6 +300,42 @@ func (s *Stack) CollectFrom(topics []string, want int, timeout time.Duration) []
 	return s.collect(topics, func(outs []Output) bool { return len(outs) >= want }, timeout)
 }
 
+// CollectAll reads every message topic holds now: the sum over its
+// partitions of the end offset less the first, looked up once, then read.
+func (s *Stack) CollectAll(topic string, timeout time.Duration) []Output {
+	s.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c := s.adminClient()
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil || len(md.Topics) != 1 || md.Topics[0].Error != nil {
+		s.T.Fatalf("metadata of %s: %v %+v", topic, err, md)
+	}
+	var reqs []kafka.OffsetRequest
+	for _, p := range md.Topics[0].Partitions {
+		reqs = append(reqs, kafka.FirstOffsetOf(p.ID), kafka.LastOffsetOf(p.ID))
+	}
+	offs, err := c.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+	if err != nil {
+		s.T.Fatalf("offsets of %s: %v", topic, err)
+	}
+	total := 0
+	for _, p := range offs.Topics[topic] {
+		if p.Error != nil {
+			s.T.Fatalf("offsets of %s partition %d: %v", topic, p.Partition, p.Error)
+		}
+		total += int(p.LastOffset - p.FirstOffset)
+	}
+	if total == 0 {
+		return nil
+	}
+	outs := s.CollectFrom([]string{topic}, total, timeout)
+	if len(outs) < total {
+		s.T.Errorf("%s: read %d of its %d messages in %v", topic, len(outs), total, timeout)
+	}
+	return outs
+}
+
 // CollectJobs reads the three output topics until every job has an output
 // (redelivered jobs may have more) or the timeout passes.
 func (s *Stack) CollectJobs(jobs []JobSpec, timeout time.Duration) []Output {
