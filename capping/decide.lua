@@ -208,8 +208,10 @@ local function kth(k, since, scoped, channels, tags, campaign)
   return nil
 end
 
--- Per cap, in plain locals and arrays (a table per cap costs more than the counting).
-local counts, limits, blocks, applied, ncaps = {}, {}, {}, {}, 0
+-- Per cap, in plain locals (a table per cap costs more than the counting): its count goes straight into
+-- the reply, and whether a blocking cap is full after the decision into two flags, one for an allowed
+-- send (it counts where it applies) and one for any other (full0, full1: see the near cache's log below).
+local reply, ncaps, full0, full1 = {1, 0, 0}, 0, false, false
 local hit, retry_at, never = 0, 0, false
 local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
 for i = 9, #ARGV - 3, 4 do
@@ -233,7 +235,11 @@ for i = 9, #ARGV - 3, 4 do
     count = n - j
   end
   ncaps = ncaps + 1
-  counts[ncaps], limits[ncaps], blocks[ncaps], applied[ncaps] = count, limit, not shadow, applies
+  reply[3 + ncaps] = count
+  if not shadow then
+    full0 = full0 or count >= limit
+    full1 = full1 or count + (applies and 1 or 0) >= limit
+  end
   if arbitrated and not shadow and applies and count == limit - 1 and not last then
     last, last_at = ncaps, -reset
     if reset > 0 then -- once the last slot is taken, the oldest entry frees one
@@ -397,10 +403,7 @@ if record and (status == 1 or status == 2) then
   keep(status == 2 or #raw == 0)
 end
 
-local reply = {status, hit, retry_at}
-for i = 1, ncaps do
-  reply[3 + i] = counts[i]
-end
+reply[1], reply[2], reply[3] = status, hit, retry_at
 if status == 4 then
   reply[#reply + 1] = pref
   return reply
@@ -409,17 +412,7 @@ end
 -- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
 -- capped, and the cache can tell so without a call until the log changes.
 if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
-  local full = status == 0
-  for i = 1, ncaps do
-    if not full and blocks[i] then
-      local count = counts[i]
-      if status == 1 and applied[i] then
-        count = count + 1
-      end
-      full = count >= limits[i]
-    end
-  end
-  if full then
+  if status == 0 or (status == 1 and full1) or (status ~= 1 and full0) then
     for j = 1, n do
       reply[#reply + 1] = members[j]
       reply[#reply + 1] = scores[j]
