@@ -5,11 +5,14 @@
 #   seed    scripts/lua/seed.lua: the seed's design (ZCOUNT per window, ZADD, ZREMRANGEBYSCORE), two windows
 #   decide  capping/decide.lua: capper's script, write path, the same two caps (daily and weekly, every send)
 #   bare    scripts/lua/bare.lua: returns at once, with decide.lua's arguments: the cost of the call itself
+#   floor   scripts/lua/floor.lua: ZRANGE, ZADD and PEXPIRE of the user's log and nothing else, with decide.lua's
+#           arguments: the commands decide.lua cannot do without on a new user's first send (decide less floor
+#           is what its logic costs)
 #   batch   decide.lua's body run for BATCH users (default 16) in one call (a wrapper made here, with the
 #           allow-cross-slot-keys flag of Redis 7 and the users' keys undeclared, all on one node): what issue
 #           27's first lever (one call per cluster node per batch) could save; reported per user, not per call
-# Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B batch N" (medians, us per
-# call; batch: per user).
+# Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B floor F batch N" (medians,
+# us per call; batch: per user).
 # Each script is called once by redis-cli first: an error reply stops the bench (an erroring script is cheap).
 # Uses the running local stack (scripts/stack.sh env).
 set -euo pipefail
@@ -56,7 +59,7 @@ return out
 LUA
 } >"$batch_lua"
 grep -q '^local key = KEYS\[1\]' "$batch_lua" || { echo "bench-calls: cannot wrap capping/decide.lua" >&2; exit 1; }
-declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [batch]=$(load "$batch_lua"))
+declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua) [batch]=$(load "$batch_lua"))
 rm -f "$batch_lua"
 args() { # args NAME NOW KEY MEMBER -> the script's arguments after EVALSHA ("#" in KEY and MEMBER: batch's user)
   local day=$(($2 - 86400000 + 1)) week=$(($2 - 604800000 + 1)) key=${3//\#/} member=${4//\#/}
@@ -92,10 +95,10 @@ cleanup() { # drop the benchmark's keys (once, at the end: a scan of every key)
 trap cleanup EXIT
 rows=()
 for r in $(seq "$ROUNDS"); do
-  for s in seed decide bare batch; do
+  for s in seed decide bare floor batch; do
     rows+=("$s $(call "$s" "$r")")
   done
-  echo "bench-calls round $r: ${rows[*]: -4}" >&2
+  echo "bench-calls round $r: ${rows[*]: -5}" >&2
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
 import statistics, sys
@@ -103,4 +106,4 @@ v = {}
 for line in sys.stdin:
     k, x = line.split()
     v.setdefault(k, []).append(float(x))
-print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "batch")))'
+print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch")))'

@@ -7,7 +7,8 @@
 #   2. the same with the near cache off (redis.near_cache_size 0);
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
-# then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua and of a bare script,
+# then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
+# decide.lua's floor (its ZRANGE, ZADD and PEXPIRE alone),
 # and decide.lua's body per user when 16 users share a call
 # costs the Redis masters, medians of 3) and the redis-benchmark EVALSHA ceiling of decide.lua (median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
@@ -77,11 +78,13 @@ print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" 
 print("| the seed's script, redis-benchmark, per call | %.1f us | - | - | - |" % call["seed"])
 print("| capper's decide.lua, redis-benchmark, per call | %.1f us | - | - | - |" % call["decide"])
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
+print("| ZRANGE, ZADD and PEXPIRE of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
 print("| decide.lua's body for 16 users in one call (cross-slot, one node), per user | %.1f us | - | - | - |" % call["batch"])
 print()
 print("Redis per job (cache on) / seed per call     %5.2f   (goal <= 0.5)" % (c[5] / call["seed"]))
 print("decide.lua per call / seed per call          %5.2f   (goal <= 1.0)" % (call["decide"] / call["seed"]))
 print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
+print("decide.lua per call / its floor per call     %5.2f   (what its logic adds to the commands it needs)" % (call["decide"] / call["floor"]))
 print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[1] / p[1]))
 print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 60%%)" % (100 * c[0] / p[0]))
 print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
