@@ -34,7 +34,7 @@ out=$(DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PRE
   scripts/demo.sh 2>&1) || rc=$?
 ended=$(date +%s.%N)
 after=$(redis_bytes)
-echo "$out" | grep -E '^(  (decisions|throughput|checks|held)|worker:|broker:|capper handled|drain:|loadgen: .*jobs/s)' >&2
+echo "$out" | grep -E '^(  (decisions|throughput|checks|held|memory)|worker:|broker:|capper handled|drain:|loadgen: .*jobs/s)' >&2
 if ((rc)) || ! grep -q '"unaccounted":0,' <<<"$out" || ! grep -q '"violations":0' <<<"$out"; then
   echo "$out" | tail -40 >&2
   echo "bench-blast: the run failed or the report found lost jobs or violations" >&2

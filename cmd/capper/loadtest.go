@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -231,6 +233,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintln(stderr, "capper report: --config and --manifest are required")
 		return errUsage
 	}
+	limitHeap()
 	cfg, err := loadConfig(*path)
 	if err != nil {
 		return err
@@ -311,6 +314,9 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack, Preferences: prefs}, time.Now())
 	printReport(stdout, &r, len(outs))
+	if kib, ok := procKiB("/proc/self/status", "VmHWM:"); ok {
+		fmt.Fprintf(stdout, "  memory      the report's peak resident set %.0f MiB\n", float64(kib)/1024)
+	}
 	line, _ := json.Marshal(r)
 	fmt.Fprintln(stdout, string(line))
 	if !r.OK() {
@@ -340,6 +346,36 @@ func producePaced(ctx context.Context, w *kafka.Writer, msgs []kafka.Message, ra
 		progress(end)
 	}
 	return nil
+}
+
+// limitHeap keeps the report's heap below three quarters of the memory
+// available when it starts, unless GOMEMLIMIT is set: the report holds every
+// output of a blast (gigabytes for ten million jobs), and near the limit the
+// collector runs more often instead of letting the heap grow to twice what
+// is live.
+func limitHeap() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	if kib, ok := procKiB("/proc/meminfo", "MemAvailable:"); ok {
+		debug.SetMemoryLimit(kib * 1024 / 4 * 3)
+	}
+}
+
+// procKiB reads the "FIELD: N kB" line of a /proc file; false where there is
+// none (not Linux).
+func procKiB(path, field string) (int64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, field); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 func printReport(w io.Writer, r *loadtest.Result, outputs int) {

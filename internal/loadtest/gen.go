@@ -268,6 +268,9 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 	cr.FieldsPerRecord = -1
 	cr.ReuseRecord = true
 	var out []Sent
+	// Ten million lines are held at once by capper report: each Sent keeps
+	// copies of its ids and shared copies of its other fields, not the line.
+	in, tags := interner{}, map[string][]string{}
 	for line := 1; ; line++ {
 		f, err := cr.Read()
 		if errors.Is(err, io.EOF) {
@@ -286,9 +289,17 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("manifest line %d: user id %q", line, f[2])
 		}
-		sent := Sent{ID: f[0], JobID: f[1], UserID: uint32(uid), Channel: f[3], Category: f[4], Kind: f[5], Campaign: f[6], Timezone: f[8]}
-		if f[7] != "" {
-			sent.Tags = strings.Split(f[7], "|")
+		sent := Sent{ID: strings.Clone(f[0]), JobID: strings.Clone(f[1]), UserID: uint32(uid), Channel: in.get(f[3]),
+			Category: in.get(f[4]), Kind: in.get(f[5]), Campaign: in.get(f[6]), Timezone: in.get(f[8])}
+		if f[7] != "" { // a tag list is shared by the jobs that have it: read only
+			t, ok := tags[f[7]]
+			if !ok {
+				t = strings.Split(in.get(f[7]), "|")
+				if len(tags) < 10000 {
+					tags[in.get(f[7])] = t
+				}
+			}
+			sent.Tags = t
 		}
 		if len(f) > 9 && f[9] != "" {
 			if sent.ExpiresAt, err = time.Parse(time.RFC3339Nano, f[9]); err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -174,10 +175,9 @@ type checker struct {
 	p           Policy
 	j           *judge
 	sent        []Sent
-	byID        map[string]*Sent
-	seq         map[string]int                   // message id -> index in sent
-	seen        map[string]bool                  // message ids that reached a topic
-	jobRoles    map[string]map[string]bool       // job id -> roles it reached
+	seq         map[string]int32                 // message id -> index in sent
+	seen        []bool                           // by index in sent: the message reached a topic
+	jobRoles    map[string]roleSet               // job id -> the final topics it reached
 	allowed     map[uint32]map[string]sentSend   // user -> job id -> its first allowed output
 	heldDue     map[string]time.Time             // job id -> the latest due time of its holds
 	windows     map[uint32]map[time.Time][]*Sent // user -> arbitration window's end -> its candidates
@@ -197,16 +197,41 @@ type sentSend struct {
 func newChecker(sent []Sent, p Policy) *checker {
 	c := &checker{
 		r: Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
-		p: p, sent: sent, byID: make(map[string]*Sent, len(sent)), seen: make(map[string]bool, len(sent)),
-		jobRoles: map[string]map[string]bool{}, allowed: map[uint32]map[string]sentSend{}, heldDue: map[string]time.Time{},
+		p: p, sent: sent, seq: make(map[string]int32, len(sent)), seen: make([]bool, len(sent)),
+		jobRoles: make(map[string]roleSet, len(sent)), allowed: map[uint32]map[string]sentSend{}, heldDue: map[string]time.Time{},
 		windows: map[uint32]map[time.Time][]*Sent{}, arbitrated: map[string]string{},
 	}
-	c.seq = make(map[string]int, len(sent))
 	for i := range sent {
-		c.byID[sent[i].ID] = &sent[i]
-		c.seq[sent[i].ID] = i
+		c.seq[sent[i].ID] = int32(i)
 	}
 	return c
+}
+
+// roleSet is the set of final topics a job reached (a bit per role): ten
+// million jobs fit in a map of bytes, where a map of roles per job took
+// gigabytes.
+type roleSet uint8
+
+var finalRoles = [...]string{RoleAllowed, RoleCapped, RoleDLQ}
+
+func (s roleSet) with(role string) roleSet {
+	for i, r := range finalRoles {
+		if r == role {
+			return s | 1<<i
+		}
+	}
+	return s
+}
+
+// roles lists the set's roles.
+func (s roleSet) roles() []string {
+	var out []string
+	for i, r := range finalRoles {
+		if s&(1<<i) != 0 {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // tally counts o by decision, cap and segment.
@@ -264,11 +289,12 @@ func (c *checker) timing(o *Output) {
 
 // account records where o's message and job went, and the counted sends.
 func (c *checker) account(o *Output) {
-	s, ok := c.byID[o.ID]
+	i, ok := c.seq[o.ID]
 	if !ok {
 		return // not part of this blast
 	}
-	c.seen[o.ID] = true
+	s := &c.sent[i]
+	c.seen[i] = true
 	if o.Role == RoleHeld {
 		if s.Kind == KindMalformed {
 			c.r.Violations++
@@ -309,10 +335,7 @@ func (c *checker) account(o *Output) {
 		}
 		return
 	}
-	if c.jobRoles[s.JobID] == nil {
-		c.jobRoles[s.JobID] = map[string]bool{}
-	}
-	c.jobRoles[s.JobID][o.Role] = true
+	c.jobRoles[s.JobID] = c.jobRoles[s.JobID].with(o.Role)
 	if o.Role == RoleAllowed && o.Decision != consumer.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
 		c.r.Violations++
 		c.r.problem("job %q allowed at %s, at or after its expires_at %s", s.JobID, o.at().Format(time.RFC3339Nano), s.ExpiresAt.Format(time.RFC3339Nano))
@@ -324,7 +347,7 @@ func (c *checker) account(o *Output) {
 		c.allowed[s.UserID] = map[string]sentSend{}
 	}
 	if prev, ok := c.allowed[s.UserID][s.JobID]; !ok || o.at().Before(prev.t) {
-		c.allowed[s.UserID][s.JobID] = sentSend{t: o.at(), sent: s, seq: c.seq[o.ID]}
+		c.allowed[s.UserID][s.JobID] = sentSend{t: o.at(), sent: s, seq: int(i)}
 	}
 }
 
@@ -333,7 +356,7 @@ func (c *checker) account(o *Output) {
 // the held jobs due later as pending.
 func (c *checker) unaccounted(now time.Time) {
 	for job, due := range c.heldDue {
-		if len(c.jobRoles[job]) > 0 {
+		if c.jobRoles[job] != 0 {
 			continue
 		}
 		if due.After(now.Add(-ReleaseGrace)) {
@@ -343,14 +366,14 @@ func (c *checker) unaccounted(now time.Time) {
 		c.r.Unaccounted++
 		c.r.problem("job %q was held until %s and never released", job, due.Format(time.RFC3339Nano))
 	}
-	for _, s := range c.sent {
-		if !c.seen[s.ID] {
+	for i, s := range c.sent {
+		if !c.seen[i] {
 			c.r.Unaccounted++
 			c.r.problem("message %s (job %q, user %d, %s) reached no output topic", s.ID, s.JobID, s.UserID, s.Kind)
 		}
 	}
-	for job, roles := range c.jobRoles {
-		if len(roles) > 1 {
+	for job, set := range c.jobRoles {
+		if roles := set.roles(); len(roles) > 1 {
 			c.r.Unaccounted++
 			c.r.problem("job %q reached %d output topics: %v", job, len(roles), roles)
 		}
@@ -579,10 +602,10 @@ func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var mu sync.Mutex
-	var outs []Output
-	seen := map[string]bool{}      // ids with a final output
-	held := map[string]time.Time{} // ids of want held (latest due) without a final output yet
-	found := 0                     // ids of want with a final output
+	outs := make([]Output, 0, len(want)) // a final output per id at least: no regrowth of a 10M-output slice
+	seen := map[string]bool{}            // ids with a final output
+	held := map[string]time.Time{}       // ids of want held (latest due) without a final output yet
+	found := 0                           // ids of want with a final output
 	lastNew := time.Now()
 	group := fmt.Sprintf("capper-report-%d", time.Now().UnixNano())
 	var wg sync.WaitGroup
@@ -594,6 +617,7 @@ func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 			rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Dialer: dialer, GroupID: group + "-" + role, Topic: topic,
 				MaxWait: 250 * time.Millisecond, StartOffset: kafka.FirstOffset, MaxBytes: 16 << 20, QueueCapacity: 10000})
 			defer rd.Close()
+			in := interner{}
 			for {
 				m, err := rd.FetchMessage(ctx) // no commits: the group is this report's own, used once
 				if err != nil {
@@ -602,7 +626,7 @@ func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 					}
 					return
 				}
-				o, err := parseOutput(role, m)
+				o, err := parseOutput(role, m, in)
 				if err != nil {
 					errs <- err
 					return
@@ -666,7 +690,24 @@ loop:
 	return outs, nil
 }
 
-func parseOutput(role string, m kafka.Message) (Output, error) {
+// interner keeps one copy of each of the few values a field takes across
+// millions of outputs or manifest lines (a decision, segment, cap, reason,
+// channel, campaign, time zone). What it returns never points into s's
+// buffer (a manifest line).
+type interner map[string]string
+
+func (in interner) get(s string) string {
+	if v, ok := in[s]; ok {
+		return v
+	}
+	c := strings.Clone(s)
+	if len(in) < 10000 { // the values are a handful; never let a surprise grow it without bound
+		in[c] = c
+	}
+	return c
+}
+
+func parseOutput(role string, m kafka.Message, in interner) (Output, error) {
 	o := Output{Role: role, Time: m.Time}
 	for _, h := range m.Headers {
 		switch h.Key {
@@ -682,5 +723,6 @@ func parseOutput(role string, m kafka.Message) (Output, error) {
 	if o.Output, err = consumer.ParseOutput(m.Headers); err != nil {
 		return o, fmt.Errorf("report: %s partition %d offset %d (loadgen id %q): %w", m.Topic, m.Partition, m.Offset, o.ID, err)
 	}
+	o.Decision, o.Segment, o.Cap, o.Reason, o.Arbitration = in.get(o.Decision), in.get(o.Segment), in.get(o.Cap), in.get(o.Reason), in.get(o.Arbitration)
 	return o, nil
 }
