@@ -13,6 +13,9 @@
 #           27's first lever (one call per cluster node per batch) could save; reported per user, not per call
 # Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B floor F batch N" (medians,
 # us per call; batch: per user).
+# Scripts given as arguments (scripts/bench-calls.sh FILE.lua ...) are measured too, each with decide.lua's
+# arguments and named by its file's base name after the others: a variant of decide.lua (cut short after a
+# step, or reworked) is measured side by side with the script in the same rounds.
 # Each script is called once by redis-cli first: an error reply stops the bench (an erroring script is cheap).
 # Uses the running local stack (scripts/stack.sh env).
 set -euo pipefail
@@ -61,6 +64,13 @@ LUA
 grep -q '^local key = KEYS\[1\]' "$batch_lua" || { echo "bench-calls: cannot wrap capping/decide.lua" >&2; exit 1; }
 declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua) [batch]=$(load "$batch_lua"))
 rm -f "$batch_lua"
+extra=()
+for f in "$@"; do
+  n=$(basename "$f" .lua)
+  [[ -z ${sha[$n]:-} ]] || { echo "bench-calls: $f: the name $n is taken" >&2; exit 1; }
+  sha[$n]=$(load "$f")
+  extra+=("$n")
+done
 args() { # args NAME NOW KEY MEMBER -> the script's arguments after EVALSHA ("#" in KEY and MEMBER: batch's user)
   local day=$(($2 - 86400000 + 1)) week=$(($2 - 604800000 + 1)) key=${3//\#/} member=${4//\#/}
   case $1 in
@@ -95,10 +105,10 @@ cleanup() { # drop the benchmark's keys (once, at the end: a scan of every key)
 trap cleanup EXIT
 rows=()
 for r in $(seq "$ROUNDS"); do
-  for s in seed decide bare floor batch; do
+  for s in seed decide bare floor batch "${extra[@]}"; do
     rows+=("$s $(call "$s" "$r")")
   done
-  echo "bench-calls round $r: ${rows[*]: -5}" >&2
+  echo "bench-calls round $r: ${rows[*]: -$((5 + ${#extra[@]}))}" >&2
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
 import statistics, sys
@@ -106,4 +116,4 @@ v = {}
 for line in sys.stdin:
     k, x = line.split()
     v.setdefault(k, []).append(float(x))
-print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch")))'
+print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch") + tuple(sys.argv[1:])))' "${extra[@]}"
