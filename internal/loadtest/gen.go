@@ -294,9 +294,10 @@ func ReadManifest(r io.Reader) ([]Sent, error) {
 		if f[7] != "" { // a tag list is shared by the jobs that have it: read only
 			t, ok := tags[f[7]]
 			if !ok {
-				t = strings.Split(in.get(f[7]), "|")
+				key := in.get(f[7])
+				t = strings.Split(key, "|")
 				if len(tags) < 10000 {
-					tags[in.get(f[7])] = t
+					tags[key] = t
 				}
 			}
 			sent.Tags = t
