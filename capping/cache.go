@@ -121,14 +121,15 @@ func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
 	var buf [cacheMaxLog]logItem
 	log := e.items(buf[:0])
 	var head [3 + maxCaps]int64
-	h := evaluate(log, r.Caps, a, head[:3+len(r.Caps)])
+	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
 	sh.mu.Unlock()
 	if h[0] != 0 {
 		c.misses.Add(1)
 		return false
 	}
 	var err error
-	*d, err = decisionOf(h, r.Caps, a.member, a.at, a.counts)
+	*d, err = decisionOf(h, a.caps, a.member, a.at, a.counts)
+	a.requestCounts(d)
 	if err != nil { // cannot happen: evaluate returns a valid head
 		c.misses.Add(1)
 		return false
@@ -243,7 +244,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 		log[i] = logItem{m, s}
 		size += 1 + len(m)
 	}
-	expires := fullUntil(log, r.Caps, a)
+	expires := fullUntil(log, a.caps, a)
 	if expires <= a.now {
 		c.drop(r.UserID)
 		return

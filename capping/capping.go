@@ -3,6 +3,7 @@ package capping
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 )
@@ -50,6 +51,10 @@ func (c Cap) Validate() error {
 	switch {
 	case c.Limit < 0 || c.Reserved < 0:
 		return fmt.Errorf("cap %q: limit %d and reserved %d must not be negative", c.Name, c.Limit, c.Reserved)
+	case c.Limit > math.MaxInt32:
+		return fmt.Errorf("cap %q: limit %d is above %d", c.Name, c.Limit, math.MaxInt32)
+	case len(c.Scope.channels)/2 > 255 || len(c.Scope.tags)/2 > 255:
+		return fmt.Errorf("cap %q: a scope of more than 255 channels or tags", c.Name)
 	case calendar && c.Window != 0:
 		return fmt.Errorf("cap %q: a window and a calendar period: choose one", c.Name)
 	case calendar && !c.Until.After(c.Since):
@@ -87,14 +92,22 @@ func NewScope(channels, tags []string) Scope {
 	return s
 }
 
-// filter packs the cap's scope and shadow flag for decide.lua: "" for an
-// unscoped cap that blocks (the common case, no allocation).
-func (c *Cap) filter() string {
-	s := c.Scope
+// filterLen is the length of the cap's filter (appendFilter).
+func (c *Cap) filterLen() int {
+	s := &c.Scope
 	if !c.Shadow && !c.Arbitrated && s.channels == "" && s.tags == "" && s.campaign == "" {
-		return ""
+		return 0
 	}
-	b := make([]byte, 0, 3+len(s.channels)+len(s.tags)+len(s.campaign))
+	return 3 + len(s.channels) + len(s.tags) + len(s.campaign)
+}
+
+// appendFilter appends the cap's scope and flags packed for decide.lua (see
+// its header): nothing for an unscoped cap that blocks, the common case.
+func (c *Cap) appendFilter(b []byte) []byte {
+	if c.filterLen() == 0 {
+		return b
+	}
+	s := &c.Scope
 	flags := byte(0)
 	if c.Shadow {
 		flags = 1
@@ -106,14 +119,18 @@ func (c *Cap) filter() string {
 	b = append(b, s.channels...)
 	b = append(b, byte(len(s.tags)/2))
 	b = append(b, s.tags...)
-	b = append(b, s.campaign...)
-	return string(b)
+	return append(b, s.campaign...)
 }
 
 // Campaign returns the scope narrowed to one campaign's sends.
 func (s Scope) Campaign(id string) Scope {
 	s.campaign = digest4(id)
 	return s
+}
+
+// appliesTo reports whether c applies to the send of member: it can cap it.
+func (c *Cap) appliesTo(member string) bool {
+	return c.Scope == (Scope{}) || c.Scope.Matches(member)
 }
 
 // Matches reports whether a logged send's member (see Member) is in the scope.
@@ -219,6 +236,9 @@ func (r *Request) validate() error {
 	if r.Channel == "" {
 		return errors.New("empty channel")
 	}
+	if r.Priority < 0 || r.Priority > 100 {
+		return fmt.Errorf("priority %d, want 0..100", r.Priority)
+	}
 	if len(r.Tags) > MaxTags {
 		return fmt.Errorf("%d tags, at most %d", len(r.Tags), MaxTags)
 	}
@@ -274,7 +294,9 @@ type Decision struct {
 	// capped it (their count had reached their limit).
 	Shadow []string
 	// Counts holds, for each cap of the request, the sends of its scope in its
-	// window before this decision.
+	// window before this decision. Decide counts only the caps that apply to
+	// the send (whose scope it matches: the others cannot cap it) and gives -1
+	// for the others; Peek counts every cap.
 	Counts []int
 	// At is the clock reading the decision was taken at.
 	At time.Time

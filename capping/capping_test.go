@@ -277,13 +277,15 @@ func TestInvalidRequestsFailAlone(t *testing.T) {
 		{UserID: 3, JobID: "x", Channel: "email"},
 		{UserID: 4, JobID: "y", Channel: "email", Caps: []capping.Cap{{Window: 0, Limit: 1}}},
 		job(5, "email", daily3),
+		{UserID: 6, JobID: "z", Channel: "email", Caps: []capping.Cap{daily3}, Priority: 101},
+		{UserID: 7, JobID: "w", Channel: "email", Caps: []capping.Cap{{Window: time.Hour, Limit: 1 << 31}}},
 	}
 	ds, err := e.lim.Decide(context.Background(), reqs)
 	var re capping.RequestErrors
 	if !errors.As(err, &re) {
 		t.Fatalf("err = %v, want RequestErrors", err)
 	}
-	for i, wantErr := range []bool{false, true, true, true, false} {
+	for i, wantErr := range []bool{false, true, true, true, false, true, true} { // the last two: priority above 100, limit above 2^31-1
 		if (re[i] != nil) != wantErr || wantErr && !errors.Is(re[i], capping.ErrInvalidRequest) {
 			t.Errorf("request %d: err %v, want error: %v", i, re[i], wantErr)
 		}
@@ -429,6 +431,35 @@ func TestExceededNamesEveryRefusingCap(t *testing.T) {
 	d := e.decide(t, job(9, "email", hour, day, shadow, smsOnly))[0]
 	if d.Allowed || d.Cap != "day" || !slices.Equal(d.Exceeded, []string{"hour", "day"}) {
 		t.Errorf("second send: %+v, want capped by day, exceeding hour and day", d)
+	}
+}
+
+// TestDecideCountsOnlyTheCapsThatApply: Decide leaves out the caps whose scope
+// the send is not in (they cannot cap it) and gives -1 as their counts, while
+// Peek counts every cap; an unnamed cap keeps its name in the request (cap1)
+// when one before it is left out; a full cap that does not apply lets the send
+// through, and still caps the sends it applies to.
+func TestDecideCountsOnlyTheCapsThatApply(t *testing.T) {
+	e := newEnv(t)
+	caps := []capping.Cap{pushDay1, {Window: capping.Daily, Limit: 2}}
+	if d := e.decide(t, job(12, "push", caps...))[0]; !d.Allowed || !slices.Equal(d.Counts, []int{0, 0}) {
+		t.Fatalf("first push: %+v, want allowed, both caps counted (0, 0)", d)
+	}
+	d := e.decide(t, job(12, "email", caps...))[0]
+	if !d.Allowed || !slices.Equal(d.Counts, []int{-1, 1}) {
+		t.Fatalf("an email with push-daily full: %+v, want allowed, counts [-1 1] (push-daily left out)", d)
+	}
+	if d := e.decide(t, job(12, "push", caps...))[0]; d.Allowed || d.Cap != "push-daily" || !slices.Equal(d.Counts, []int{1, 2}) {
+		t.Fatalf("a second push: %+v, want capped by push-daily, counts [1 2]", d)
+	}
+	d = e.decide(t, job(12, "email", caps...))[0]
+	if d.Allowed || d.Cap != "cap1" || !slices.Equal(d.Exceeded, []string{"cap1"}) || !slices.Equal(d.Counts, []int{-1, 2}) ||
+		!d.RetryAt.Equal(base.Add(capping.Daily)) {
+		t.Fatalf("a second email: %+v, want capped by cap1 (the request's name of the unnamed cap) until the first push leaves the window, counts [-1 2]", d)
+	}
+	p, err := e.lim.Peek(context.Background(), job(12, "email", caps...))
+	if err != nil || p.Allowed || !slices.Equal(p.Counts, []int{1, 2}) {
+		t.Fatalf("peek of an email: %+v (%v), want capped with every cap counted [1 2]", p, err)
 	}
 }
 

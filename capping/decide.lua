@@ -3,31 +3,35 @@
 --   bytes 1-8 job id, 9-10 channel, 11-14 campaign, 15.. one pair per tag (see capping.Member).
 --
 -- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
--- ARGV[1]  now: ms since the epoch, from the worker's clock (never the server's)
--- ARGV[2]  member of this send
--- ARGV[3]  "1": record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
---          "3": a send refused outside this script (expired, quiet hours, a budget): unless it is in the
---          log (a duplicate) or marked already, mark it refused as ARGV[9] names it; no caps follow
---          "2": the same, at exactly ARGV[1] (a send made elsewhere, at its time), not after the log's latest;
---          "0": look only, write nothing
--- ARGV[4]  retention (ms): entries this old are evicted, the key expires at least this long after a write
--- ARGV[5]  most log entries to return (0: never) when, after this decision, a cap that blocks is full
---          (its count has reached its limit): the caller's near cache keeps that copy of the log
--- ARGV[6]  arbitration window (ms), 0: none; with a window, KEYS[2] is the user's candidates
--- ARGV[7]  the send's priority (0..100), which wins an arbitration
--- ARGV[8]  "1": read the user's preferences (the last of KEYS); "0": the user has none to read
--- ARGV[9..] four values per cap:
---   since    first ms that counts (rolling: now - window + 1; calendar: the period's start)
---   limit    most sends allowed in the window
---   reset    rolling: the window's length in ms (a send counts until score + window);
---            calendar: minus the period's end, when a capped send may go
---   filter   "" for every send, not shadow, not arbitrated; else packed: 1 byte flags (1 = shadow: count
---            and report, never block; 2 = arbitrated: its last slot goes to the highest priority of an
---            arbitration window), 1 byte n and n 2-byte channel digests, 1 byte m and m 2-byte tag
---            digests, then a 4-byte campaign digest or nothing
+-- ARGV[1]  member of this send
+-- ARGV[2]  the call's values, packed big-endian (struct.unpack; one argument instead of 8 plus 4 per cap:
+--          Redis parses every argument into an object and a Lua string, ~50 ns each, and tonumber on a
+--          decimal costs as much again):
+--   i8 now        ms since the epoch, from the worker's clock (never the server's)
+--   B  mode       1: record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
+--                 3: a send refused outside this script (expired, quiet hours, a budget): unless it is in
+--                 the log (a duplicate) or marked already, mark it refused as ARGV[3] names it; no caps
+--                 2: the same as 1, at exactly now (a send made elsewhere, at its time), not after the
+--                 log's latest; 0: look only, write nothing
+--   i8 retention  ms: entries this old are evicted, the key expires at least this long after a write
+--   I2 maxlog     most log entries to return (0: never) when, after this decision, a cap that blocks is
+--                 full (its count has reached its limit): the caller's near cache keeps that copy of the log
+--   i8 window     arbitration window (ms), 0: none; with a window, KEYS[2] is the user's candidates
+--   B  priority   the send's (0..100), which wins an arbitration
+--   B  prefs      1: read the user's preferences (the last of KEYS); 0: the user has none to read
+--   then per cap, to the end:
+--   i8 since      first ms that counts (rolling: now - window + 1; calendar: the period's start)
+--   i4 limit      most sends allowed in the window
+--   i8 reset      rolling: the window's length in ms (a send counts until score + window);
+--                 calendar: minus the period's end, when a capped send may go
+--   I2 + bytes    the filter, its length first: empty for every send, not shadow, not arbitrated; else
+--                 1 byte flags (1 = shadow: count and report, never block; 2 = arbitrated: its last slot
+--                 goes to the highest priority of an arbitration window), 1 byte n and n 2-byte channel
+--                 digests, 1 byte m and m 2-byte tag digests, then a 4-byte campaign digest or nothing
+-- ARGV[3]  (mode 3) the refusal's name
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
 --          member -> "priority:registered_ms:window_end_ms"
--- KEYS[n]  (with ARGV[8] "1", last) the user's preferences, e.g. fc:{123}:prefs (same slot): a hash of
+-- KEYS[n]  (with prefs 1, last) the user's preferences, e.g. fc:{123}:prefs (same slot): a hash of
 --          "c:<channel>" or "t:<tag>" -> the 2-byte digest of the channel or tag, then "<limit>:<window_ms>"
 --          (the user's own limit of such sends in any window of that length; limit 0: opted out), and
 --          "vip" -> ms until which the rules' caps do not apply to the user (their preferences do).
@@ -35,7 +39,7 @@
 --
 -- Arbitration: a send that every cap allows but that would take the last slot of an arbitrated cap
 -- that applies to it is not recorded: it becomes a candidate of the user's open window (or opens one,
--- ending ARGV[6] ms from now) and must come back at its end (status 3). When a candidate comes back at
+-- ending window ms from now) and must come back at its end (status 3). When a candidate comes back at
 -- or after its window's end, the window's highest priority (ties: the earliest registered) is decided
 -- as any send; the others are capped by that cap (status 0), unless the slot is no longer the last
 -- (then there is room for them too). Sends that do not need the last slot never touch KEYS[2].
@@ -44,41 +48,39 @@
 --
 -- A cap applies to this send when the send's member matches its scope, and counts the entries that match.
 -- Reply: {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
---   status    1 allowed (recorded when ARGV[3] is "1"), 0 capped,
+--   status    1 allowed (recorded in modes 1 and 2), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before,
 --             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap),
 --             4 capped by one of the user's preferences (cap 0; the preference's field follows the counts),
 --             5 refused before: the job is marked refused (see the log below; cap 0, counts 0, the
---               refusal's name follows the counts); in mode "3", 1 means marked now and 2 a duplicate
+--               refusal's name follows the counts); in mode 3, 1 means marked now and 2 a duplicate
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
 --   retry_at  ms at which every exceeded cap passes again; 0 when capped for good (a limit of 0);
 --             for a duplicate, the ms at which the job was recorded; for an allowed send, the ms it is
 --             recorded at: now, or the log's latest entry if that is later (another worker's clock read
 --             later but its script ran first), so a user's log is in the order its decisions were taken
 --   count_i   entries of cap i's scope in its window before this decision
---   then, only when ARGV[5] allows it and a cap that blocks is full after this decision: the whole log
+--   then, only when maxlog allows it and a cap that blocks is full after this decision: the whole log
 --   after it (this send included when recorded), oldest first, as member and score pairs
 --
 -- Cost: one ZRANGE of the log serves the duplicate check and every cap; ZREMRANGEBYSCORE only when an
 -- entry has aged out; ZADD only when something is recorded, PEXPIRE only when the key's TTL has fallen
 -- below the retention (see the end). scripts/bench-calls.sh measures a call against the seed's design.
 local key = KEYS[1]
-local now = tonumber(ARGV[1])
-local member = ARGV[2]
-local record = ARGV[3] ~= '0'
-local exact = ARGV[3] == '2'
-local mark = ARGV[3] == '3'
-local retention = tonumber(ARGV[4])
-local maxlog = tonumber(ARGV[5])
-local window = tonumber(ARGV[6])
-local priority = tonumber(ARGV[7])
+local member = ARGV[1]
+local packed = ARGV[2]
+local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack('>i8Bi8I2i8BB', packed)
+local record = mode ~= 0
+local exact = mode == 2
+local mark = mode == 3
 local arbkey, prefkey = nil, nil
 if window > 0 then
   arbkey = KEYS[2]
 end
-if ARGV[8] == '1' then
+if prefs == 1 then
   prefkey = KEYS[#KEYS]
 end
+local capfmt = '>i8i4i8I2c0' -- one cap: since, limit, reset, filter
 
 local function has(set, d)
   for i = 1, #set, #d do
@@ -120,8 +122,8 @@ local function keep(always)
   end
 end
 
--- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode
--- "3") is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
+-- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode 3)
+-- is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
 -- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
 -- allowed: one final topic per job. Marks sort first and count in no window. Recording evicts entries and
 -- marks older than the retention first.
@@ -162,8 +164,9 @@ end
 -- A send marked refused before: refused again, nothing recorded (its counts are not computed).
 local refusal = status ~= 2 and refused and refused[member]
 if refusal then
-  local reply = {5, 0, 0}
-  for _ = 9, #ARGV - 3, 4 do
+  local reply, p = {5, 0, 0}, first
+  while p <= #packed do -- a count of 0 per cap
+    p = select(5, struct.unpack(capfmt, packed, p))
     reply[#reply + 1] = 0
   end
   reply[#reply + 1] = refusal
@@ -171,7 +174,7 @@ if refusal then
 end
 if mark then
   if status == 1 then
-    redis.call('ZADD', key, -now, string.char(#member) .. member .. ARGV[9])
+    redis.call('ZADD', key, -now, string.char(#member) .. member .. ARGV[3])
     keep(#raw == 0)
     return {1, 0, 0}
   end
@@ -214,9 +217,11 @@ end
 local reply, ncaps, full0, full1 = {1, 0, 0}, 0, false, false
 local hit, retry_at, never = 0, 0, false
 local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
-for i = 9, #ARGV - 3, 4 do
-  local since, limit, reset = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
-  local shadow, channels, tags, campaign, scoped, arbitrated = parse(ARGV[i + 3])
+local pos = first
+while pos <= #packed do
+  local since, limit, reset, filter
+  since, limit, reset, filter, pos = struct.unpack(capfmt, packed, pos)
+  local shadow, channels, tags, campaign, scoped, arbitrated = parse(filter)
   local applies = not scoped or matches(member, channels, tags, campaign)
   -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
   -- counts from the newest entry back

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
@@ -274,8 +275,13 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			cache.drop(reqs[i].UserID)
 		}
 	}
+	var caps *[]Cap // a look counts every cap (capper check shows them all)
+	if record {
+		caps = capSlab.Get().(*[]Cap)
+		defer func() { clear(*caps); capSlab.Put(caps) }()
+	}
 	b := &batch{l: l, reqs: reqs, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs)),
-		args: newArgs(reqs, now, l.cfg.ClockMargin)}
+		args: newArgs(reqs, now, l.cfg.ClockMargin, caps)}
 	if cache != nil {
 		b.maxLog = cacheMaxLog
 	}
@@ -290,7 +296,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		if cache != nil {
 			// A later request of a user whose earlier one goes to Redis must
 			// see that one's outcome, so it goes too.
-			if len(reqs[i].Caps) > 0 && len(reqs[i].Caps) <= maxCaps && !sent[reqs[i].UserID] && !reqs[i].Candidate &&
+			if n := len(b.args[i].caps); n > 0 && n <= maxCaps && !sent[reqs[i].UserID] && !reqs[i].Candidate &&
 				cache.decide(&reqs[i], &b.args[i], &decs[i]) {
 				continue
 			}
@@ -318,7 +324,8 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			v, err := b.cmds[i].Result()
 			if err == nil {
 				var tail []any
-				decs[i], tail, err = parseReply(v, reqs[i].Caps, b.args[i].member, now, b.args[i].counts)
+				decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
+				b.args[i].requestCounts(&decs[i])
 				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
 				}
@@ -373,27 +380,48 @@ type reqArgs struct {
 	at        time.Time // the clock reading of the call
 	now       int64     // at in ms
 	member    string
-	retention int64    // ms
-	since     []int64  // per cap: the first ms that counts
-	reset     []int64  // per cap: a rolling window's ms, or minus a calendar period's end
-	filter    []string // per cap: Cap.filter(), set by scriptCmd
-	counts    []int    // per cap: the Decision's Counts
+	retention int64 // ms
+	// caps are the caps decided: the request's, or for Decide only those
+	// that apply to the send (see applying), each named as in the request.
+	caps   []Cap
+	orig   []int   // per cap decided, its index in the request's Caps; nil when caps are the request's
+	since  []int64 // per cap decided: the first ms that counts
+	reset  []int64 // per cap decided: a rolling window's ms, or minus a calendar period's end
+	counts []int   // per cap decided: their counts
+	all    []int   // with orig, per cap of the request: the Decision's Counts (-1 where not decided)
 
 	// Set by scriptCmd for a call to Redis (the call points at them).
 	key, arbKey, prefKey string
-	arb                  int64 // the arbitration window, ms
+	packed               string // decide.lua's ARGV[2], in the batch's slab
 }
 
-// newArgs computes the arguments of every request, on four backing arrays.
+// capSlab holds the caps Decide sends when some of a request's do not apply,
+// reused from batch to batch (a Decision points at none of them).
+var capSlab = sync.Pool{New: func() any { return new([]Cap) }}
+
+// newArgs computes the arguments of every request, on a few backing arrays.
 // The retention is the longest window plus margin (Config.ClockMargin).
-func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
+//
+// With applying (Decide), a request's caps whose scope the send does not
+// match are left out of the decision: they can neither cap the send nor be
+// used by it, and counting them is most of what a scoped cap costs the
+// script. caps (from capSlab, nil without applying) holds the ones kept of
+// such requests. Their counts in the Decision are -1.
+func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap) []reqArgs {
 	ncaps := 0
 	for i := range reqs {
 		ncaps += len(reqs[i].Caps)
 	}
 	ints := make([]int64, 2*ncaps)
-	filters := make([]string, ncaps)
 	counts := make([]int, ncaps)
+	var orig, all []int
+	if caps != nil {
+		*caps = (*caps)[:0]
+		if cap(*caps) < ncaps { // never grown below: the requests' caps point into it
+			*caps = make([]Cap, 0, ncaps)
+		}
+		orig = make([]int, 0, ncaps)
+	}
 	args := make([]reqArgs, len(reqs))
 	nowMs := now.UnixMilli()
 	for i := range reqs {
@@ -404,25 +432,69 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration) []reqArgs {
 			a.at, a.now = r.SentAt, r.SentAt.UnixMilli()
 		}
 		a.member = Member(r.JobID, r.Channel, r.Campaign, r.Tags)
-		n := len(r.Caps)
-		a.since, a.reset, ints = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
-		a.filter, filters = filters[:n:n], filters[n:]
-		a.counts, counts = counts[:n:n], counts[n:]
+		a.caps = r.Caps
 		retention := r.Retention
 		for j := range r.Caps {
 			c := &r.Caps[j]
 			if c.Window > 0 {
-				a.reset[j] = c.Window.Milliseconds()
-				a.since[j] = nowMs - a.reset[j] + 1
 				retention = max(retention, c.Window)
 			} else {
-				a.since[j], a.reset[j] = c.Since.UnixMilli(), -c.Until.UnixMilli()
 				retention = max(retention, c.Until.Sub(c.Since))
+			}
+			if caps != nil && a.orig == nil && !c.appliesTo(a.member) {
+				a.orig = orig[len(orig):len(orig)] // the first that does not apply: keep the others only
+				for k := range j {
+					a.orig = append(a.orig, k)
+				}
+			} else if a.orig != nil && c.appliesTo(a.member) {
+				a.orig = append(a.orig, j)
 			}
 		}
 		a.retention = (retention + margin).Milliseconds()
+		if a.orig != nil {
+			orig = orig[:len(orig)+len(a.orig)]
+			a.orig = a.orig[:len(a.orig):len(a.orig)]
+			first := len(*caps)
+			for _, j := range a.orig {
+				c := r.Caps[j]
+				c.Name = c.label(j)
+				*caps = append(*caps, c)
+			}
+			a.caps = (*caps)[first:len(*caps):len(*caps)]
+			if all == nil {
+				all = make([]int, ncaps)
+			}
+			a.all, all = all[:len(r.Caps):len(r.Caps)], all[len(r.Caps):]
+		}
+		n := len(a.caps)
+		a.since, a.reset, ints = ints[:n:n], ints[n:2*n:2*n], ints[2*n:]
+		a.counts, counts = counts[:n:n], counts[n:]
+		for j := range a.caps {
+			c := &a.caps[j]
+			if c.Window > 0 {
+				a.reset[j] = c.Window.Milliseconds()
+				a.since[j] = nowMs - a.reset[j] + 1
+			} else {
+				a.since[j], a.reset[j] = c.Since.UnixMilli(), -c.Until.UnixMilli()
+			}
+		}
 	}
 	return args
+}
+
+// requestCounts turns d's counts, of the caps decided, into the request's:
+// one per cap of the request, -1 for those left out.
+func (a *reqArgs) requestCounts(d *Decision) {
+	if a.orig == nil || d.Counts == nil {
+		return
+	}
+	for i := range a.all {
+		a.all[i] = -1
+	}
+	for k, j := range a.orig {
+		a.all[j] = d.Counts[k]
+	}
+	d.Counts = a.all
 }
 
 // Stats are a Limiter's running counts.
@@ -490,11 +562,13 @@ func (b *batch) send(ctx context.Context, pending []int) {
 	}
 	pipes := map[pipeKey]redis.Pipeliner{}
 	b.waits = map[node][]*redis.IntCmd{}
-	size := 0
+	size, bytes := 0, 0
 	for _, i := range pending {
 		size += scriptLen(&b.reqs[i])
+		bytes += packedLen(&b.args[i])
 	}
-	slab := make([]any, size) // every call's values
+	slab := make([]any, size)     // every call's values
+	packed := make([]byte, bytes) // every call's packed values
 	for _, i := range pending {
 		r := &b.reqs[i]
 		a := &b.args[i]
@@ -515,9 +589,9 @@ func (b *batch) send(ctx context.Context, pending []int) {
 		if r.DuplicateOnly {
 			record, maxLog = false, 0
 		}
-		n := scriptLen(r)
-		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(slab[:n:n], b.eval, r, a, record, maxLog)...)
-		slab = slab[n:]
+		n, m := scriptLen(r), packedLen(a)
+		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(slab[:n:n], packed[:0:m], b.eval, r, a, record, maxLog)...)
+		slab, packed = slab[n:], packed[m:]
 		_ = p.Process(ctx, b.cmds[i]) // queued; the result is read per command
 	}
 	l.calls.Add(uint64(len(pending)))
@@ -622,7 +696,7 @@ var (
 
 // scriptLen is how many values scriptCmd puts in a call of r.
 func scriptLen(r *Request) int {
-	n := argsStart + 8 + 4*len(r.Caps)
+	n := argsStart + 2
 	if r.Arbitration > 0 {
 		n++
 	}
@@ -635,13 +709,30 @@ func scriptLen(r *Request) int {
 	return n
 }
 
+// The sizes of decide.lua's packed values (its ARGV[2]): the call's, then each cap's before its filter.
+const (
+	packedHead = 8 + 1 + 8 + 2 + 8 + 1 + 1 // now, mode, retention, maxlog, window, priority, prefs
+	packedCap  = 8 + 4 + 8 + 2             // since, limit, reset, the filter's length
+)
+
+// packedLen is the length of a's packed values (see scriptCmd).
+func packedLen(a *reqArgs) int {
+	n := packedHead
+	for i := range a.caps {
+		n += packedCap + a.caps[i].filterLen()
+	}
+	return n
+}
+
 // scriptCmd builds one call of decide.lua, EVALSHA (or EVAL with its body
-// when eval is set), with its ARGV (see the script's header), in dst (of
-// scriptLen(r)). It fills a's keys and filters. The values that vary per call
-// are pointers to a's and r's fields (go-redis writes *int64, *int and *string
-// as their values): an int64 or a string put in an interface would be copied to
-// the heap, a pointer is not. So r and a must not change until the call is sent.
-func scriptCmd(dst []any, eval bool, r *Request, a *reqArgs, record bool, maxLog int) []any {
+// when eval is set), with its arguments (see the script's header), in dst (of
+// scriptLen(r)): its keys, the member and the call's values packed into buf
+// (of capacity packedLen(a) at least, not written again until the call is
+// sent: a.packed points into it). It fills a's keys. The values that vary
+// per call are pointers to a's and r's fields (go-redis writes *string as its
+// value): a string put in an interface would be copied to the heap, a pointer
+// is not. So r and a must not change until the call is sent.
+func scriptCmd(dst []any, buf []byte, eval bool, r *Request, a *reqArgs, record bool, maxLog int) []any {
 	keys := 1
 	if r.Arbitration > 0 {
 		keys++
@@ -649,8 +740,7 @@ func scriptCmd(dst []any, eval bool, r *Request, a *reqArgs, record bool, maxLog
 	if r.Preferences {
 		keys++
 	}
-	start := argsStart + keys - 1
-	args := dst[:start+8]
+	args := dst[:argsStart+keys+1]
 	head := &evalshaHead
 	if eval {
 		head = &evalHead
@@ -663,28 +753,38 @@ func scriptCmd(dst []any, eval bool, r *Request, a *reqArgs, record bool, maxLog
 	}
 	if r.Preferences {
 		a.prefKey = a.key + ":prefs"
-		args[k] = &a.prefKey
+		args[k], k = &a.prefKey, k+1
 	}
-	a.arb = r.Arbitration.Milliseconds()
-	v := args[start:]
-	v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7] = &a.now, &a.member, 0, &a.retention, maxLog, &a.arb, r.Priority, 0
-	if r.Preferences {
-		v[7] = 1
-	}
+	args[k], args[k+1] = &a.member, &a.packed
+	mode := byte(0)
 	switch {
 	case r.Refused != "":
-		v[2] = 3
+		mode = 3
 		args = append(args, &r.Refused)
 	case record && !r.SentAt.IsZero():
-		v[2] = 2
+		mode = 2
 	case record:
-		v[2] = 1
+		mode = 1
 	}
-	for i := range r.Caps {
-		c := &r.Caps[i]
-		a.filter[i] = c.filter()
-		args = append(args, &a.since[i], &c.Limit, &a.reset[i], &a.filter[i])
+	b := binary.BigEndian.AppendUint64(buf[:0], uint64(a.now))
+	b = append(b, mode)
+	b = binary.BigEndian.AppendUint64(b, uint64(a.retention))
+	b = binary.BigEndian.AppendUint16(b, uint16(maxLog))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.Arbitration.Milliseconds()))
+	prefs := byte(0)
+	if r.Preferences {
+		prefs = 1
 	}
+	b = append(b, byte(r.Priority), prefs)
+	for i := range a.caps {
+		c := &a.caps[i]
+		b = binary.BigEndian.AppendUint64(b, uint64(a.since[i]))
+		b = binary.BigEndian.AppendUint32(b, uint32(c.Limit))
+		b = binary.BigEndian.AppendUint64(b, uint64(a.reset[i]))
+		b = binary.BigEndian.AppendUint16(b, uint16(c.filterLen()))
+		b = c.appendFilter(b)
+	}
+	a.packed = unsafe.String(unsafe.SliceData(b), len(b))
 	return args
 }
 
@@ -789,4 +889,25 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 		return Decision{}, fmt.Errorf("status %d", ints[0])
 	}
 	return d, nil
+}
+
+// ScriptCall returns the values of the decide.lua call that Decide sends to
+// record r on key at now (EVALSHA first; the near cache's log not asked for),
+// for tools that call the script themselves: capper-devstack calls, which
+// scripts/bench-calls.sh and bench-capping.sh measure. The member and the
+// packed values are binary, so no text tool (redis-benchmark) can send them.
+func ScriptCall(key string, r Request, now time.Time) ([]any, error) {
+	if err := r.validate(); err != nil {
+		return nil, fmt.Errorf("capping: %w: %w", ErrInvalidRequest, err)
+	}
+	var caps []Cap
+	a := &newArgs([]Request{r}, now, 0, &caps)[0]
+	a.key = key
+	args := scriptCmd(make([]any, scriptLen(&r)), make([]byte, 0, packedLen(a)), false, &r, a, true, 0)
+	for i, v := range args { // the values themselves: a and r are this call's
+		if p, ok := v.(*string); ok {
+			args[i] = *p
+		}
+	}
+	return args, nil
 }

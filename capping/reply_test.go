@@ -1,7 +1,9 @@
 package capping
 
 import (
+	"encoding/binary"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,62 +22,126 @@ func TestScriptArgs(t *testing.T) {
 			Scope: NewScope([]string{"push", "sms"}, []string{"promotional"}).Campaign("c9"), Shadow: true},
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
-	a := &newArgs([]Request{r}, now, 0)[0]
-	args := call(&r, a, true, 64)[argsStart:]
+	a := &newArgs([]Request{r}, now, 0, nil)[0]
+	c := call(&r, a, true, 64)
 	ms := int64(time.Hour / time.Millisecond)
-	want := []any{now.UnixMilli(), member, 1, 48 * ms, 64, int64(0), 0, 0,
-		now.UnixMilli() - 24*ms + 1, 3, 24 * ms, "",
-		day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(),
-		"\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}
-	if len(args) != len(want) {
-		t.Fatalf("%d args, want %d: %v", len(args), len(want), args)
-	}
-	for i := range want {
-		if args[i] != want[i] {
-			t.Errorf("ARGV[%d] = %#v, want %#v", i+1, args[i], want[i])
-		}
+	want := packedCall{now: now.UnixMilli(), mode: 1, retention: 48 * ms, maxLog: 64, caps: []unpackedCap{
+		{now.UnixMilli() - 24*ms + 1, 3, 24 * ms, ""},
+		{day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(), "\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}}}
+	if len(c.args) != argsStart+2 || c.args[2] != 1 || c.args[3] != "fc:{7}" || c.args[4] != member || !c.packed.equal(want) {
+		t.Errorf("call %q packed %+v, want one key, the member and %+v", c.args, c.packed, want)
 	}
 	arb := r
 	arb.Arbitration, arb.Priority, arb.Caps = 2*time.Minute, 7, []Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 3, Arbitrated: true}}
-	if got := call(&arb, &newArgs([]Request{arb}, now, 0)[0], true, 0); got[2] != 2 || got[3] != "fc:{7}" || got[4] != "fc:{7}:arb" ||
-		got[10] != int64(120000) || got[11] != 7 || got[16] != "\x02\x00\x00" {
-		t.Errorf("arbitrated request: %q, want 2 keys (the log, its candidates), ARGV[6] 120000, ARGV[7] 7, the cap's flags 2", got)
+	if c := call(&arb, &newArgs([]Request{arb}, now, 0, nil)[0], true, 0); c.args[2] != 2 || c.args[3] != "fc:{7}" || c.args[4] != "fc:{7}:arb" ||
+		c.packed.window != 120000 || c.packed.priority != 7 || len(c.packed.caps) != 1 || c.packed.caps[0].filter != "\x02\x00\x00" {
+		t.Errorf("arbitrated request: %q %+v, want 2 keys (the log, its candidates), window 120000, priority 7, the cap's flags 2", c.args, c.packed)
 	}
-	if got := call(&r, a, false, 0)[argsStart+2]; got != 0 {
-		t.Errorf("look-only ARGV[3] = %v, want 0", got)
+	if c := call(&r, a, false, 0); c.packed.mode != 0 {
+		t.Errorf("look-only mode %d, want 0", c.packed.mode)
 	}
 	marked := arb
 	marked.Preferences, marked.Refused, marked.Caps = true, "budget", nil
-	if got := call(&marked, &newArgs([]Request{marked}, now, 0)[0], true, 0); got[2] != 3 || got[5] != "fc:{7}:prefs" ||
-		got[argsStart+2+2] != 3 || got[argsStart+2+7] != 1 || got[len(got)-1] != "budget" {
-		t.Errorf("refused request with preferences: %q, want 3 keys (log, candidates, preferences), ARGV[3] 3, ARGV[8] 1, ARGV[9] the refusal", got)
+	if c := call(&marked, &newArgs([]Request{marked}, now, 0, nil)[0], true, 0); c.args[2] != 3 || c.args[5] != "fc:{7}:prefs" ||
+		c.packed.mode != 3 || c.packed.prefs != 1 || len(c.packed.caps) != 0 || c.args[len(c.args)-1] != "budget" {
+		t.Errorf("refused request with preferences: %q %+v, want 3 keys (log, candidates, preferences), mode 3, prefs 1, the refusal last", c.args, c.packed)
 	}
 	r.Retention = 0
-	if got := call(&r, &newArgs([]Request{r}, now, 0)[0], true, 0)[argsStart+3]; got != 24*ms {
-		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", got)
+	if c := call(&r, &newArgs([]Request{r}, now, 0, nil)[0], true, 0); c.packed.retention != 24*ms {
+		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", c.packed.retention)
+	}
+	// Decide sends only the caps that apply: an email leaves out a push cap, and keeps its window in the
+	// retention.
+	email := Request{UserID: 7, JobID: "j2", Channel: "email", Campaign: "c9", Caps: []Cap{
+		{Name: "push-weekly", Window: 7 * 24 * time.Hour, Limit: 1, Scope: NewScope([]string{"push"}, nil)},
+		{Window: 24 * time.Hour, Limit: 3}}}
+	var slab []Cap
+	ea := &newArgs([]Request{email}, now, 0, &slab)[0]
+	if c := call(&email, ea, true, 0); len(c.packed.caps) != 1 || c.packed.caps[0].limit != 3 || c.packed.retention != 7*24*ms ||
+		ea.caps[0].Name != "cap1" || !slices.Equal(ea.orig, []int{1}) {
+		t.Errorf("an email with a push cap and an unnamed one: %+v, caps %v, want the unnamed cap alone (named cap1) and a week's retention", c.packed, ea.caps)
 	}
 }
 
-// call is scriptCmd's call of r for user 7, with the values it points at
-// (what go-redis writes) in their place.
-func call(r *Request, a *reqArgs, record bool, maxLog int) []any {
+// scriptCall is a call scriptCmd made: its values, with what they point at in
+// their place (what go-redis writes), and its packed values read back.
+type scriptCall struct {
+	args   []any
+	packed packedCall
+}
+
+// call is scriptCmd's call of r for user 7.
+func call(r *Request, a *reqArgs, record bool, maxLog int) scriptCall {
 	a.key = "fc:{7}"
 	n := scriptLen(r)
-	args := scriptCmd(make([]any, n), false, r, a, record, maxLog)
+	args := scriptCmd(make([]any, n), make([]byte, 0, packedLen(a)), false, r, a, record, maxLog)
 	if len(args) != n {
 		panic(fmt.Sprintf("scriptCmd made %d values, scriptLen says %d", len(args), n))
 	}
 	for i, v := range args {
-		switch p := v.(type) {
-		case *int64:
-			args[i] = *p
-		case *int:
-			args[i] = *p
-		case *string:
+		if p, ok := v.(*string); ok {
 			args[i] = *p
 		}
 	}
-	return args
+	if len(a.packed) != packedLen(a) {
+		panic(fmt.Sprintf("scriptCmd packed %d bytes, packedLen says %d", len(a.packed), packedLen(a)))
+	}
+	p, err := unpack(a.packed)
+	if err != nil {
+		panic(fmt.Sprintf("packed values %q: %v", a.packed, err))
+	}
+	return scriptCall{args, p}
+}
+
+// packedCall and unpackedCap are decide.lua's ARGV[2] read back as its header
+// documents it.
+type packedCall struct {
+	now, retention, window int64
+	mode, priority, prefs  byte
+	maxLog                 int
+	caps                   []unpackedCap
+}
+
+type unpackedCap struct {
+	since, limit, reset int64
+	filter              string
+}
+
+func (p packedCall) equal(q packedCall) bool {
+	return p.now == q.now && p.retention == q.retention && p.window == q.window && p.mode == q.mode &&
+		p.priority == q.priority && p.prefs == q.prefs && p.maxLog == q.maxLog && slices.Equal(p.caps, q.caps)
+}
+
+// unpack reads ARGV[2] by the script's header (its own reading, not scriptCmd's code).
+func unpack(s string) (packedCall, error) {
+	b := []byte(s)
+	i64 := func() int64 { v := int64(binary.BigEndian.Uint64(b)); b = b[8:]; return v }
+	if len(b) < 29 {
+		return packedCall{}, fmt.Errorf("%d bytes, want 29 at least", len(b))
+	}
+	var p packedCall
+	p.now = i64()
+	p.mode, b = b[0], b[1:]
+	p.retention = i64()
+	p.maxLog, b = int(binary.BigEndian.Uint16(b)), b[2:]
+	p.window = i64()
+	p.priority, p.prefs, b = b[0], b[1], b[2:]
+	for len(b) > 0 {
+		if len(b) < 22 {
+			return p, fmt.Errorf("a cap of %d bytes", len(b))
+		}
+		var c unpackedCap
+		c.since = i64()
+		c.limit, b = int64(int32(binary.BigEndian.Uint32(b))), b[4:]
+		c.reset = i64()
+		n := int(binary.BigEndian.Uint16(b))
+		if len(b) < 2+n {
+			return p, fmt.Errorf("a filter of %d bytes in %d", n, len(b)-2)
+		}
+		c.filter, b = string(b[2:2+n]), b[2+n:]
+		p.caps = append(p.caps, c)
+	}
+	return p, nil
 }
 
 func TestMemberAndScopes(t *testing.T) {

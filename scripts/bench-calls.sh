@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # bench-calls.sh — what one script call costs the Redis Cluster's masters, in CPU time (INFO cpu, user + sys,
-# summed over the masters, divided by the calls), for three scripts called by redis-benchmark --cluster with
-# the same keys and load (REQUESTS calls over USERS random users, CLIENTS connections, PIPELINE deep):
+# summed over the masters, divided by the calls), for scripts called by `capper-devstack calls` with the same
+# keys and load (REQUESTS calls over USERS random users, CLIENTS connections, PIPELINE deep, as redis-benchmark
+# -c and -P; decide.lua's arguments are binary, which redis-benchmark cannot send):
 #   seed    scripts/lua/seed.lua: the seed's design (ZCOUNT per window, ZADD, ZREMRANGEBYSCORE), two windows
-#   decide  capping/decide.lua: capper's script, write path, the same two caps (daily and weekly, every send)
+#   decide  capping/decide.lua: capper's script with capper's own arguments (capping.ScriptCall), write path,
+#           the same two caps (daily and weekly, every send)
 #   bare    scripts/lua/bare.lua: returns at once, with decide.lua's arguments: the cost of the call itself
 #   floor   scripts/lua/floor.lua: ZRANGE, ZADD and PEXPIRE of the user's log and nothing else, with decide.lua's
 #           arguments: the commands decide.lua cannot do without on a new user's first send (decide less floor
@@ -16,7 +18,7 @@
 # Scripts given as arguments (scripts/bench-calls.sh FILE.lua ...) are measured too, each with decide.lua's
 # arguments and named by its file's base name after the others: a variant of decide.lua (cut short after a
 # step, or reworked) is measured side by side with the script in the same rounds.
-# Each script is called once by redis-cli first: an error reply stops the bench (an erroring script is cheap).
+# An error reply stops the bench (an erroring script is cheap and would measure nothing).
 # Uses the running local stack (scripts/stack.sh env).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +31,6 @@ PIPELINE=${PIPELINE:-16}
 BATCH=${BATCH:-16}
 eval "$(scripts/stack.sh env)"
 addrs=(${CAPPER_TEST_REDIS_ADDRS//,/ })
-port=${addrs[0]##*:}
 
 source scripts/redis-cpu.sh
 load() { # load FILE -> sha, loaded on every node
@@ -41,22 +42,20 @@ load() { # load FILE -> sha, loaded on every node
   done
   echo "$sha"
 }
+driver=$(mktemp -d)/capper-devstack
+go build -o "$driver" ./cmd/capper-devstack
 batch_lua=$(mktemp --suffix=.lua)
-{ # decide.lua's body as a function, called once per user: ARGV = n, n pairs of key and member, decide's ARGV[1]
-  # and ARGV[3..]
+{ # decide.lua's body as a function, called once per user: ARGV = n, n pairs of key and member, decide's
+  # ARGV[2] (the packed values, the same for every user)
   echo '#!lua flags=allow-cross-slot-keys'
   echo 'local function decide(KEYS, ARGV)'
   sed -n '/^local key = KEYS\[1\]/,$p' capping/decide.lua
   cat <<'LUA'
 end
 local n = tonumber(ARGV[1])
-local rest = {}
-for i = 2 + 2 * n, #ARGV do rest[#rest + 1] = ARGV[i] end
 local out = {}
 for u = 0, n - 1 do
-  local a = {rest[1], ARGV[3 + 2 * u]}
-  for i = 2, #rest do a[i + 1] = rest[i] end
-  out[u + 1] = decide({ARGV[2 + 2 * u]}, a)
+  out[u + 1] = decide({ARGV[2 + 2 * u]}, {ARGV[3 + 2 * u], ARGV[2 + 2 * n]})
 end
 return out
 LUA
@@ -71,28 +70,15 @@ for f in "$@"; do
   sha[$n]=$(load "$f")
   extra+=("$n")
 done
-args() { # args NAME NOW KEY MEMBER -> the script's arguments after EVALSHA ("#" in KEY and MEMBER: batch's user)
-  local day=$(($2 - 86400000 + 1)) week=$(($2 - 604800000 + 1)) key=${3//\#/} member=${4//\#/}
-  case $1 in
-    seed) echo "${sha[seed]} 1 $key $2 $member $(($2 - 604800000)) $day 1073741824 $week 1073741824" ;;
-    batch) # BATCH users: KEY and MEMBER with "#" numbered 1..BATCH; the first key declared (it routes the call)
-      local users="" i
-      for i in $(seq "$BATCH"); do users="$users ${3//\#/$i} ${4//\#/$i}"; done
-      echo "${sha[batch]} 1 ${3//\#/1} $BATCH$users $2 1 604800000 0 0 0 0 $day 1073741824 86400000 '' $week 1073741824 604800000 ''" ;;
-    *) echo "${sha[$1]} 1 $key $2 $member 1 604800000 0 0 0 0 $day 1073741824 86400000 '' $week 1073741824 604800000 ''" ;;
-  esac
-}
 call() { # call NAME ROUND: REQUESTS decisions on keys of their own, prints the masters' us of CPU per call
   # (batch: per decision, REQUESTS / BATCH calls)
-  local now before after per=1
+  local before after per=1 kind=decide
+  case $1 in seed | batch) kind=$1 ;; esac
   [[ $1 == batch ]] && per=$BATCH
-  now=$(date +%s%3N)
-  local check
-  check=$(eval "redis-cli -c -p $port evalsha $(args "$1" "$now" "rbcost:{x}:0:#" m0#)" 2>&1)
-  [[ $check =~ ^(ERR|NOSCRIPT|WRONGTYPE)|error ]] && { echo "bench-calls: $1 failed: $check" >&2; exit 1; }
   before=$(redis_masters_cpu "${addrs[@]}")
-  eval "redis-benchmark -p $port --cluster -q -n $((REQUESTS / per)) -c $CLIENTS -P $PIPELINE -r $USERS \
-    evalsha $(args "$1" "$now" "rbcost:$1:$2:{tag}:__rand_int__:#" "m__rand_int__#")" >/dev/null 2>&1
+  "$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "${sha[$1]}" -args "$kind" -n "$REQUESTS" -users "$USERS" \
+    -clients "$CLIENTS" -pipeline "$PIPELINE" -batch "$BATCH" -prefix "rbcost:$1:$2" >/dev/null ||
+    { echo "bench-calls: $1 failed" >&2; exit 1; }
   after=$(redis_masters_cpu "${addrs[@]}")
   awk -v a="$before" -v b="$after" -v n="$((REQUESTS / per * per))" 'BEGIN {printf "%.2f", 1e6 * (b - a) / n}'
 }
@@ -101,6 +87,7 @@ cleanup() { # drop the benchmark's keys (once, at the end: a scan of every key)
   for a in "${addrs[@]}"; do
     redis-cli -h "${a%:*}" -p "${a##*:}" --scan --pattern 'rbcost:*' | xargs -r -n 500 redis-cli -h "${a%:*}" -p "${a##*:}" unlink >/dev/null 2>&1 || true
   done
+  rm -rf "$(dirname "$driver")"
 }
 trap cleanup EXIT
 rows=()

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # bench-capping.sh — capper's decisions/s against the Redis ceiling, side by side in one run.
 #
-# Alternates ROUNDS times (default 3): redis-benchmark --cluster running EVALSHA of capping/decide.lua
-# (same caps, write path, random users) as the ceiling, then `go test -bench BenchmarkDecide/batch=512/pipelines=1`
+# Alternates ROUNDS times (default 3): `capper-devstack calls` running EVALSHA of capping/decide.lua with
+# capper's own arguments (same caps, write path, random users; CLIENTS connections sending pipelines of
+# PIPELINE calls, as redis-benchmark -c and -P, which cannot send decide.lua's binary arguments) as the
+# ceiling, then `go test -bench BenchmarkDecide/batch=512/pipelines=1`
 # (one pipeline per batch, one batch in flight per core).
 # Prints each round, the medians and capper's median as a share of the ceiling's median.
 # Uses the running local stack, or starts (and afterwards stops) it.
@@ -29,23 +31,23 @@ for p in $(seq "$port" $((port + 5))); do
   [[ $got == "$sha" ]] || { echo "script load on $p returned $got, want $sha" >&2; exit 1; }
 done
 ((CEILING_ONLY)) || go test -c -o "${CAPPER_STACK_DIR}/capping.test" ./capping/
+driver=$(mktemp -d)/capper-devstack
+go build -o "$driver" ./cmd/capper-devstack
 
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 ceil_runs=() capper_runs=()
 for r in $(seq "$ROUNDS"); do
-  now=$(date +%s%3N)
   # Same script and arguments as capper's benchmark: daily + weekly all-channel caps, 1M users, write path.
-  rps=$(redis-benchmark -p "$port" --cluster -q -n "$REQUESTS" -c "$CLIENTS" -P "$PIPELINE" -r 1000000 \
-    evalsha "$sha" 1 "rbbench:{tag}:__rand_int__" "$now" "m__rand_int__" 1 604800000 0 0 0 0 \
-    $((now - 86400000 + 1)) 1073741824 86400000 "" $((now - 604800000 + 1)) 1073741824 604800000 "" \
-    2>/dev/null | tr '\r' '\n' | sed -n 's/.* \([0-9.]*\) requests per second.*/\1/p' | tail -1)
+  rps=$("$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "$sha" -args decide -n "$REQUESTS" -users 1000000 \
+    -clients "$CLIENTS" -pipeline "$PIPELINE" -prefix rbbench)
   if ((CEILING_ONLY)); then ceil_runs+=("$rps"); continue; fi
   dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512/pipelines=1$' -test.benchtime "$BENCHTIME" \
     | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}')
-  printf 'round %d: redis-benchmark EVALSHA ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
+  printf 'round %d: EVALSHA ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
   ceil_runs+=("$rps") capper_runs+=("$dps")
 done
-for p in $(seq "$port" $((port + 5))); do # drop redis-benchmark's keys (capper's benchmark deletes its own)
+rm -rf "$(dirname "$driver")"
+for p in $(seq "$port" $((port + 5))); do # drop the ceiling's keys (capper's benchmark deletes its own)
   redis-cli -p "$p" --scan --pattern 'rbbench:*' | xargs -r -n 500 redis-cli -p "$p" unlink >/dev/null 2>&1 || true
 done
 c=$(printf '%s\n' "${ceil_runs[@]}" | median)

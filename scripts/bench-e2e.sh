@@ -10,7 +10,7 @@
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
 # decide.lua's floor (its ZRANGE, ZADD and PEXPIRE alone),
 # and decide.lua's body per user when 16 users share a call
-# costs the Redis masters, medians of 3) and the redis-benchmark EVALSHA ceiling of decide.lua (median of 3).
+# costs the Redis masters, medians of 3) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
 # the ratios against the goals of issue 27.
@@ -75,8 +75,8 @@ print("|---|---|---|---|---|")
 print("| capper, near cache on | %.1f us (%.2f script calls) | %.1f us | %.1f us | %.0f (%s) |" % (c[5], c[2], c[1], c[4], c[0], each["cache"]))
 print("| capper, near cache off | %.1f us (%.2f calls) | %.1f us | %.1f us | %.0f (%s) |" % (n[5], n[2], n[1], n[4], n[0], each["nocache"]))
 print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" % (p[5], p[1], p[4], p[0], each["pass"]))
-print("| the seed's script, redis-benchmark, per call | %.1f us | - | - | - |" % call["seed"])
-print("| capper's decide.lua, redis-benchmark, per call | %.1f us | - | - | - |" % call["decide"])
+print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
+print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"])
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
 print("| ZRANGE, ZADD and PEXPIRE of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
 print("| decide.lua's body for 16 users in one call (cross-slot, one node), per user | %.1f us | - | - | - |" % call["batch"])
@@ -88,7 +88,7 @@ print("decide.lua per call / its floor per call     %5.2f   (what its logic adds
 print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[1] / p[1]))
 print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 60%%)" % (100 * c[0] / p[0]))
 print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
-print("jobs/s (cache on) / decide.lua EVALSHA ceiling (redis-benchmark, %.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
+print("jobs/s (cache on) / decide.lua EVALSHA ceiling (%.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
 PY
 )
 printf '%s\n' "${results[@]}" | python3 -c "$summary" "$ceiling" "$calls"

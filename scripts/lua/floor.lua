@@ -3,7 +3,8 @@
 -- for the duplicate check and every cap), append the send (ZADD) and set the key's TTL (PEXPIRE, as decide.lua
 -- does on a key's first write), with none of the logic between. decide.lua less this is what its logic costs.
 -- Not used by capper.
+local now, _, retention = struct.unpack('>i8Bi8', ARGV[2])
 local raw = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], retention)
 return {1, 0, #raw}

@@ -1,0 +1,135 @@
+package main
+
+// capper-devstack calls: the load scripts/bench-calls.sh and bench-capping.sh measure, a script called
+// many times on the local Redis Cluster with the arguments of its kind.
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/capper-dev/capper/capping"
+)
+
+// benchCaps are the caps of every decide call: a daily and a weekly cap of every send, with limits no
+// send reaches, so that each call takes the write path (read the log, count, record, set the TTL).
+var benchCaps = []capping.Cap{
+	{Name: "daily", Window: capping.Daily, Limit: 1 << 30},
+	{Name: "weekly", Window: capping.Weekly, Limit: 1 << 30},
+}
+
+// calls sends -n calls of the script -sha over -users random users, from -clients connections that each
+// send pipelines of -pipeline calls (as redis-benchmark -c and -P), and prints the calls per second. The
+// arguments are those of -args:
+//
+//	decide  capper's own call of capping/decide.lua (capping.ScriptCall) with benchCaps; a script
+//	        measured against decide.lua (a bare call, its floor, a variant) gets the same
+//	seed    the seed's sliding log (scripts/lua/seed.lua): the member, the eviction time, then the
+//	        start and limit of the same two windows
+//	batch   decide.lua's body for -batch users in one call (the wrapper bench-calls.sh makes: the
+//	        number of users, their keys and members, then decide's packed values)
+//
+// Every key is PREFIX:{tag}:USER (one slot: a batch's keys must be on one node). The calls are made
+// before the first is sent, so what the run costs Redis is the calls alone. An error reply stops it: an
+// erroring script is cheap and would measure nothing.
+func calls(args []string) error {
+	fs := flag.NewFlagSet("calls", flag.ExitOnError)
+	addrs := fs.String("addrs", "127.0.0.1:7000", "comma-separated Redis Cluster nodes")
+	sha := fs.String("sha", "", "SHA1 of the script, loaded on every node (required)")
+	kind := fs.String("args", "decide", "the arguments: decide, seed or batch")
+	n := fs.Int("n", 300000, "calls to make (with -args batch: decisions; calls are n / batch)")
+	users := fs.Int("users", 250000, "random users the calls go to")
+	clients := fs.Int("clients", 32, "connections, each sending one pipeline at a time")
+	pipeline := fs.Int("pipeline", 16, "calls per pipeline")
+	batch := fs.Int("batch", 16, "users per call with -args batch")
+	prefix := fs.String("prefix", "rbcost", "key prefix")
+	_ = fs.Parse(args)
+	if *sha == "" || *n < 1 || *users < 1 || *clients < 1 || *pipeline < 1 || *batch < 1 {
+		return errors.New("calls: -sha is required; -n, -users, -clients, -pipeline and -batch must be positive")
+	}
+	now := time.Now()
+	rng := rand.New(rand.NewPCG(uint64(now.UnixNano()), 27))
+	key := func(u int) string { return *prefix + ":{tag}:" + strconv.Itoa(u) }
+	decide := func(u int) ([]any, error) {
+		return capping.ScriptCall(key(u), capping.Request{UserID: uint32(u), JobID: "m" + strconv.Itoa(u) + "-" + strconv.FormatUint(rng.Uint64(), 36),
+			Channel: "email", Caps: benchCaps}, now)
+	}
+	ms := now.UnixMilli()
+	total := *n
+	if *kind == "batch" {
+		total = *n / *batch
+	}
+	cmds := make([][]any, total)
+	for i := range cmds {
+		u := rng.IntN(*users)
+		switch *kind {
+		case "decide":
+			c, err := decide(u)
+			if err != nil {
+				return err
+			}
+			c[1] = *sha
+			cmds[i] = c
+		case "seed":
+			cmds[i] = []any{"evalsha", *sha, 1, key(u), ms, "m" + strconv.Itoa(u), ms - capping.Weekly.Milliseconds(),
+				ms - capping.Daily.Milliseconds() + 1, 1 << 30, ms - capping.Weekly.Milliseconds() + 1, 1 << 30}
+		case "batch":
+			c := []any{"evalsha", *sha, 1, key(u), *batch}
+			var packed any
+			for range *batch {
+				one, err := decide(u)
+				if err != nil {
+					return err
+				}
+				c = append(c, key(u), one[4])
+				packed = one[5]
+				u = rng.IntN(*users)
+			}
+			cmds[i] = append(c, packed)
+		default:
+			return fmt.Errorf("calls: -args %q: want decide, seed or batch", *kind)
+		}
+	}
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: splitList(*addrs), PoolSize: *clients})
+	defer rdb.Close()
+	ctx := context.Background()
+	start := time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, *clients)
+	for range *clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				from := int(next.Add(int64(*pipeline))) - *pipeline
+				if from >= total {
+					return
+				}
+				p := rdb.Pipeline()
+				for _, c := range cmds[from:min(from+*pipeline, total)] {
+					p.Do(ctx, c...)
+				}
+				if _, err := p.Exec(ctx); err != nil {
+					errs <- fmt.Errorf("calls: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return err
+	}
+	fmt.Printf("%.0f\n", float64(total)/time.Since(start).Seconds())
+	return nil
+}
