@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -266,6 +267,87 @@ func TestPeekRecordsNothing(t *testing.T) {
 	p, err = e.lim.Peek(context.Background(), job(3, "email", caps...))
 	if err != nil || p.Allowed || p.Counts[0] != 1 || !p.RetryAt.Equal(base.Add(capping.Daily)) {
 		t.Fatalf("peek at the cap: %+v, %v", p, err)
+	}
+}
+
+// TestOneCallPerNode: the requests of a batch for one node go in calls of up
+// to 32 (one call for 10 users of one master, two for 40), each decided as
+// alone; a request whose key holds another type fails alone, the others of
+// its call are decided and recorded.
+func TestOneCallPerNode(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	bad := uint32(500)
+	master, err := e.rdb.MasterForKey(ctx, e.lim.Key(bad))
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := []uint32{bad}
+	for u := bad + 1; len(users) < 40; u++ {
+		if m, err := e.rdb.MasterForKey(ctx, e.lim.Key(u)); err == nil && m.Options().Addr == master.Options().Addr {
+			users = append(users, u)
+		}
+	}
+	if err := e.rdb.Set(ctx, e.lim.Key(bad), "not a log", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reqs := make([]capping.Request, 0, 40)
+	for _, u := range users[:10] {
+		reqs = append(reqs, job(u, "email", daily3))
+	}
+	before := e.lim.Stats()
+	ds, err := e.lim.Decide(ctx, reqs)
+	var re capping.RequestErrors
+	if !errors.As(err, &re) || re[0] == nil || !strings.Contains(re[0].Error(), "WRONGTYPE") {
+		t.Fatalf("err = %v, want the first request's WRONGTYPE alone", err)
+	}
+	for i := 1; i < len(reqs); i++ {
+		if re[i] != nil || !ds[i].Allowed || ds[i].Counts[0] != 0 {
+			t.Errorf("request %d beside the failing one: %+v, %v, want allowed", i, ds[i], re[i])
+		}
+	}
+	if st := e.lim.Stats(); st.ScriptCalls-before.ScriptCalls != 1 || st.Requests-before.Requests != 10 {
+		t.Errorf("%d script calls for %d requests, want 1 for 10 (one node)", st.ScriptCalls-before.ScriptCalls, st.Requests-before.Requests)
+	}
+	// Each was recorded: a second send of each user counts the first.
+	reqs = reqs[:0]
+	for _, u := range users[1:] {
+		reqs = append(reqs, job(u, "email", daily3))
+	}
+	before = e.lim.Stats()
+	for i, d := range e.decide(t, reqs...) {
+		if want := 0; i < 9 {
+			want = 1
+			if !d.Allowed || d.Counts[0] != want {
+				t.Errorf("user %d's second send: %+v, want allowed with 1 counted", users[1+i], d)
+			}
+		}
+	}
+	if st := e.lim.Stats(); st.ScriptCalls-before.ScriptCalls != 2 {
+		t.Errorf("%d script calls for 39 requests of one node, want 2 (32 at most per call)", st.ScriptCalls-before.ScriptCalls)
+	}
+	// A key of another node's slot in a call fails its request alone ("non local key": Decide then sends
+	// it again in a call of its own), the others are decided.
+	var other uint32
+	for u := bad + 1; other == 0; u++ {
+		if m, err := e.rdb.MasterForKey(ctx, e.lim.Key(u)); err == nil && m.Options().Addr != master.Options().Addr {
+			other = u
+		}
+	}
+	call, err := capping.ScriptCall([]string{e.lim.Key(users[1]), e.lim.Key(other)},
+		[]capping.Request{job(users[1], "email", daily3), job(other, "email", daily3)}, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.rdb.Do(ctx, call...).Slice()
+	if err != nil || len(v) != 2 {
+		t.Fatalf("a call with a key of another node: %v, %v, want two replies", v, err)
+	}
+	if _, ok := v[0].([]any); !ok {
+		t.Errorf("the local request: %v, want its decision", v[0])
+	}
+	if e, ok := v[1].(error); !ok || !strings.Contains(e.Error(), "non local key") {
+		t.Errorf("the request of another node's user: %v, want its own error (non local key)", v[1])
 	}
 }
 

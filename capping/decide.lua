@@ -1,10 +1,16 @@
--- decide.lua: check one send against a user's caps and, if every cap passes, record it.
+#!lua flags=allow-cross-slot-keys
+-- decide.lua: check sends against their users' caps and, for each send that every cap passes, record it.
 -- Sliding log: one sorted set per user, score = send time (ms), member = the send's digests:
 --   bytes 1-8 job id, 9-10 channel, 11-14 campaign, 15.. one pair per tag (see capping.Member).
 --
--- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
--- ARGV[1]  member of this send
--- ARGV[2]  the call's values, packed big-endian (struct.unpack; one argument instead of 8 plus 4 per cap:
+-- A call carries one or more requests (the worker sends a batch's requests for one node in calls of up to
+-- 32: a call's own cost, ~1.7 us, is paid once), decided in order (see the end). KEYS[1] is the first
+-- request's log (it routes the call to its node); every request's keys are among its values in ARGV, so
+-- that the requests of users of other slots of the node can share the call (allow-cross-slot-keys: Redis
+-- refuses declared keys of several slots, not undeclared ones of the node's slots; a key of another node's
+-- slot fails its request alone with "non local key", and the worker sends it again in a call of its own).
+-- A request's values, in order (below, in the names of one request's call):
+-- ARGV[2]  the request's values, packed big-endian (struct.unpack; one argument instead of 8 plus 4 per cap:
 --          Redis parses every argument into an object and a Lua string, ~50 ns each, and tonumber on a
 --          decimal costs as much again):
 --   i8 now        ms since the epoch, from the worker's clock (never the server's)
@@ -28,7 +34,9 @@
 --                 1 byte flags (1 = shadow: count and report, never block; 2 = arbitrated: its last slot
 --                 goes to the highest priority of an arbitration window), 1 byte n and n 2-byte channel
 --                 digests, 1 byte m and m 2-byte tag digests, then a 4-byte campaign digest or nothing
--- ARGV[3]  (mode 3) the refusal's name
+-- ARGV[1]  member of this send
+-- ARGV[3]  in mode 3, the refusal's name; otherwise empty
+-- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
 --          member -> "priority:registered_ms:window_end_ms"
 -- KEYS[n]  (with prefs 1, last) the user's preferences, e.g. fc:{123}:prefs (same slot): a hash of
@@ -47,7 +55,8 @@
 -- cannot hold the slot; a redelivered candidate is recognised by its member.
 --
 -- A cap applies to this send when the send's member matches its scope, and counts the entries that match.
--- Reply: {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
+-- Reply: one per request, in order; an error reply for a request that failed, else
+--   {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
 --   status    1 allowed (recorded in modes 1 and 2), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before,
 --             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap),
@@ -66,362 +75,382 @@
 -- Cost: one ZRANGE of the log serves the duplicate check and every cap; ZREMRANGEBYSCORE only when an
 -- entry has aged out; ZADD only when something is recorded, PEXPIRE only when the key's TTL has fallen
 -- below the retention (see the end). scripts/bench-calls.sh measures a call against the seed's design.
-local key = KEYS[1]
-local member = ARGV[1]
-local packed = ARGV[2]
-local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack('>i8Bi8I2i8BB', packed)
-local record = mode ~= 0
-local exact = mode == 2
-local mark = mode == 3
-local arbkey, prefkey = nil, nil
-if window > 0 then
-  arbkey = KEYS[2]
-end
-if prefs == 1 then
-  prefkey = KEYS[#KEYS]
-end
-local capfmt = '>i8i4i8I2c0' -- one cap: since, limit, reset, filter
 
-local function has(set, d)
-  for i = 1, #set, #d do
-    if string.sub(set, i, i + #d - 1) == d then
-      return true
-    end
-  end
-  return false
-end
+local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
+local capfmt = '>i8i4i8I2c0' -- one cap's: since, limit, reset, filter
 
-local function matches(m, channels, tags, campaign)
-  if #m < 14 then
-    return false
-  end
-  if channels ~= '' and not has(channels, string.sub(m, 9, 10)) then
-    return false
-  end
-  if campaign ~= '' and string.sub(m, 11, 14) ~= campaign then
-    return false
-  end
-  if tags ~= '' then
-    for i = 15, #m - 1, 2 do
-      if has(tags, string.sub(m, i, i + 1)) then
+-- decide decides one request: its packed values, member, refusal's name (mode 3) and keys (KEYS[1..3]).
+local function decide(packed, member, named, key, arbkey, prefkey)
+  local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
+  local record = mode ~= 0
+  local exact = mode == 2
+  local mark = mode == 3
+
+  local function has(set, d)
+    for i = 1, #set, #d do
+      if string.sub(set, i, i + #d - 1) == d then
         return true
       end
     end
     return false
   end
-  return true
-end
 
--- keep makes the key live at least the retention after a write. A PEXPIRE is a write replicated in a
--- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
--- eighth, at most an hour) and, unless always, is skipped while more than the retention is left (PTTL
--- only reads). Callers pass always for a key the script found empty (it did not exist: no TTL to ask).
-local function keep(always)
-  if always or redis.call('PTTL', key) < retention then
-    redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
+  local function matches(m, channels, tags, campaign)
+    if #m < 14 then
+      return false
+    end
+    if channels ~= '' and not has(channels, string.sub(m, 9, 10)) then
+      return false
+    end
+    if campaign ~= '' and string.sub(m, 11, 14) ~= campaign then
+      return false
+    end
+    if tags ~= '' then
+      for i = 15, #m - 1, 2 do
+        if has(tags, string.sub(m, i, i + 1)) then
+          return true
+        end
+      end
+      return false
+    end
+    return true
   end
-end
 
--- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode 3)
--- is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
--- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
--- allowed: one final topic per job. Marks sort first and count in no window. Recording evicts entries and
--- marks older than the retention first.
-local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-local members, scores, n = {}, {}, 0
-local refused, stale = nil, 0
-local horizon = now - retention
-for i = 1, #raw, 2 do
-  local s = tonumber(raw[i + 1])
-  if s < 0 then
-    if not record or -s > horizon then
-      local m = raw[i]
-      local len = string.byte(m, 1)
-      refused = refused or {}
-      refused[string.sub(m, 2, 1 + len)] = string.sub(m, 2 + len)
+  -- keep makes the key live at least the retention after a write. A PEXPIRE is a write replicated in a
+  -- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
+  -- eighth, at most an hour) and, unless always, is skipped while more than the retention is left (PTTL
+  -- only reads). Callers pass always for a key the script found empty (it did not exist: no TTL to ask).
+  local function keep(always)
+    if always or redis.call('PTTL', key) < retention then
+      redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
+    end
+  end
+
+  -- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode 3)
+  -- is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
+  -- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
+  -- allowed: one final topic per job. Marks sort first and count in no window. Recording evicts entries and
+  -- marks older than the retention first.
+  local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local members, scores, n = {}, {}, 0
+  local refused, stale = nil, 0
+  local horizon = now - retention
+  for i = 1, #raw, 2 do
+    local s = tonumber(raw[i + 1])
+    if s < 0 then
+      if not record or -s > horizon then
+        local m = raw[i]
+        local len = string.byte(m, 1)
+        refused = refused or {}
+        refused[string.sub(m, 2, 1 + len)] = string.sub(m, 2 + len)
+      else
+        stale = stale + 1
+      end
+    elseif not record or s > horizon then
+      n = n + 1
+      members[n], scores[n] = raw[i], s
     else
       stale = stale + 1
     end
-  elseif not record or s > horizon then
-    n = n + 1
-    members[n], scores[n] = raw[i], s
-  else
-    stale = stale + 1
   end
-end
-if stale > 0 then -- old marks have scores in (-horizon, 0), old entries in [0, horizon]
-  redis.call('ZREMRANGEBYSCORE', key, string.format('(%d', -horizon), string.format('%d', horizon))
-end
+  if stale > 0 then -- old marks have scores in (-horizon, 0), old entries in [0, horizon]
+    redis.call('ZREMRANGEBYSCORE', key, string.format('(%d', -horizon), string.format('%d', horizon))
+  end
 
-local status, recorded = 1, nil
-for i = 1, n do
-  if members[i] == member then -- Lua strings are interned: a pointer comparison
-    status, recorded = 2, scores[i]
-    break
-  end
-end
-
--- A send marked refused before: refused again, nothing recorded (its counts are not computed).
-local refusal = status ~= 2 and refused and refused[member]
-if refusal then
-  local reply, p = {5, 0, 0}, first
-  while p <= #packed do -- a count of 0 per cap
-    p = select(5, struct.unpack(capfmt, packed, p))
-    reply[#reply + 1] = 0
-  end
-  reply[#reply + 1] = refusal
-  return reply
-end
-if mark then
-  if status == 1 then
-    redis.call('ZADD', key, -now, string.char(#member) .. member .. ARGV[3])
-    keep(#raw == 0)
-    return {1, 0, 0}
-  end
-  return {2, 0, recorded}
-end
-
--- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.
-local function parse(f)
-  if f == '' then
-    return false, '', '', '', false, false
-  end
-  local nc = string.byte(f, 2)
-  local p = 3 + 2 * nc
-  local channels = string.sub(f, 3, p - 1)
-  local nt = string.byte(f, p)
-  local tags = string.sub(f, p + 1, p + 2 * nt)
-  local campaign = string.sub(f, p + 1 + 2 * nt)
-  local flags = string.byte(f, 1)
-  return flags % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= '',
-    math.floor(flags / 2) % 2 == 1
-end
-
--- kth returns the score of the k-th oldest entry at or after since that the filter selects (nil if none):
--- the entry that must leave the window before a send passes again.
-local function kth(k, since, scoped, channels, tags, campaign)
-  for j = 1, n do
-    if scores[j] >= since and (not scoped or matches(members[j], channels, tags, campaign)) then
-      k = k - 1
-      if k == 0 then
-        return scores[j]
-      end
-    end
-  end
-  return nil
-end
-
--- Per cap, in plain locals (a table per cap costs more than the counting): its count goes straight into
--- the reply, and whether a blocking cap is full after the decision into two flags, one for an allowed
--- send (it counts where it applies) and one for any other (full0, full1: see the near cache's log below).
-local reply, ncaps, full0, full1 = {1, 0, 0}, 0, false, false
-local hit, retry_at, never = 0, 0, false
-local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
-local pos = first
-while pos <= #packed do
-  local since, limit, reset, filter
-  since, limit, reset, filter, pos = struct.unpack(capfmt, packed, pos)
-  local shadow, channels, tags, campaign, scoped, arbitrated = parse(filter)
-  local applies = not scoped or matches(member, channels, tags, campaign)
-  -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
-  -- counts from the newest entry back
-  local count = 0
-  if scoped then
-    for j = 1, n do
-      if scores[j] >= since and matches(members[j], channels, tags, campaign) then
-        count = count + 1
-      end
-    end
-  else
-    local j = n
-    while j > 0 and scores[j] >= since do
-      j = j - 1
-    end
-    count = n - j
-  end
-  ncaps = ncaps + 1
-  reply[3 + ncaps] = count
-  if not shadow then
-    full0 = full0 or count >= limit
-    full1 = full1 or count + (applies and 1 or 0) >= limit
-  end
-  if arbitrated and not shadow and applies and count == limit - 1 and not last then
-    last, last_at = ncaps, -reset
-    if reset > 0 then -- once the last slot is taken, the oldest entry frees one
-      last_at = (kth(1, since, scoped, channels, tags, campaign) or now) + reset
-    end
-  end
-  if not shadow and status ~= 2 and count >= limit and applies then
-    status = 0
-    local at = -reset
-    if reset > 0 then -- none only with a limit of 0, which never passes
-      at = (kth(count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
-    end
-    if limit == 0 then
-      if not never then hit = ncaps end
-      never = true
-    elseif not never and at > retry_at then
-      hit, retry_at = ncaps, at
-    end
-  end
-end
-if never then
-  retry_at = 0
-end
-if status == 2 then
-  retry_at = recorded
-end
-
--- The user's preferences (see KEYS[n]): an exemption from the rules' caps, and the user's own limits.
-local pref, has_prefs = nil, false
-if prefkey and status ~= 2 then
-  local p = redis.call('HGETALL', prefkey)
-  has_prefs = #p > 0
-  for j = 1, #p, 2 do
-    if p[j] == 'vip' and tonumber(p[j + 1]) > now then
-      status, hit, retry_at, never = 1, 0, 0, false -- the rules' caps do not apply
-    end
-  end
-  local p_at, p_never = 0, false
-  for j = 1, #p, 2 do
-    local kind = string.sub(p[j], 1, 2)
-    if kind == 'c:' or kind == 't:' then
-      local d = string.sub(p[j + 1], 1, 2)
-      local l, w = string.match(string.sub(p[j + 1], 3), '^(%d+):(%d+)$')
-      l, w = tonumber(l), tonumber(w)
-      local function sel(m)
-        if kind == 'c:' then
-          return string.sub(m, 9, 10) == d
-        end
-        for i = 15, #m - 1, 2 do
-          if string.sub(m, i, i + 1) == d then
-            return true
-          end
-        end
-        return false
-      end
-      if l and sel(member) then
-        local count, picked = 0, {}
-        for i = 1, n do
-          if scores[i] > now - w and sel(members[i]) then
-            count = count + 1
-            picked[count] = scores[i]
-          end
-        end
-        if count >= l then
-          if l == 0 then
-            if not p_never then
-              pref = p[j]
-            end
-            p_never = true
-          elseif not p_never and picked[count - l + 1] + w > p_at then
-            p_at, pref = picked[count - l + 1] + w, p[j]
-          end
-        end
-      end
-    end
-  end
-  if pref and (status == 1 or p_never or (status == 0 and not never and p_at > retry_at)) then
-    status, hit, retry_at = 4, 0, p_at
-    if p_never then
-      retry_at = 0
-    end
-  else
-    pref = nil
-  end
-end
-
--- Arbitration of the last slot (see the header): only for a send that every cap allows and that would
--- take the last slot of an arbitrated cap, so it costs nothing to the others.
-if arbkey and window > 0 and status == 1 and last then
-  local grace = math.max(window, 60000)
-  local function fields(v)
-    local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
-    return tonumber(p), tonumber(r), tonumber(e)
-  end
-  -- One read of the user's candidates serves this send's own entry and its window's others.
-  local all = redis.call('HGETALL', arbkey)
-  local mine = nil
-  for j = 1, #all, 2 do
-    if all[j] == member then
-      mine = all[j + 1]
+  local status, recorded = 1, nil
+  for i = 1, n do
+    if members[i] == member then -- Lua strings are interned: a pointer comparison
+      status, recorded = 2, scores[i]
       break
     end
   end
-  local wend = nil
-  if mine then
-    local _, _, e = fields(mine)
-    wend = e
-    if e + grace <= now then -- forgotten: decided as a new send
-      wend = nil
+
+  -- A send marked refused before: refused again, nothing recorded (its counts are not computed).
+  local refusal = status ~= 2 and refused and refused[member]
+  if refusal then
+    local reply, p = {5, 0, 0}, first
+    while p <= #packed do -- a count of 0 per cap
+      p = select(5, struct.unpack(capfmt, packed, p))
+      reply[#reply + 1] = 0
+    end
+    reply[#reply + 1] = refusal
+    return reply
+  end
+  if mark then
+    if status == 1 then
+      redis.call('ZADD', key, -now, string.char(#member) .. member .. named)
+      keep(#raw == 0)
+      return {1, 0, 0}
+    end
+    return {2, 0, recorded}
+  end
+
+  -- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.
+  local function parse(f)
+    if f == '' then
+      return false, '', '', '', false, false
+    end
+    local nc = string.byte(f, 2)
+    local p = 3 + 2 * nc
+    local channels = string.sub(f, 3, p - 1)
+    local nt = string.byte(f, p)
+    local tags = string.sub(f, p + 1, p + 2 * nt)
+    local campaign = string.sub(f, p + 1 + 2 * nt)
+    local flags = string.byte(f, 1)
+    return flags % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= '',
+      math.floor(flags / 2) % 2 == 1
+  end
+
+  -- kth returns the score of the k-th oldest entry at or after since that the filter selects (nil if none):
+  -- the entry that must leave the window before a send passes again.
+  local function kth(k, since, scoped, channels, tags, campaign)
+    for j = 1, n do
+      if scores[j] >= since and (not scoped or matches(members[j], channels, tags, campaign)) then
+        k = k - 1
+        if k == 0 then
+          return scores[j]
+        end
+      end
+    end
+    return nil
+  end
+
+  -- Per cap, in plain locals (a table per cap costs more than the counting): its count goes straight into
+  -- the reply, and whether a blocking cap is full after the decision into two flags, one for an allowed
+  -- send (it counts where it applies) and one for any other (full0, full1: see the near cache's log below).
+  local reply, ncaps, full0, full1 = {1, 0, 0}, 0, false, false
+  local hit, retry_at, never = 0, 0, false
+  local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
+  local pos = first
+  while pos <= #packed do
+    local since, limit, reset, filter
+    since, limit, reset, filter, pos = struct.unpack(capfmt, packed, pos)
+    local shadow, channels, tags, campaign, scoped, arbitrated = parse(filter)
+    local applies = not scoped or matches(member, channels, tags, campaign)
+    -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
+    -- counts from the newest entry back
+    local count = 0
+    if scoped then
+      for j = 1, n do
+        if scores[j] >= since and matches(members[j], channels, tags, campaign) then
+          count = count + 1
+        end
+      end
+    else
+      local j = n
+      while j > 0 and scores[j] >= since do
+        j = j - 1
+      end
+      count = n - j
+    end
+    ncaps = ncaps + 1
+    reply[3 + ncaps] = count
+    if not shadow then
+      full0 = full0 or count >= limit
+      full1 = full1 or count + (applies and 1 or 0) >= limit
+    end
+    if arbitrated and not shadow and applies and count == limit - 1 and not last then
+      last, last_at = ncaps, -reset
+      if reset > 0 then -- once the last slot is taken, the oldest entry frees one
+        last_at = (kth(1, since, scoped, channels, tags, campaign) or now) + reset
+      end
+    end
+    if not shadow and status ~= 2 and count >= limit and applies then
+      status = 0
+      local at = -reset
+      if reset > 0 then -- none only with a limit of 0, which never passes
+        at = (kth(count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
+      end
+      if limit == 0 then
+        if not never then hit = ncaps end
+        never = true
+      elseif not never and at > retry_at then
+        hit, retry_at = ncaps, at
+      end
+    end
+  end
+  if never then
+    retry_at = 0
+  end
+  if status == 2 then
+    retry_at = recorded
+  end
+
+  -- The user's preferences (see KEYS[n]): an exemption from the rules' caps, and the user's own limits.
+  local pref, has_prefs = nil, false
+  if prefkey and status ~= 2 then
+    local p = redis.call('HGETALL', prefkey)
+    has_prefs = #p > 0
+    for j = 1, #p, 2 do
+      if p[j] == 'vip' and tonumber(p[j + 1]) > now then
+        status, hit, retry_at, never = 1, 0, 0, false -- the rules' caps do not apply
+      end
+    end
+    local p_at, p_never = 0, false
+    for j = 1, #p, 2 do
+      local kind = string.sub(p[j], 1, 2)
+      if kind == 'c:' or kind == 't:' then
+        local d = string.sub(p[j + 1], 1, 2)
+        local l, w = string.match(string.sub(p[j + 1], 3), '^(%d+):(%d+)$')
+        l, w = tonumber(l), tonumber(w)
+        local function sel(m)
+          if kind == 'c:' then
+            return string.sub(m, 9, 10) == d
+          end
+          for i = 15, #m - 1, 2 do
+            if string.sub(m, i, i + 1) == d then
+              return true
+            end
+          end
+          return false
+        end
+        if l and sel(member) then
+          local count, picked = 0, {}
+          for i = 1, n do
+            if scores[i] > now - w and sel(members[i]) then
+              count = count + 1
+              picked[count] = scores[i]
+            end
+          end
+          if count >= l then
+            if l == 0 then
+              if not p_never then
+                pref = p[j]
+              end
+              p_never = true
+            elseif not p_never and picked[count - l + 1] + w > p_at then
+              p_at, pref = picked[count - l + 1] + w, p[j]
+            end
+          end
+        end
+      end
+    end
+    if pref and (status == 1 or p_never or (status == 0 and not never and p_at > retry_at)) then
+      status, hit, retry_at = 4, 0, p_at
+      if p_never then
+        retry_at = 0
+      end
+    else
+      pref = nil
+    end
+  end
+
+  -- Arbitration of the last slot (see the header): only for a send that every cap allows and that would
+  -- take the last slot of an arbitrated cap, so it costs nothing to the others.
+  if arbkey and window > 0 and status == 1 and last then
+    local grace = math.max(window, 60000)
+    local function fields(v)
+      local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
+      return tonumber(p), tonumber(r), tonumber(e)
+    end
+    -- One read of the user's candidates serves this send's own entry and its window's others.
+    local all = redis.call('HGETALL', arbkey)
+    local mine = nil
+    for j = 1, #all, 2 do
+      if all[j] == member then
+        mine = all[j + 1]
+        break
+      end
+    end
+    local wend = nil
+    if mine then
+      local _, _, e = fields(mine)
+      wend = e
+      if e + grace <= now then -- forgotten: decided as a new send
+        wend = nil
+        if record then
+          redis.call('HDEL', arbkey, member)
+        end
+      end
+    end
+    if wend and now < wend then -- a redelivery before its window ends
+      status, hit, retry_at = 3, last, wend
+    elseif wend then -- back at its window's end: the best of its window takes the slot
+      local best, bp, br = nil, -1, 0
+      for j = 1, #all, 2 do
+        local p, r, e = fields(all[j + 1])
+        if e == wend and p > bp or (e == wend and p == bp and (r < br or (r == br and all[j] < best))) then
+          best, bp, br = all[j], p, r
+        end
+      end
       if record then
         redis.call('HDEL', arbkey, member)
       end
+      if best ~= member then
+        status, hit, retry_at = 0, last, last_at
+      end
+    else -- a new candidate: join the user's open window, or open one
+      wend = now + window -- a forgotten entry of this send's (HDEL above) ended before now: never joined
+      for j = 2, #all, 2 do
+        local _, _, e = fields(all[j])
+        if e > now and e - window <= now and e < wend then
+          wend = e
+        end
+      end
+      if record then
+        redis.call('HSET', arbkey, member, string.format('%d:%d:%d', priority, now, wend))
+        redis.call('PEXPIRE', arbkey, wend - now + grace)
+      end
+      status, hit, retry_at = 3, last, wend
     end
   end
-  if wend and now < wend then -- a redelivery before its window ends
-    status, hit, retry_at = 3, last, wend
-  elseif wend then -- back at its window's end: the best of its window takes the slot
-    local best, bp, br = nil, -1, 0
-    for j = 1, #all, 2 do
-      local p, r, e = fields(all[j + 1])
-      if e == wend and p > bp or (e == wend and p == bp and (r < br or (r == br and all[j] < best))) then
-        best, bp, br = all[j], p, r
-      end
-    end
-    if record then
-      redis.call('HDEL', arbkey, member)
-    end
-    if best ~= member then
-      status, hit, retry_at = 0, last, last_at
-    end
-  else -- a new candidate: join the user's open window, or open one
-    wend = now + window -- a forgotten entry of this send's (HDEL above) ended before now: never joined
-    for j = 2, #all, 2 do
-      local _, _, e = fields(all[j])
-      if e > now and e - window <= now and e < wend then
-        wend = e
-      end
-    end
-    if record then
-      redis.call('HSET', arbkey, member, string.format('%d:%d:%d', priority, now, wend))
-      redis.call('PEXPIRE', arbkey, wend - now + grace)
-    end
-    status, hit, retry_at = 3, last, wend
-  end
-end
 
-if status == 1 then
-  if not exact and n > 0 and scores[n] > now then
-    now = scores[n]
-  end
-  retry_at = now
-end
-if record and (status == 1 or status == 2) then
   if status == 1 then
-    redis.call('ZADD', key, now, member)
-    n = n + 1
-    members[n], scores[n] = member, now
+    if not exact and n > 0 and scores[n] > now then
+      now = scores[n]
+    end
+    retry_at = now
   end
-  -- Always on a duplicate: the write advances this connection's replication offset past the earlier
-  -- write of the same job, so a WAIT after the script waits for that too.
-  keep(status == 2 or #raw == 0)
-end
+  if record and (status == 1 or status == 2) then
+    if status == 1 then
+      redis.call('ZADD', key, now, member)
+      n = n + 1
+      members[n], scores[n] = member, now
+    end
+    -- Always on a duplicate: the write advances this connection's replication offset past the earlier
+    -- write of the same job, so a WAIT after the script waits for that too.
+    keep(status == 2 or #raw == 0)
+  end
 
-reply[1], reply[2], reply[3] = status, hit, retry_at
-if status == 4 then
-  reply[#reply + 1] = pref
+  reply[1], reply[2], reply[3] = status, hit, retry_at
+  if status == 4 then
+    reply[#reply + 1] = pref
+    return reply
+  end
+
+  -- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
+  -- capped, and the cache can tell so without a call until the log changes.
+  if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
+    if status == 0 or (status == 1 and full1) or (status ~= 1 and full0) then
+      for j = 1, n do
+        reply[#reply + 1] = members[j]
+        reply[#reply + 1] = scores[j]
+      end
+    end
+  end
   return reply
 end
 
--- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
--- capped, and the cache can tell so without a call until the log changes.
-if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
-  if status == 0 or (status == 1 and full1) or (status ~= 1 and full0) then
-    for j = 1, n do
-      reply[#reply + 1] = members[j]
-      reply[#reply + 1] = scores[j]
-    end
+-- One call decides its requests in order (a user's later request sees its earlier ones), each atomically
+-- (the whole call is). A request is ARGV[i..]: its packed values, member, refusal's name, then its 1 to 3
+-- keys (its packed values say which). A request that fails (a key of another node's slot, of another type,
+-- a runtime error) is answered with its error, the others with their replies.
+local out, i = {}, 1
+while i <= #ARGV do
+  local packed = ARGV[i]
+  local _, _, _, _, window, _, prefs = struct.unpack(headfmt, packed)
+  local key, arbkey, prefkey, j = ARGV[i + 3], nil, nil, i + 4
+  if window > 0 then
+    arbkey, j = ARGV[j], j + 1
   end
+  if prefs == 1 then
+    prefkey, j = ARGV[j], j + 1
+  end
+  local ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey)
+  if not ok then
+    reply = redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
+  end
+  out[#out + 1] = reply
+  i = j
 end
-return reply
+return out

@@ -129,11 +129,12 @@ func (c Config) withDefaults() Config {
 
 // Limiter decides sends against caps. It is safe for concurrent use.
 type Limiter struct {
-	client  Client
-	cluster *redis.ClusterClient // nil for a single node
-	cfg     Config
-	cache   *nearCache // nil when off
-	calls   atomic.Uint64
+	client   Client
+	cluster  *redis.ClusterClient // nil for a single node
+	cfg      Config
+	cache    *nearCache    // nil when off
+	calls    atomic.Uint64 // script calls sent
+	requests atomic.Uint64 // requests they carried
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -280,8 +281,8 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		caps = capSlab.Get().(*[]Cap)
 		defer func() { clear(*caps); capSlab.Put(caps) }()
 	}
-	b := &batch{l: l, reqs: reqs, record: record, cmds: make([]*redis.Cmd, len(reqs)), nodes: make([]node, len(reqs)),
-		args: newArgs(reqs, now, l.cfg.ClockMargin, caps)}
+	b := &batch{l: l, reqs: reqs, record: record, results: make([]result, len(reqs)), nodes: make([]node, len(reqs)),
+		alone: make([]bool, len(reqs)), args: newArgs(reqs, now, l.cfg.ClockMargin, caps)}
 	if cache != nil {
 		b.maxLog = cacheMaxLog
 	}
@@ -307,6 +308,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		}
 		pending = append(pending, i)
 	}
+	l.requests.Add(uint64(len(pending)))
 	for reloads := 0; len(pending) > 0; reloads++ {
 		// After a reload, a node flushed again (or restarted) could answer
 		// NOSCRIPT once more; from the second retry on, the script's body is
@@ -314,6 +316,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		b.eval = reloads >= 2
 		b.send(ctx, pending)
 		noscript := map[node][]int{}
+		var split []int // requests of a call refused for another's slot: sent again in calls of their own
 		reload := false
 		for _, i := range pending {
 			if b.nodes[i] == nil { // no route: the topology is unknown
@@ -321,7 +324,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				reload = true
 				continue
 			}
-			v, err := b.cmds[i].Result()
+			v, err := b.results[i].v, b.results[i].err
 			if err == nil {
 				var tail []any
 				decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
@@ -342,6 +345,11 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			} else if redis.HasErrorPrefix(err, "NOSCRIPT") {
 				noscript[b.nodes[i]] = append(noscript[b.nodes[i]], i)
 				continue
+			} else if b.results[i].shared && !b.alone[i] && redirected(err) {
+				b.alone[i] = true
+				split = append(split, i)
+				reload = true
+				continue
 			}
 			if err != nil {
 				reload = reload || topologyChanged(err)
@@ -351,7 +359,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		if reload {
 			l.reloadTopology(ctx)
 		}
-		pending = pending[:0]
+		pending = append(pending[:0], split...)
 		for n, idx := range noscript {
 			var reason error
 			if reloads >= l.cfg.ScriptReloads {
@@ -499,8 +507,10 @@ func (a *reqArgs) requestCounts(d *Decision) {
 
 // Stats are a Limiter's running counts.
 type Stats struct {
-	// ScriptCalls counts the script calls sent (EVALSHA and EVAL, retries included).
-	ScriptCalls uint64
+	// ScriptCalls counts the script calls sent (EVALSHA and EVAL, retries
+	// included; a call carries up to 32 requests); Requests counts the
+	// requests sent to Redis, once each however often they were tried.
+	ScriptCalls, Requests uint64
 	// CacheHits counts decisions answered by the near cache, CacheMisses the
 	// requests it looked up and sent to Redis, CacheEvictions the copies it
 	// dropped to make room.
@@ -511,7 +521,7 @@ type Stats struct {
 
 // Stats returns the Limiter's counts so far.
 func (l *Limiter) Stats() Stats {
-	s := Stats{ScriptCalls: l.calls.Load()}
+	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
 		s.CacheEntries, s.CacheBytes = c.stats()
@@ -540,8 +550,10 @@ type batch struct {
 	args     []reqArgs // by request
 	maxLog   int       // ARGV[5]: the longest log the script returns for the cache
 	record   bool
-	cmds     []*redis.Cmd // by request
-	nodes    []node       // by request: where it was sent; nil when it could not be routed
+	results  []result // by request
+	nodes    []node   // by request: where it was sent; nil when it could not be routed
+	alone    []bool   // by request: sent in a call of its own (a call with it was redirected)
+	calls    []call   // this attempt's
 	routeErr error
 	eval     bool                     // send EVAL with the script's body instead of EVALSHA
 	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
@@ -552,23 +564,55 @@ type pipeKey struct {
 	p int
 }
 
-// send queues pending requests on one pipeline per (user group, master) and
-// executes them concurrently; results and errors land in b.cmds.
+// perCall is the most requests one call of decide.lua carries. A call's own
+// cost (~1.7 us of a master's CPU: parsing, the Lua call, the reply) is paid
+// once for them, and the node runs the call for a few hundred microseconds at
+// most (a request costs it ~10 us).
+const perCall = 32
+
+// call is one call of decide.lua and the requests it carries, in order.
+type call struct {
+	cmd  *redis.Cmd
+	reqs []int
+}
+
+// result is what a request's call answered for it.
+type result struct {
+	v      any
+	err    error
+	shared bool // the call carried other requests
+}
+
+// send queues pending requests on one pipeline per (user group, master), in
+// calls of up to perCall requests (one each for those marked alone), and
+// executes them concurrently; results and errors land in b.results.
 func (b *batch) send(ctx context.Context, pending []int) {
 	l := b.l
 	n := l.cfg.Pipelines
 	if len(pending) < 64 {
 		n = 1
 	}
-	pipes := map[pipeKey]redis.Pipeliner{}
+	type open struct {
+		p    redis.Pipeliner
+		reqs []int // the requests of its next call
+	}
+	pipes := map[pipeKey]*open{}
 	b.waits = map[node][]*redis.IntCmd{}
-	size, bytes := 0, 0
+	b.calls = b.calls[:0]
+	bytes := 0
 	for _, i := range pending {
-		size += scriptLen(&b.reqs[i])
 		bytes += packedLen(&b.args[i])
 	}
-	slab := make([]any, size)     // every call's values
-	packed := make([]byte, bytes) // every call's packed values
+	packed := make([]byte, bytes) // every request's packed values
+	flush := func(o *open) {
+		if len(o.reqs) == 0 {
+			return
+		}
+		c := call{cmd: redis.NewCmd(ctx, callArgs(b.eval, b.reqs, b.args, o.reqs)...), reqs: o.reqs}
+		_ = o.p.Process(ctx, c.cmd) // queued; the result is read per call
+		b.calls = append(b.calls, c)
+		o.reqs = nil
+	}
 	for _, i := range pending {
 		r := &b.reqs[i]
 		a := &b.args[i]
@@ -580,35 +624,83 @@ func (b *batch) send(ctx context.Context, pending []int) {
 		}
 		b.nodes[i] = nd
 		k := pipeKey{nd, int(r.UserID % uint32(n))}
-		p := pipes[k]
-		if p == nil {
-			p = nd.Pipeline()
-			pipes[k] = p
+		o := pipes[k]
+		if o == nil {
+			o = &open{p: nd.Pipeline()}
+			pipes[k] = o
 		}
 		record, maxLog := b.record, b.maxLog
 		if r.DuplicateOnly {
 			record, maxLog = false, 0
 		}
-		n, m := scriptLen(r), packedLen(a)
-		b.cmds[i] = redis.NewCmd(ctx, scriptCmd(slab[:n:n], packed[:0:m], b.eval, r, a, record, maxLog)...)
-		slab, packed = slab[n:], packed[m:]
-		_ = p.Process(ctx, b.cmds[i]) // queued; the result is read per command
+		m := packedLen(a)
+		pack(packed[:0:m], r, a, record, maxLog)
+		packed = packed[m:]
+		if b.alone[i] {
+			flush(o)
+		}
+		if o.reqs == nil {
+			o.reqs = make([]int, 0, perCall)
+		}
+		o.reqs = append(o.reqs, i)
+		if b.alone[i] || len(o.reqs) == perCall {
+			flush(o)
+		}
 	}
-	l.calls.Add(uint64(len(pending)))
+	for _, o := range pipes {
+		flush(o)
+	}
+	l.calls.Add(uint64(len(b.calls)))
 	var wg sync.WaitGroup
-	for k, p := range pipes {
+	for k, o := range pipes {
 		if l.cfg.MinReplicasAcked > 0 && b.record {
 			w := redis.NewIntCmd(ctx, "wait", l.cfg.MinReplicasAcked, l.cfg.ReplicaTimeout.Milliseconds())
-			_ = p.Process(ctx, w)
+			_ = o.p.Process(ctx, w)
 			b.waits[k.n] = append(b.waits[k.n], w)
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = p.Exec(ctx) // errors are read per command
+			_, _ = o.p.Exec(ctx) // errors are read per call
 		}()
 	}
 	wg.Wait()
+	for _, c := range b.calls {
+		v, err := c.cmd.Result()
+		var replies []any
+		if err == nil {
+			var ok bool
+			if replies, ok = v.([]any); !ok || len(replies) != len(c.reqs) {
+				err = fmt.Errorf("unexpected script reply %#v: want %d replies", v, len(c.reqs))
+			}
+		}
+		for j, i := range c.reqs {
+			switch {
+			case err != nil:
+				b.results[i] = result{err: err, shared: len(c.reqs) > 1}
+			default:
+				if e, ok := replies[j].(error); ok { // this request's own failure
+					b.results[i] = result{err: e, shared: len(c.reqs) > 1}
+				} else {
+					b.results[i] = result{v: replies[j]}
+				}
+			}
+		}
+	}
+}
+
+// redirected reports whether err is a node's refusal of a call, or of a
+// request in it, for a slot it does not serve (now): the requests of a call
+// with several users' keys are then sent again one per call (their own key
+// declared, so that the node redirects the call), and one moving slot holds
+// up only its own users.
+func redirected(err error) bool {
+	for _, p := range []string{"MOVED", "ASK", "CROSSSLOT", "TRYAGAIN"} {
+		if redis.HasErrorPrefix(err, p) {
+			return true
+		}
+	}
+	return strings.Contains(err.Error(), "non local key")
 }
 
 // replicated reports whether every WAIT sent to n this attempt reached
@@ -681,9 +773,6 @@ func nodeName(n node) string {
 	return "redis"
 }
 
-// argsStart is where ARGV starts in a script call: evalsha, sha, 1, key.
-const argsStart = 4
-
 // ArbitrationKey returns the Redis key of a user's arbitration candidates.
 func (l *Limiter) ArbitrationKey(userID uint32) string { return l.Key(userID) + ":arb" }
 
@@ -694,19 +783,49 @@ var (
 	evalHead    = [2]any{"eval", decideSource}
 )
 
-// scriptLen is how many values scriptCmd puts in a call of r.
-func scriptLen(r *Request) int {
-	n := argsStart + 2
+// keyCount is how many keys a request of r has in a call: its log, its
+// arbitration candidates and its preferences.
+func keyCount(r *Request) int {
+	n := 1
 	if r.Arbitration > 0 {
 		n++
 	}
 	if r.Preferences {
 		n++
 	}
-	if r.Refused != "" {
-		n++
-	}
 	return n
+}
+
+// callArgs returns one call of decide.lua, EVALSHA (or EVAL with its body
+// when eval is set), for the requests idx of reqs, whose args pack filled:
+// the first one's log as its one declared key, then the packed values, the
+// member, the refusal's name and the keys of each, in order (see the script's
+// header). The values are pointers to the args' and requests' fields
+// (go-redis writes a *string as its value): a string put in an interface
+// would be copied to the heap, a pointer is not. So they must not change
+// until the call is sent.
+func callArgs(eval bool, reqs []Request, args []reqArgs, idx []int) []any {
+	n := 4
+	for _, i := range idx {
+		n += 3 + keyCount(&reqs[i])
+	}
+	v := make([]any, 4, n)
+	head := &evalshaHead
+	if eval {
+		head = &evalHead
+	}
+	v[0], v[1], v[2], v[3] = head[0], head[1], 1, &args[idx[0]].key
+	for _, i := range idx {
+		a := &args[i]
+		v = append(v, &a.packed, &a.member, &reqs[i].Refused, &a.key)
+		if reqs[i].Arbitration > 0 {
+			v = append(v, &a.arbKey)
+		}
+		if reqs[i].Preferences {
+			v = append(v, &a.prefKey)
+		}
+	}
+	return v
 }
 
 // The sizes of decide.lua's packed values (its ARGV[2]): the call's, then each cap's before its filter.
@@ -724,43 +843,20 @@ func packedLen(a *reqArgs) int {
 	return n
 }
 
-// scriptCmd builds one call of decide.lua, EVALSHA (or EVAL with its body
-// when eval is set), with its arguments (see the script's header), in dst (of
-// scriptLen(r)): its keys, the member and the call's values packed into buf
-// (of capacity packedLen(a) at least, not written again until the call is
-// sent: a.packed points into it). It fills a's keys. The values that vary
-// per call are pointers to a's and r's fields (go-redis writes *string as its
-// value): a string put in an interface would be copied to the heap, a pointer
-// is not. So r and a must not change until the call is sent.
-func scriptCmd(dst []any, buf []byte, eval bool, r *Request, a *reqArgs, record bool, maxLog int) []any {
-	keys := 1
-	if r.Arbitration > 0 {
-		keys++
-	}
-	if r.Preferences {
-		keys++
-	}
-	args := dst[:argsStart+keys+1]
-	head := &evalshaHead
-	if eval {
-		head = &evalHead
-	}
-	args[0], args[1], args[2], args[3] = head[0], head[1], keys, &a.key
-	k := 4
+// pack fills a's other keys (from a.key) and packs r's values for decide.lua
+// (its ARGV[2]) into buf, of capacity packedLen(a) at least and not written
+// again until the call is sent: a.packed points into it.
+func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 	if r.Arbitration > 0 {
 		a.arbKey = a.key + ":arb"
-		args[k], k = &a.arbKey, k+1
 	}
 	if r.Preferences {
 		a.prefKey = a.key + ":prefs"
-		args[k], k = &a.prefKey, k+1
 	}
-	args[k], args[k+1] = &a.member, &a.packed
 	mode := byte(0)
 	switch {
 	case r.Refused != "":
 		mode = 3
-		args = append(args, &r.Refused)
 	case record && !r.SentAt.IsZero():
 		mode = 2
 	case record:
@@ -785,7 +881,6 @@ func scriptCmd(dst []any, buf []byte, eval bool, r *Request, a *reqArgs, record 
 		b = c.appendFilter(b)
 	}
 	a.packed = unsafe.String(unsafe.SliceData(b), len(b))
-	return args
 }
 
 // parseReply checks the script's reply shape against the request's caps and
@@ -892,22 +987,33 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 }
 
 // ScriptCall returns the values of the decide.lua call that Decide sends to
-// record r on key at now (EVALSHA first; the near cache's log not asked for),
-// for tools that call the script themselves: capper-devstack calls, which
-// scripts/bench-calls.sh and bench-capping.sh measure. The member and the
-// packed values are binary, so no text tool (redis-benchmark) can send them.
-func ScriptCall(key string, r Request, now time.Time) ([]any, error) {
-	if err := r.validate(); err != nil {
-		return nil, fmt.Errorf("capping: %w: %w", ErrInvalidRequest, err)
+// record reqs at now, keys[i] being the log of reqs[i] (EVALSHA first; the
+// near cache's log not asked for), for tools that call the script themselves:
+// capper-devstack calls, which scripts/bench-calls.sh and bench-capping.sh
+// measure. The members and the packed values are binary, so no text tool
+// (redis-benchmark) can send them.
+func ScriptCall(keys []string, reqs []Request, now time.Time) ([]any, error) {
+	if len(keys) != len(reqs) {
+		return nil, fmt.Errorf("capping: %d keys for %d requests", len(keys), len(reqs))
+	}
+	idx := make([]int, len(reqs))
+	for i := range reqs {
+		if err := reqs[i].validate(); err != nil {
+			return nil, fmt.Errorf("capping: %w: %w", ErrInvalidRequest, err)
+		}
+		idx[i] = i
 	}
 	var caps []Cap
-	a := &newArgs([]Request{r}, now, 0, &caps)[0]
-	a.key = key
-	args := scriptCmd(make([]any, scriptLen(&r)), make([]byte, 0, packedLen(a)), false, &r, a, true, 0)
-	for i, v := range args { // the values themselves: a and r are this call's
-		if p, ok := v.(*string); ok {
-			args[i] = *p
+	args := newArgs(reqs, now, 0, &caps)
+	for i := range args {
+		args[i].key = keys[i]
+		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, 0)
+	}
+	v := callArgs(false, reqs, args, idx)
+	for i, x := range v { // the values themselves: args and reqs are this call's
+		if p, ok := x.(*string); ok {
+			v[i] = *p
 		}
 	}
-	return args, nil
+	return v, nil
 }

@@ -23,31 +23,31 @@ func TestScriptArgs(t *testing.T) {
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
 	a := &newArgs([]Request{r}, now, 0, nil)[0]
-	c := call(&r, a, true, 64)
+	c := callOf(&r, a, true, 64)
 	ms := int64(time.Hour / time.Millisecond)
 	want := packedCall{now: now.UnixMilli(), mode: 1, retention: 48 * ms, maxLog: 64, caps: []unpackedCap{
 		{now.UnixMilli() - 24*ms + 1, 3, 24 * ms, ""},
 		{day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(), "\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}}}
-	if len(c.args) != argsStart+2 || c.args[2] != 1 || c.args[3] != "fc:{7}" || c.args[4] != member || !c.packed.equal(want) {
-		t.Errorf("call %q packed %+v, want one key, the member and %+v", c.args, c.packed, want)
+	if len(c.args) != 8 || c.args[2] != 1 || c.args[3] != "fc:{7}" || c.args[5] != member || c.args[6] != "" || c.args[7] != "fc:{7}" || !c.packed.equal(want) {
+		t.Errorf("call %q packed %+v, want the log declared, then %+v, the member, no refusal and the log", c.args, c.packed, want)
 	}
 	arb := r
 	arb.Arbitration, arb.Priority, arb.Caps = 2*time.Minute, 7, []Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 3, Arbitrated: true}}
-	if c := call(&arb, &newArgs([]Request{arb}, now, 0, nil)[0], true, 0); c.args[2] != 2 || c.args[3] != "fc:{7}" || c.args[4] != "fc:{7}:arb" ||
+	if c := callOf(&arb, &newArgs([]Request{arb}, now, 0, nil)[0], true, 0); len(c.args) != 9 || c.args[7] != "fc:{7}" || c.args[8] != "fc:{7}:arb" ||
 		c.packed.window != 120000 || c.packed.priority != 7 || len(c.packed.caps) != 1 || c.packed.caps[0].filter != "\x02\x00\x00" {
-		t.Errorf("arbitrated request: %q %+v, want 2 keys (the log, its candidates), window 120000, priority 7, the cap's flags 2", c.args, c.packed)
+		t.Errorf("arbitrated request: %q %+v, want 2 keys last (the log, its candidates), window 120000, priority 7, the cap's flags 2", c.args, c.packed)
 	}
-	if c := call(&r, a, false, 0); c.packed.mode != 0 {
+	if c := callOf(&r, a, false, 0); c.packed.mode != 0 {
 		t.Errorf("look-only mode %d, want 0", c.packed.mode)
 	}
 	marked := arb
 	marked.Preferences, marked.Refused, marked.Caps = true, "budget", nil
-	if c := call(&marked, &newArgs([]Request{marked}, now, 0, nil)[0], true, 0); c.args[2] != 3 || c.args[5] != "fc:{7}:prefs" ||
-		c.packed.mode != 3 || c.packed.prefs != 1 || len(c.packed.caps) != 0 || c.args[len(c.args)-1] != "budget" {
-		t.Errorf("refused request with preferences: %q %+v, want 3 keys (log, candidates, preferences), mode 3, prefs 1, the refusal last", c.args, c.packed)
+	if c := callOf(&marked, &newArgs([]Request{marked}, now, 0, nil)[0], true, 0); len(c.args) != 10 || c.args[9] != "fc:{7}:prefs" ||
+		c.packed.mode != 3 || c.packed.prefs != 1 || len(c.packed.caps) != 0 || c.args[6] != "budget" {
+		t.Errorf("refused request with preferences: %q %+v, want 3 keys last (log, candidates, preferences), mode 3, prefs 1, the refusal after the member", c.args, c.packed)
 	}
 	r.Retention = 0
-	if c := call(&r, &newArgs([]Request{r}, now, 0, nil)[0], true, 0); c.packed.retention != 24*ms {
+	if c := callOf(&r, &newArgs([]Request{r}, now, 0, nil)[0], true, 0); c.packed.retention != 24*ms {
 		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", c.packed.retention)
 	}
 	// Decide sends only the caps that apply: an email leaves out a push cap, and keeps its window in the
@@ -57,26 +57,43 @@ func TestScriptArgs(t *testing.T) {
 		{Window: 24 * time.Hour, Limit: 3}}}
 	var slab []Cap
 	ea := &newArgs([]Request{email}, now, 0, &slab)[0]
-	if c := call(&email, ea, true, 0); len(c.packed.caps) != 1 || c.packed.caps[0].limit != 3 || c.packed.retention != 7*24*ms ||
+	if c := callOf(&email, ea, true, 0); len(c.packed.caps) != 1 || c.packed.caps[0].limit != 3 || c.packed.retention != 7*24*ms ||
 		ea.caps[0].Name != "cap1" || !slices.Equal(ea.orig, []int{1}) {
 		t.Errorf("an email with a push cap and an unnamed one: %+v, caps %v, want the unnamed cap alone (named cap1) and a week's retention", c.packed, ea.caps)
+	} // Several requests in one call: every key first, in order, then three values per request.
+	two := []Request{arb, marked}
+	ta := newArgs(two, now, 0, nil)
+	ta[0].key, ta[1].key = "fc:{7}", "fc:{8}"
+	for i := range two {
+		pack(make([]byte, 0, packedLen(&ta[i])), &two[i], &ta[i], true, 0)
+	}
+	got := callArgs(false, two, ta, []int{0, 1})
+	str := func(v any) string { return *v.(*string) }
+	if len(got) != 4+5+6 || got[2] != 1 || str(got[3]) != "fc:{7}" {
+		t.Fatalf("two requests: %d values, %v keys declared, want 15 and the first's log declared alone", len(got), got[2])
+	}
+	want2 := []string{ta[0].packed, ta[0].member, "", "fc:{7}", "fc:{7}:arb", ta[1].packed, ta[1].member, "budget", "fc:{8}", "fc:{8}:arb", "fc:{8}:prefs"}
+	for i, w := range want2 {
+		if str(got[4+i]) != w {
+			t.Errorf("two requests, value %d: %q, want %q (packed values, member, refusal and keys of each in order)", i+1, str(got[4+i]), w)
+		}
 	}
 }
 
-// scriptCall is a call scriptCmd made: its values, with what they point at in
+// scriptCall is a call callArgs made: its values, with what they point at in
 // their place (what go-redis writes), and its packed values read back.
 type scriptCall struct {
 	args   []any
 	packed packedCall
 }
 
-// call is scriptCmd's call of r for user 7.
-func call(r *Request, a *reqArgs, record bool, maxLog int) scriptCall {
+// callOf is the call of r alone for user 7.
+func callOf(r *Request, a *reqArgs, record bool, maxLog int) scriptCall {
 	a.key = "fc:{7}"
-	n := scriptLen(r)
-	args := scriptCmd(make([]any, n), make([]byte, 0, packedLen(a)), false, r, a, record, maxLog)
-	if len(args) != n {
-		panic(fmt.Sprintf("scriptCmd made %d values, scriptLen says %d", len(args), n))
+	pack(make([]byte, 0, packedLen(a)), r, a, record, maxLog)
+	args := callArgs(false, []Request{*r}, []reqArgs{*a}, []int{0})
+	if len(args) != 4+3+keyCount(r) {
+		panic(fmt.Sprintf("callArgs made %d values, want %d", len(args), 4+3+keyCount(r)))
 	}
 	for i, v := range args {
 		if p, ok := v.(*string); ok {
@@ -84,7 +101,7 @@ func call(r *Request, a *reqArgs, record bool, maxLog int) scriptCall {
 		}
 	}
 	if len(a.packed) != packedLen(a) {
-		panic(fmt.Sprintf("scriptCmd packed %d bytes, packedLen says %d", len(a.packed), packedLen(a)))
+		panic(fmt.Sprintf("pack made %d bytes, packedLen says %d", len(a.packed), packedLen(a)))
 	}
 	p, err := unpack(a.packed)
 	if err != nil {

@@ -10,9 +10,8 @@
 #   floor   scripts/lua/floor.lua: ZRANGE, ZADD and PEXPIRE of the user's log and nothing else, with decide.lua's
 #           arguments: the commands decide.lua cannot do without on a new user's first send (decide less floor
 #           is what its logic costs)
-#   batch   decide.lua's body run for BATCH users (default 16) in one call (a wrapper made here, with the
-#           allow-cross-slot-keys flag of Redis 7 and the users' keys undeclared, all on one node): what issue
-#           27's first lever (one call per cluster node per batch) could save; reported per user, not per call
+#   batch   decide.lua deciding BATCH users (default 16) in one call, as capper sends a node's requests (its
+#           allow-cross-slot-keys flag; every key on one node): reported per user, not per call
 # Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B floor F batch N" (medians,
 # us per call; batch: per user).
 # Scripts given as arguments (scripts/bench-calls.sh FILE.lua ...) are measured too, each with decide.lua's
@@ -44,25 +43,8 @@ load() { # load FILE -> sha, loaded on every node
 }
 driver=$(mktemp -d)/capper-devstack
 go build -o "$driver" ./cmd/capper-devstack
-batch_lua=$(mktemp --suffix=.lua)
-{ # decide.lua's body as a function, called once per user: ARGV = n, n pairs of key and member, decide's
-  # ARGV[2] (the packed values, the same for every user)
-  echo '#!lua flags=allow-cross-slot-keys'
-  echo 'local function decide(KEYS, ARGV)'
-  sed -n '/^local key = KEYS\[1\]/,$p' capping/decide.lua
-  cat <<'LUA'
-end
-local n = tonumber(ARGV[1])
-local out = {}
-for u = 0, n - 1 do
-  out[u + 1] = decide({ARGV[2 + 2 * u]}, {ARGV[3 + 2 * u], ARGV[2 + 2 * n]})
-end
-return out
-LUA
-} >"$batch_lua"
-grep -q '^local key = KEYS\[1\]' "$batch_lua" || { echo "bench-calls: cannot wrap capping/decide.lua" >&2; exit 1; }
-declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua) [batch]=$(load "$batch_lua"))
-rm -f "$batch_lua"
+declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua))
+sha[batch]=${sha[decide]}
 extra=()
 for f in "$@"; do
   n=$(basename "$f" .lua)

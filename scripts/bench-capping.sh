@@ -2,9 +2,9 @@
 # bench-capping.sh — capper's decisions/s against the Redis ceiling, side by side in one run.
 #
 # Alternates ROUNDS times (default 3): `capper-devstack calls` running EVALSHA of capping/decide.lua with
-# capper's own arguments (same caps, write path, random users; CLIENTS connections sending pipelines of
-# PIPELINE calls, as redis-benchmark -c and -P, which cannot send decide.lua's binary arguments) as the
-# ceiling, then `go test -bench BenchmarkDecide/batch=512/pipelines=1`
+# capper's own arguments, 32 decisions per call as capper sends them (same caps, write path, random users;
+# CLIENTS connections sending pipelines of PIPELINE calls, as redis-benchmark -c and -P, which cannot send
+# decide.lua's binary arguments) as the ceiling, then `go test -bench BenchmarkDecide/batch=512/pipelines=1`
 # (one pipeline per batch, one batch in flight per core).
 # Prints each round, the medians and capper's median as a share of the ceiling's median.
 # Uses the running local stack, or starts (and afterwards stops) it.
@@ -38,7 +38,7 @@ median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[
 ceil_runs=() capper_runs=()
 for r in $(seq "$ROUNDS"); do
   # Same script and arguments as capper's benchmark: daily + weekly all-channel caps, 1M users, write path.
-  rps=$("$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "$sha" -args decide -n "$REQUESTS" -users 1000000 \
+  rps=$("$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "$sha" -args batch -batch 32 -n "$REQUESTS" -users 1000000 \
     -clients "$CLIENTS" -pipeline "$PIPELINE" -prefix rbbench)
   if ((CEILING_ONLY)); then ceil_runs+=("$rps"); continue; fi
   dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512/pipelines=1$' -test.benchtime "$BENCHTIME" \

@@ -20,7 +20,7 @@ JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
 ROUNDS=${ROUNDS:-3}
 
-run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us"
+run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us sent_per_job"
   local out
   local rc=0
   out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" \
@@ -42,10 +42,10 @@ run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us c
   python3 - "$json" "$worker" "$broker" "$redis" <<'PY'
 import json, re, sys
 r = json.loads(sys.argv[1])
-m = re.search(r'\(([\d.]+) us/job\).*?([\d.]+) script calls/job, ([\d.]+) near cache hits/job', sys.argv[2])
+m = re.search(r'\(([\d.]+) us/job\).*?([\d.]+) script calls/job, ([\d.]+) decisions sent to redis/job, ([\d.]+) near cache hits/job', sys.argv[2])
 b = re.search(r'\(([\d.]+) us/job\)', sys.argv[3])
 d = re.search(r'\(([\d.]+) us/job\)', sys.argv[4])
-print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(3), b.group(1), d.group(1))
+print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(4), b.group(1), d.group(1), m.group(3))
 PY
 }
 
@@ -72,8 +72,8 @@ each = {k: ", ".join("%.0f" % v[0] for v in vs) for k, vs in rows.items()}
 c, n, p = med["cache"], med["nocache"], med["pass"]
 print("| what | Redis masters CPU per job | worker CPU per job | broker CPU per job | jobs/s (rounds) |")
 print("|---|---|---|---|---|")
-print("| capper, near cache on | %.1f us (%.2f script calls) | %.1f us | %.1f us | %.0f (%s) |" % (c[5], c[2], c[1], c[4], c[0], each["cache"]))
-print("| capper, near cache off | %.1f us (%.2f calls) | %.1f us | %.1f us | %.0f (%s) |" % (n[5], n[2], n[1], n[4], n[0], each["nocache"]))
+print("| capper, near cache on | %.1f us (%.2f decisions sent, %.3f script calls) | %.1f us | %.1f us | %.0f (%s) |" % (c[5], c[6], c[2], c[1], c[4], c[0], each["cache"]))
+print("| capper, near cache off | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (n[5], n[6], n[2], n[1], n[4], n[0], each["nocache"]))
 print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" % (p[5], p[1], p[4], p[0], each["pass"]))
 print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
 print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"])

@@ -27,15 +27,16 @@ var benchCaps = []capping.Cap{
 }
 
 // calls sends -n calls of the script -sha over -users random users, from -clients connections that each
-// send pipelines of -pipeline calls (as redis-benchmark -c and -P), and prints the calls per second. The
+// send pipelines of -pipeline calls (as redis-benchmark -c and -P), and prints the decisions per second
+// (calls per second, times -batch with -args batch). The
 // arguments are those of -args:
 //
 //	decide  capper's own call of capping/decide.lua (capping.ScriptCall) with benchCaps; a script
 //	        measured against decide.lua (a bare call, its floor, a variant) gets the same
 //	seed    the seed's sliding log (scripts/lua/seed.lua): the member, the eviction time, then the
 //	        start and limit of the same two windows
-//	batch   decide.lua's body for -batch users in one call (the wrapper bench-calls.sh makes: the
-//	        number of users, their keys and members, then decide's packed values)
+//	batch   capper's call of capping/decide.lua for -batch users at once (as Decide sends a node's
+//	        requests)
 //
 // Every key is PREFIX:{tag}:USER (one slot: a batch's keys must be on one node). The calls are made
 // before the first is sent, so what the run costs Redis is the calls alone. An error reply stops it: an
@@ -58,9 +59,9 @@ func calls(args []string) error {
 	now := time.Now()
 	rng := rand.New(rand.NewPCG(uint64(now.UnixNano()), 27))
 	key := func(u int) string { return *prefix + ":{tag}:" + strconv.Itoa(u) }
-	decide := func(u int) ([]any, error) {
-		return capping.ScriptCall(key(u), capping.Request{UserID: uint32(u), JobID: "m" + strconv.Itoa(u) + "-" + strconv.FormatUint(rng.Uint64(), 36),
-			Channel: "email", Caps: benchCaps}, now)
+	request := func(u int) capping.Request {
+		return capping.Request{UserID: uint32(u), JobID: "m" + strconv.Itoa(u) + "-" + strconv.FormatUint(rng.Uint64(), 36),
+			Channel: "email", Caps: benchCaps}
 	}
 	ms := now.UnixMilli()
 	total := *n
@@ -72,7 +73,7 @@ func calls(args []string) error {
 		u := rng.IntN(*users)
 		switch *kind {
 		case "decide":
-			c, err := decide(u)
+			c, err := capping.ScriptCall([]string{key(u)}, []capping.Request{request(u)}, now)
 			if err != nil {
 				return err
 			}
@@ -82,18 +83,17 @@ func calls(args []string) error {
 			cmds[i] = []any{"evalsha", *sha, 1, key(u), ms, "m" + strconv.Itoa(u), ms - capping.Weekly.Milliseconds(),
 				ms - capping.Daily.Milliseconds() + 1, 1 << 30, ms - capping.Weekly.Milliseconds() + 1, 1 << 30}
 		case "batch":
-			c := []any{"evalsha", *sha, 1, key(u), *batch}
-			var packed any
-			for range *batch {
-				one, err := decide(u)
-				if err != nil {
-					return err
-				}
-				c = append(c, key(u), one[4])
-				packed = one[5]
+			keys, reqs := make([]string, *batch), make([]capping.Request, *batch)
+			for j := range reqs {
+				keys[j], reqs[j] = key(u), request(u)
 				u = rng.IntN(*users)
 			}
-			cmds[i] = append(c, packed)
+			c, err := capping.ScriptCall(keys, reqs, now)
+			if err != nil {
+				return err
+			}
+			c[1] = *sha
+			cmds[i] = c
 		default:
 			return fmt.Errorf("calls: -args %q: want decide, seed or batch", *kind)
 		}
@@ -130,6 +130,10 @@ func calls(args []string) error {
 	if err := <-errs; err != nil {
 		return err
 	}
-	fmt.Printf("%.0f\n", float64(total)/time.Since(start).Seconds())
+	per := 1
+	if *kind == "batch" {
+		per = *batch
+	}
+	fmt.Printf("%.0f\n", float64(total*per)/time.Since(start).Seconds())
 	return nil
 }

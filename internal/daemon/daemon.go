@@ -422,8 +422,10 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(l.Stats())) })
 	}
 	for _, c := range []prometheus.Collector{
-		counter("capper_decide_script_calls_total", "Calls of the decision script sent to Redis (retries included).",
+		counter("capper_decide_script_calls_total", "Calls of the decision script sent to Redis (retries included); a call carries up to 32 decisions for one node.",
 			func(s capping.Stats) uint64 { return s.ScriptCalls }),
+		counter("capper_decide_redis_requests_total", "Decisions sent to Redis (once each, however often tried), in the decision script's calls.",
+			func(s capping.Stats) uint64 { return s.Requests }),
 		counter("capper_near_cache_hits_total", "Decisions answered capped by the near cache, without a script call.",
 			func(s capping.Stats) uint64 { return s.CacheHits }),
 		counter("capper_near_cache_misses_total", "Decisions the near cache looked up and sent to Redis.",
