@@ -9,6 +9,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -266,17 +267,33 @@ func (s *Stack) produceTo(topic string, msgs []kafka.Message) {
 	defer cancel()
 	var err error
 	// kafka-go caches topic metadata in the writer's transport, so a retry after
-	// "Unknown Topic Or Partition" (a topic just created) needs a new writer.
-	for attempt := 0; attempt < 20; attempt++ {
+	// "Unknown Topic Or Partition" (a topic just created, whose partitions a busy
+	// broker may take seconds to lead) needs a new writer. Only the messages that
+	// failed are written again: a partial write is not repeated.
+	for attempt := 1; ; attempt++ {
 		w := &kafka.Writer{Addr: kafka.TCP(s.Brokers...), Topic: topic, Balancer: &kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: 2 * time.Millisecond, BatchSize: 1000, Transport: s.roundTripper()}
 		err = w.WriteMessages(ctx, msgs...)
 		w.Close()
 		if err == nil {
 			return
 		}
-		time.Sleep(300 * time.Millisecond)
+		var failed kafka.WriteErrors
+		if errors.As(err, &failed) && len(failed) == len(msgs) {
+			left := msgs[:0:0]
+			for i, e := range failed {
+				if e != nil {
+					left = append(left, msgs[i])
+				}
+			}
+			msgs = left
+		}
+		select {
+		case <-ctx.Done():
+			s.T.Errorf("produce to %s: %v (%d attempts in 60 s)", topic, err, attempt)
+			return
+		case <-time.After(300 * time.Millisecond):
+		}
 	}
-	s.T.Errorf("produce: %v", err)
 }
 
 // Output is one message on an output topic: what capper says of it
