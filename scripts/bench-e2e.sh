@@ -9,7 +9,7 @@
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
 # decide.lua's floor (its ZRANGE, ZADD and PEXPIRE alone),
-# and decide.lua's body per user when 16 users share a call
+# and decide.lua per decision when it decides 16 users in one call, as capper calls it
 # costs the Redis masters, medians of 3) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
@@ -79,10 +79,11 @@ print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
 print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"])
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
 print("| ZRANGE, ZADD and PEXPIRE of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
-print("| decide.lua's body for 16 users in one call (cross-slot, one node), per user | %.1f us | - | - | - |" % call["batch"])
+print("| decide.lua deciding 16 users of one node in one call (as capper calls it), per decision | %.1f us | - | - | - |" % call["batch"])
 print()
 print("Redis per job (cache on) / seed per call     %5.2f   (goal <= 0.5)" % (c[5] / call["seed"]))
 print("decide.lua per call / seed per call          %5.2f   (goal <= 1.0)" % (call["decide"] / call["seed"]))
+print("decide.lua per decision, 16 per call / seed   %5.2f   (as capper calls it)" % (call["batch"] / call["seed"]))
 print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
 print("decide.lua per call / its floor per call     %5.2f   (what its logic adds to the commands it needs)" % (call["decide"] / call["floor"]))
 print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[1] / p[1]))
