@@ -79,9 +79,9 @@
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8I2c0' -- one cap's: since, limit, reset, filter
 
--- decide decides one request: its packed values, member, refusal's name (mode 3) and keys (KEYS[1..3]).
-local function decide(packed, member, named, key, arbkey, prefkey)
-  local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
+-- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
+-- position first on), member, refusal's name (mode 3) and keys (KEYS[1..3]).
+local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
   local record = mode ~= 0
   local exact = mode == 2
   local mark = mode == 3
@@ -438,7 +438,7 @@ end
 local out, i = {}, 1
 while i <= #ARGV do
   local packed = ARGV[i]
-  local _, _, _, _, window, _, prefs = struct.unpack(headfmt, packed)
+  local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
   local key, arbkey, prefkey, j = ARGV[i + 3], nil, nil, i + 4
   if window > 0 then
     arbkey, j = ARGV[j], j + 1
@@ -446,7 +446,8 @@ while i <= #ARGV do
   if prefs == 1 then
     prefkey, j = ARGV[j], j + 1
   end
-  local ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey)
+  local ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
+    window, priority, first)
   if not ok then
     reply = redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
   end

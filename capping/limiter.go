@@ -390,7 +390,7 @@ type reqArgs struct {
 	member    string
 	retention int64 // ms
 	// caps are the caps decided: the request's, or for Decide only those
-	// that apply to the send (see applying), each named as in the request.
+	// that apply to the send (see newArgs), each named as in the request.
 	caps   []Cap
 	orig   []int   // per cap decided, its index in the request's Caps; nil when caps are the request's
 	since  []int64 // per cap decided: the first ms that counts
@@ -398,7 +398,7 @@ type reqArgs struct {
 	counts []int   // per cap decided: their counts
 	all    []int   // with orig, per cap of the request: the Decision's Counts (-1 where not decided)
 
-	// Set by scriptCmd for a call to Redis (the call points at them).
+	// Set by send and pack for a call to Redis (the call points at them).
 	key, arbKey, prefKey string
 	packed               string // decide.lua's ARGV[2], in the batch's slab
 }
@@ -449,19 +449,22 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap) [
 			} else {
 				retention = max(retention, c.Until.Sub(c.Since))
 			}
-			if caps != nil && a.orig == nil && !c.appliesTo(a.member) {
-				a.orig = orig[len(orig):len(orig)] // the first that does not apply: keep the others only
-				for k := range j {
-					a.orig = append(a.orig, k)
-				}
-			} else if a.orig != nil && c.appliesTo(a.member) {
-				a.orig = append(a.orig, j)
-			}
 		}
 		a.retention = (retention + margin).Milliseconds()
+		if caps != nil { // the indices of the caps that apply; kept only when some do not
+			start := len(orig)
+			for j := range r.Caps {
+				if r.Caps[j].appliesTo(a.member) {
+					orig = append(orig, j)
+				}
+			}
+			if len(orig)-start == len(r.Caps) {
+				orig = orig[:start]
+			} else {
+				a.orig = orig[start:len(orig):len(orig)]
+			}
+		}
 		if a.orig != nil {
-			orig = orig[:len(orig)+len(a.orig)]
-			a.orig = a.orig[:len(a.orig):len(a.orig)]
 			first := len(*caps)
 			for _, j := range a.orig {
 				c := r.Caps[j]
@@ -548,7 +551,7 @@ type batch struct {
 	l        *Limiter
 	reqs     []Request
 	args     []reqArgs // by request
-	maxLog   int       // ARGV[5]: the longest log the script returns for the cache
+	maxLog   int       // maxlog of the packed values: the longest log the script returns for the cache
 	record   bool
 	results  []result // by request
 	nodes    []node   // by request: where it was sent; nil when it could not be routed
@@ -834,7 +837,7 @@ const (
 	packedCap  = 8 + 4 + 8 + 2             // since, limit, reset, the filter's length
 )
 
-// packedLen is the length of a's packed values (see scriptCmd).
+// packedLen is the length of a's packed values (see pack).
 func packedLen(a *reqArgs) int {
 	n := packedHead
 	for i := range a.caps {

@@ -129,7 +129,7 @@ func (p packedCall) equal(q packedCall) bool {
 		p.priority == q.priority && p.prefs == q.prefs && p.maxLog == q.maxLog && slices.Equal(p.caps, q.caps)
 }
 
-// unpack reads ARGV[2] by the script's header (its own reading, not scriptCmd's code).
+// unpack reads ARGV[2] by the script's header (its own reading, not pack's code).
 func unpack(s string) (packedCall, error) {
 	b := []byte(s)
 	i64 := func() int64 { v := int64(binary.BigEndian.Uint64(b)); b = b[8:]; return v }
