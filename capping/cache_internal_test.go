@@ -12,7 +12,7 @@ import (
 func blocked(user uint32, job string, now time.Time) (*Request, *reqArgs, []any) {
 	r := &Request{UserID: user, JobID: job, Channel: "email", Campaign: "c", Tags: []string{"marketing"},
 		Caps: []Cap{{Name: "daily", Window: Daily, Limit: 2}}}
-	a := &newArgs([]Request{*r}, now, 0, nil)[0]
+	a := &newArgs([]Request{*r}, now, 0, nil, nil)[0]
 	tail := []any{Member("old1", "email", "c", nil), now.Add(-2 * time.Hour).UnixMilli(), Member("old2", "email", "c", nil), now.Add(-time.Hour).UnixMilli()}
 	return r, a, tail
 }
@@ -26,7 +26,7 @@ func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 		t.Fatalf("decision %+v, want capped by daily until the first send leaves the window (22h)", d)
 	}
 	// The copy expires when the cap passes again: then Redis decides.
-	later := &newArgs([]Request{*r}, now.Add(22*time.Hour), 0, nil)[0]
+	later := &newArgs([]Request{*r}, now.Add(22*time.Hour), 0, nil, nil)[0]
 	if c.decide(r, later, &d) {
 		t.Fatalf("answered %+v after the cap passed", d)
 	}
@@ -36,13 +36,13 @@ func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 	// A send the copy finds logged (a redelivery) is for Redis to answer.
 	c.install(r, a, c.gen.Load(), tail)
 	dup := &Request{UserID: 7, JobID: "old1", Channel: "email", Campaign: "c", Caps: r.Caps}
-	if c.decide(dup, &newArgs([]Request{*dup}, now, 0, nil)[0], &d) {
+	if c.decide(dup, &newArgs([]Request{*dup}, now, 0, nil, nil)[0], &d) {
 		t.Fatal("a redelivered job was answered from the cache")
 	}
 	// So is a send of another scope that the copy would allow.
 	other := *r
 	other.Caps = []Cap{{Name: "push", Window: Daily, Limit: 1, Scope: NewScope([]string{"push"}, nil)}}
-	if c.decide(&other, &newArgs([]Request{other}, now, 0, nil)[0], &d) {
+	if c.decide(&other, &newArgs([]Request{other}, now, 0, nil, nil)[0], &d) {
 		t.Fatal("a send the copy allows was answered from the cache")
 	}
 }

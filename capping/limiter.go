@@ -259,8 +259,13 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	}
 	now := l.cfg.Clock()
 	decs := make([]Decision, len(reqs))
-	errs := make(RequestErrors, len(reqs))
-	failed := 0
+	var errs RequestErrors // made at the first failure
+	setErr := func(i int, err error) {
+		if errs == nil {
+			errs = make(RequestErrors, len(reqs))
+		}
+		errs[i] = err
+	}
 	cache := l.cache
 	if !record {
 		cache = nil // a look is never cached, nor answered from the cache
@@ -270,8 +275,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		gen = cache.gen.Load()
 	}
 	fail := func(i int, err error) {
-		errs[i] = fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, err)
-		failed++
+		setErr(i, fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, err))
 		if cache != nil { // it may have been recorded: the copy is no longer the log
 			cache.drop(reqs[i].UserID)
 		}
@@ -281,17 +285,18 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		caps = capSlab.Get().(*[]Cap)
 		defer func() { clear(*caps); capSlab.Put(caps) }()
 	}
-	b := &batch{l: l, reqs: reqs, record: record, results: make([]result, len(reqs)), nodes: make([]node, len(reqs)),
-		alone: make([]bool, len(reqs)), args: newArgs(reqs, now, l.cfg.ClockMargin, caps)}
+	sc := scratchPool.Get().(*scratch)
+	defer sc.release()
+	b := &batch{l: l, reqs: reqs, record: record, results: grow(&sc.results, len(reqs)), nodes: grow(&sc.nodes, len(reqs)),
+		alone: grow(&sc.alone, len(reqs)), args: newArgs(reqs, now, l.cfg.ClockMargin, caps, sc), sc: sc}
 	if cache != nil {
 		b.maxLog = cacheMaxLog
 	}
-	pending := make([]int, 0, len(reqs))
+	pending := grow(&sc.pending, len(reqs))[:0]
 	var sent map[uint32]bool // users with a request for Redis in this batch
 	for i := range reqs {
 		if err := reqs[i].validate(); err != nil {
-			errs[i] = fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err)
-			failed++
+			setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
 		if cache != nil {
@@ -376,7 +381,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			}
 		}
 	}
-	if failed > 0 {
+	if errs != nil {
 		return decs, errs
 	}
 	return decs, nil
@@ -407,6 +412,45 @@ type reqArgs struct {
 // reused from batch to batch (a Decision points at none of them).
 var capSlab = sync.Pool{New: func() any { return new([]Cap) }}
 
+// scratch holds a batch's working arrays, reused from batch to batch: a
+// batch of 2,000 jobs needs about 1 MB of them, which allocated afresh each
+// time was a third of the worker's allocations (and of its GC). Nothing the
+// caller keeps points into them: a Decision's Counts are allocated apart.
+type scratch struct {
+	args    []reqArgs
+	ints    []int64
+	orig    []int
+	results []result
+	nodes   []node
+	alone   []bool
+	pending []int
+	packed  []byte // the requests' packed values (see pack)
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// release clears what points at the batch's requests and replies, and puts sc back.
+func (sc *scratch) release() {
+	clear(sc.args[:cap(sc.args)])
+	clear(sc.results[:cap(sc.results)])
+	clear(sc.nodes[:cap(sc.nodes)])
+	scratchPool.Put(sc)
+}
+
+// grow returns (*s)[:n] zeroed, reallocating *s when it is too short. With a
+// nil s it allocates.
+func grow[T any](s *[]T, n int) []T {
+	if s == nil {
+		return make([]T, n)
+	}
+	if cap(*s) < n {
+		*s = make([]T, n)
+	}
+	*s = (*s)[:n]
+	clear(*s)
+	return *s
+}
+
 // newArgs computes the arguments of every request, on a few backing arrays.
 // The retention is the longest window plus margin (Config.ClockMargin).
 //
@@ -415,12 +459,21 @@ var capSlab = sync.Pool{New: func() any { return new([]Cap) }}
 // used by it, and counting them is most of what a scoped cap costs the
 // script. caps (from capSlab, nil without applying) holds the ones kept of
 // such requests. Their counts in the Decision are -1.
-func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap) []reqArgs {
+//
+// The working arrays come from sc (nil: allocated); the counts, which the
+// Decisions keep, are always allocated.
+func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, sc *scratch) []reqArgs {
 	ncaps := 0
 	for i := range reqs {
 		ncaps += len(reqs[i].Caps)
 	}
-	ints := make([]int64, 2*ncaps)
+	var intsBuf *[]int64
+	var origBuf *[]int
+	var argsBuf *[]reqArgs
+	if sc != nil {
+		intsBuf, origBuf, argsBuf = &sc.ints, &sc.orig, &sc.args
+	}
+	ints := grow(intsBuf, 2*ncaps)
 	counts := make([]int, ncaps)
 	var orig, all []int
 	if caps != nil {
@@ -428,9 +481,9 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap) [
 		if cap(*caps) < ncaps { // never grown below: the requests' caps point into it
 			*caps = make([]Cap, 0, ncaps)
 		}
-		orig = make([]int, 0, ncaps)
+		orig = grow(origBuf, ncaps)[:0]
 	}
-	args := make([]reqArgs, len(reqs))
+	args := grow(argsBuf, len(reqs))
 	nowMs := now.UnixMilli()
 	for i := range reqs {
 		r := &reqs[i]
@@ -560,6 +613,7 @@ type batch struct {
 	routeErr error
 	eval     bool                     // send EVAL with the script's body instead of EVALSHA
 	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
+	sc       *scratch                 // the working arrays above, reused by the next batch
 }
 
 type pipeKey struct {
@@ -606,7 +660,7 @@ func (b *batch) send(ctx context.Context, pending []int) {
 	for _, i := range pending {
 		bytes += packedLen(&b.args[i])
 	}
-	packed := make([]byte, bytes) // every request's packed values
+	packed := grow(&b.sc.packed, bytes) // every request's packed values
 	flush := func(o *open) {
 		if len(o.reqs) == 0 {
 			return
@@ -1007,7 +1061,7 @@ func ScriptCall(keys []string, reqs []Request, now time.Time) ([]any, error) {
 		idx[i] = i
 	}
 	var caps []Cap
-	args := newArgs(reqs, now, 0, &caps)
+	args := newArgs(reqs, now, 0, &caps, nil)
 	for i := range args {
 		args[i].key = keys[i]
 		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, 0)

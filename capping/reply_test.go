@@ -22,7 +22,7 @@ func TestScriptArgs(t *testing.T) {
 			Scope: NewScope([]string{"push", "sms"}, []string{"promotional"}).Campaign("c9"), Shadow: true},
 	}, Retention: 48 * time.Hour}
 	member := Member(r.JobID, r.Channel, r.Campaign, r.Tags)
-	a := &newArgs([]Request{r}, now, 0, nil)[0]
+	a := &newArgs([]Request{r}, now, 0, nil, nil)[0]
 	c := callOf(&r, a, true, 64)
 	ms := int64(time.Hour / time.Millisecond)
 	want := packedCall{now: now.UnixMilli(), mode: 1, retention: 48 * ms, maxLog: 64, caps: []unpackedCap{
@@ -33,7 +33,7 @@ func TestScriptArgs(t *testing.T) {
 	}
 	arb := r
 	arb.Arbitration, arb.Priority, arb.Caps = 2*time.Minute, 7, []Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 3, Arbitrated: true}}
-	if c := callOf(&arb, &newArgs([]Request{arb}, now, 0, nil)[0], true, 0); len(c.args) != 9 || c.args[7] != "fc:{7}" || c.args[8] != "fc:{7}:arb" ||
+	if c := callOf(&arb, &newArgs([]Request{arb}, now, 0, nil, nil)[0], true, 0); len(c.args) != 9 || c.args[7] != "fc:{7}" || c.args[8] != "fc:{7}:arb" ||
 		c.packed.window != 120000 || c.packed.priority != 7 || len(c.packed.caps) != 1 || c.packed.caps[0].filter != "\x02\x00\x00" {
 		t.Errorf("arbitrated request: %q %+v, want 2 keys last (the log, its candidates), window 120000, priority 7, the cap's flags 2", c.args, c.packed)
 	}
@@ -42,12 +42,12 @@ func TestScriptArgs(t *testing.T) {
 	}
 	marked := arb
 	marked.Preferences, marked.Refused, marked.Caps = true, "budget", nil
-	if c := callOf(&marked, &newArgs([]Request{marked}, now, 0, nil)[0], true, 0); len(c.args) != 10 || c.args[9] != "fc:{7}:prefs" ||
+	if c := callOf(&marked, &newArgs([]Request{marked}, now, 0, nil, nil)[0], true, 0); len(c.args) != 10 || c.args[9] != "fc:{7}:prefs" ||
 		c.packed.mode != 3 || c.packed.prefs != 1 || len(c.packed.caps) != 0 || c.args[6] != "budget" {
 		t.Errorf("refused request with preferences: %q %+v, want 3 keys last (log, candidates, preferences), mode 3, prefs 1, the refusal after the member", c.args, c.packed)
 	}
 	r.Retention = 0
-	if c := callOf(&r, &newArgs([]Request{r}, now, 0, nil)[0], true, 0); c.packed.retention != 24*ms {
+	if c := callOf(&r, &newArgs([]Request{r}, now, 0, nil, nil)[0], true, 0); c.packed.retention != 24*ms {
 		t.Errorf("retention without Request.Retention = %v, want the longest window (24h)", c.packed.retention)
 	}
 	// Decide sends only the caps that apply: an email leaves out a push cap, and keeps its window in the
@@ -56,13 +56,13 @@ func TestScriptArgs(t *testing.T) {
 		{Name: "push-weekly", Window: 7 * 24 * time.Hour, Limit: 1, Scope: NewScope([]string{"push"}, nil)},
 		{Window: 24 * time.Hour, Limit: 3}}}
 	var slab []Cap
-	ea := &newArgs([]Request{email}, now, 0, &slab)[0]
+	ea := &newArgs([]Request{email}, now, 0, &slab, nil)[0]
 	if c := callOf(&email, ea, true, 0); len(c.packed.caps) != 1 || c.packed.caps[0].limit != 3 || c.packed.retention != 7*24*ms ||
 		ea.caps[0].Name != "cap1" || !slices.Equal(ea.orig, []int{1}) {
 		t.Errorf("an email with a push cap and an unnamed one: %+v, caps %v, want the unnamed cap alone (named cap1) and a week's retention", c.packed, ea.caps)
 	} // Several requests in one call: every key first, in order, then three values per request.
 	two := []Request{arb, marked}
-	ta := newArgs(two, now, 0, nil)
+	ta := newArgs(two, now, 0, nil, nil)
 	ta[0].key, ta[1].key = "fc:{7}", "fc:{8}"
 	for i := range two {
 		pack(make([]byte, 0, packedLen(&ta[i])), &two[i], &ta[i], true, 0)
