@@ -180,7 +180,7 @@ func TestSameMillisecondSendsAreBothCounted(t *testing.T) {
 			t.Errorf("decision %d counted %d earlier sends, want %d", i, d.Counts[0], i)
 		}
 	}
-	if n := e.rdb.ZCard(context.Background(), e.lim.Key(7)).Val(); n != 3 {
+	if n := testenv.LogLen(t, e.rdb, e.lim.Key(7)); n != 3 {
 		t.Fatalf("log holds %d entries after 3 sends in one millisecond, want 3", n)
 	}
 }
@@ -205,7 +205,7 @@ func TestRedeliveredJobIsNotCountedTwice(t *testing.T) {
 	if d := e.decide(t, job(9, "push", caps...))[0]; d.Allowed {
 		t.Fatalf("third distinct job: %+v, want capped", d)
 	}
-	if n := e.rdb.ZCard(context.Background(), e.lim.Key(9)).Val(); n != 2 {
+	if n := testenv.LogLen(t, e.rdb, e.lim.Key(9)); n != 2 {
 		t.Fatalf("log holds %d entries, want 2", n)
 	}
 }
@@ -238,7 +238,7 @@ func TestEvictionAndExpiry(t *testing.T) {
 	e.clock.Add(3 * 24 * time.Hour)
 	e.decide(t, job(5, "email", caps...))
 	key := e.lim.Key(5)
-	if n := e.rdb.ZCard(ctx, key).Val(); n != 2 {
+	if n := testenv.LogLen(t, e.rdb, key); n != 2 {
 		t.Fatalf("log holds %d entries, want 2", n)
 	}
 	ttl := e.rdb.PTTL(ctx, key).Val()
@@ -246,10 +246,19 @@ func TestEvictionAndExpiry(t *testing.T) {
 	if ttl <= 7*24*time.Hour+time.Hour-time.Minute || ttl > 7*24*time.Hour+time.Hour {
 		t.Fatalf("PTTL %v, want the longest window (7 days) and an hour", ttl)
 	}
+	// A send appended to a log whose TTL has fallen below the retention refreshes it.
+	if err := e.rdb.PExpire(ctx, key, 24*time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Add(time.Hour)
+	e.decide(t, job(5, "email", caps...))
+	if ttl := e.rdb.PTTL(ctx, key).Val(); ttl <= 7*24*time.Hour+time.Hour-time.Minute || ttl > 7*24*time.Hour+time.Hour {
+		t.Fatalf("PTTL %v after a send to a log with a day left, want the longest window (7 days) and an hour", ttl)
+	}
 	e.clock.Add(5 * 24 * time.Hour) // the first send is now 8 days old
 	e.decide(t, job(5, "email", caps...))
-	if n := e.rdb.ZCard(ctx, key).Val(); n != 2 {
-		t.Fatalf("log holds %d entries after eviction, want 2 (the 8-day-old one evicted)", n)
+	if n := testenv.LogLen(t, e.rdb, key); n != 3 {
+		t.Fatalf("log holds %d entries after eviction, want 3 (the 8-day-old one evicted)", n)
 	}
 }
 
@@ -288,7 +297,7 @@ func TestOneCallPerNode(t *testing.T) {
 			users = append(users, u)
 		}
 	}
-	if err := e.rdb.Set(ctx, e.lim.Key(bad), "not a log", time.Hour).Err(); err != nil {
+	if err := e.rdb.HSet(ctx, e.lim.Key(bad), "not", "a log").Err(); err != nil {
 		t.Fatal(err)
 	}
 	reqs := make([]capping.Request, 0, 40)
@@ -464,7 +473,7 @@ func TestRefusedMark(t *testing.T) {
 		t.Fatalf("the first refusal's look: %+v, want the zero decision (not sent before)", d)
 	}
 	key := e.lim.Key(9)
-	if n := e.rdb.ZCard(ctx, key).Val(); n != 1 {
+	if n := testenv.LogLen(t, e.rdb, key); n != 1 {
 		t.Fatalf("the log holds %d entries after the refusal, want its mark", n)
 	}
 	if ttl := e.rdb.PTTL(ctx, key).Val(); ttl <= time.Hour || ttl > time.Hour+time.Hour/8 {
@@ -485,7 +494,7 @@ func TestRefusedMark(t *testing.T) {
 	if d := refuse("j2"); !d.Duplicate {
 		t.Errorf("a refusal's look of a job that went: %+v, want a duplicate", d)
 	}
-	if n := e.rdb.ZCard(ctx, key).Val(); n != 2 {
+	if n := testenv.LogLen(t, e.rdb, key); n != 2 {
 		t.Errorf("the log holds %d entries, want j2 and j1's one mark", n)
 	}
 	// The mark ages out with the log: past the retention, j1 is decided as new.
@@ -493,7 +502,7 @@ func TestRefusedMark(t *testing.T) {
 	if d := e.decide(t, capping.Request{UserID: 9, JobID: "j1", Channel: "sms", Caps: []capping.Cap{ten}})[0]; !d.Allowed || d.RefusedBefore {
 		t.Errorf("j1 after the retention: %+v, want allowed (its mark aged out)", d)
 	}
-	if n := e.rdb.ZCard(ctx, key).Val(); n != 1 {
+	if n := testenv.LogLen(t, e.rdb, key); n != 1 {
 		t.Errorf("the log holds %d entries after the retention, want j1 alone", n)
 	}
 	if _, err := e.lim.Decide(ctx, []capping.Request{{UserID: 9, JobID: "x", Channel: "sms", Refused: "b", Caps: []capping.Cap{ten}}}); !errors.Is(err, capping.ErrInvalidRequest) {
@@ -710,6 +719,11 @@ func TestExternalSendsAndForget(t *testing.T) {
 			t.Errorf("external send, delivery %d: %+v, want recorded at %v", i+1, d, base.Add(-time.Hour))
 		}
 	}
+	// The log is kept oldest first: the external send went before the own one.
+	if log, err := capping.ReadLog(context.Background(), e.rdb, lim.Key(41)); err != nil || len(log) != 2 ||
+		log[0].At != base.Add(-time.Hour).UnixMilli() || log[1].At != base.UnixMilli() {
+		t.Errorf("log after an own send and an earlier external one: %+v, %v, want the external send first", log, err)
+	}
 	e.clock.Add(time.Minute)
 	d := decide(capping.Request{UserID: 41, JobID: "own2", Channel: "push", Caps: []capping.Cap{day, pushDay}})
 	if d.Allowed || d.Counts[0] != 2 || d.Counts[1] != 1 || !d.RetryAt.Equal(base.Add(23*time.Hour)) {
@@ -791,5 +805,75 @@ func TestPreferences(t *testing.T) {
 	}
 	if err := (capping.Preference{Channel: "sms"}).Validate(); err == nil {
 		t.Error("a limit of 0 without opt-out validated")
+	}
+}
+
+// TestSortedSetLogIsReadAndRewritten: a log an older capper kept as a sorted
+// set (score = send time, member; a refused send's mark with minus the
+// refusal's time) is decided on as it is, and the first decision that records
+// rewrites it as the string decide.lua keeps, every entry and mark kept; a
+// capped decision writes nothing; Forget removes a send from either form;
+// a string that is not a log fails its request with a clear error.
+func TestSortedSetLogIsReadAndRewritten(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	key := e.lim.Key(5)
+	old1, old2 := capping.Member("old1", "email", "", nil), capping.Member("old2", "email", "", nil)
+	refused := capping.Member("refused1", "email", "", nil)
+	mark := string(rune(len(refused))) + refused + "sms-budget"
+	if err := e.rdb.ZAdd(ctx, key,
+		redis.Z{Score: float64(base.Add(-2 * time.Hour).UnixMilli()), Member: old1},
+		redis.Z{Score: float64(base.Add(-time.Hour).UnixMilli()), Member: old2},
+		redis.Z{Score: -float64(base.Add(-30 * time.Minute).UnixMilli()), Member: mark}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	d := e.decide(t, job(5, "email", daily3))[0]
+	if !d.Allowed || d.Counts[0] != 2 {
+		t.Fatalf("a send over a sorted-set log of 2: %+v, want allowed with 2 counted", d)
+	}
+	if typ := e.rdb.Type(ctx, key).Val(); typ != "string" {
+		t.Fatalf("the log is a %s after a recorded send, want a string", typ)
+	}
+	log, err := capping.ReadLog(ctx, e.rdb, key)
+	if err != nil || len(log) != 4 || log[0].Member != mark || log[0].At != -base.Add(-30*time.Minute).UnixMilli() ||
+		log[1].Member != old1 || log[2].Member != old2 || log[3].At != base.UnixMilli() {
+		t.Fatalf("rewritten log: %+v, %v, want the mark, old1, old2, the new send", log, err)
+	}
+	ds := e.decide(t, capping.Request{UserID: 5, JobID: "old1", Channel: "email", Caps: []capping.Cap{daily3}},
+		capping.Request{UserID: 5, JobID: "refused1", Channel: "email", Caps: []capping.Cap{daily3}})
+	if !ds[0].Duplicate || !ds[0].Recorded.Equal(base.Add(-2*time.Hour)) {
+		t.Errorf("old1 again: %+v, want a duplicate recorded 2h before", ds[0])
+	}
+	if ds[1].Allowed || !ds[1].RefusedBefore || ds[1].Cap != "sms-budget" {
+		t.Errorf("refused1 again: %+v, want refused before by sms-budget", ds[1])
+	}
+
+	// A capped decision leaves a sorted set as it is; Forget removes from it.
+	full := e.lim.Key(6)
+	for i := range 3 {
+		if err := e.rdb.ZAdd(ctx, full, redis.Z{Score: float64(base.Add(-time.Duration(i+1) * time.Minute).UnixMilli()),
+			Member: capping.Member(fmt.Sprint("f", i), "email", "", nil)}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := e.decide(t, job(6, "email", daily3))[0]; d.Allowed || d.Counts[0] != 3 {
+		t.Errorf("a send over a full sorted-set log: %+v, want capped with 3 counted", d)
+	}
+	if typ := e.rdb.Type(ctx, full).Val(); typ != "zset" {
+		t.Errorf("the log is a %s after a capped decision, want the sorted set untouched", typ)
+	}
+	if found, err := e.lim.Forget(ctx, 6, "f0"); err != nil || !found || testenv.LogLen(t, e.rdb, full) != 2 {
+		t.Errorf("forget f0 from a sorted set: %v %v, %d left, want found, 2 left", found, err, testenv.LogLen(t, e.rdb, full))
+	}
+	if found, err := e.lim.Forget(ctx, 5, "old2"); err != nil || !found || testenv.LogLen(t, e.rdb, key) != 3 {
+		t.Errorf("forget old2 from a string log: %v %v, %d left, want found, 3 left", found, err, testenv.LogLen(t, e.rdb, key))
+	}
+
+	if err := e.rdb.Set(ctx, e.lim.Key(8), "not a log", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.lim.Decide(ctx, []capping.Request{job(8, "email", daily3)})
+	if err == nil || !strings.Contains(err.Error(), "is not a log capper wrote") {
+		t.Errorf("a send over a string that is not a log: %v, want its request failed as not a log", err)
 	}
 }

@@ -1,7 +1,14 @@
 #!lua flags=allow-cross-slot-keys
 -- decide.lua: check sends against their users' caps and, for each send that every cap passes, record it.
--- Sliding log: one sorted set per user, score = send time (ms), member = the send's digests:
---   bytes 1-8 job id, 9-10 channel, 11-14 campaign, 15.. one pair per tag (see capping.Member).
+-- Sliding log: one string per user, its entries packed one after the other (struct: '>i8I2' then the member):
+--   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time
+--   member  its length (I2), then the send's digests: bytes 1-8 job id, 9-10 channel, 11-14 campaign,
+--           15.. one pair per tag (see capping.Member)
+-- marks first, then the entries oldest first. A string costs a call one GET, one struct.unpack per entry
+-- (no string made unless a step needs the members) and, when it records, one APPEND of the entry; a sorted
+-- set cost ZRANGE WITHSCORES (two Lua strings and a tonumber per entry) and ZADD. A log an older capper kept
+-- as a sorted set (score, member; marks with negative scores) is read as such and written back as a string
+-- by the first decision that records (see load).
 --
 -- A call carries one or more requests (the worker sends a batch's requests for one node in calls of up to
 -- 32: a call's own cost, ~1.7 us, is paid once), decided in order (see the end). KEYS[1] is the first
@@ -72,12 +79,146 @@
 --   then, only when maxlog allows it and a cap that blocks is full after this decision: the whole log
 --   after it (this send included when recorded), oldest first, as member and score pairs
 --
--- Cost: one ZRANGE of the log serves the duplicate check and every cap; ZREMRANGEBYSCORE only when an
--- entry has aged out; ZADD only when something is recorded, PEXPIRE only when the key's TTL has fallen
--- below the retention (see the end). scripts/bench-calls.sh measures a call against the seed's design.
+-- Cost: one GET of the log serves the duplicate check (one string.find) and every cap; a recorded send is
+-- one APPEND (PTTL, and PEXPIRE when the TTL has fallen below the retention), or one SET PX of the whole log
+-- when entries aged out or the send goes before the latest; a decision that records nothing writes nothing,
+-- a duplicate only refreshes the TTL. scripts/bench-calls.sh measures a call against the seed's design.
 
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8I2c0' -- one cap's: since, limit, reset, filter
+local entryhead = '>i8I2' -- an entry's score and member length, before the member
+
+-- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
+-- capper's log, converted here: the next write replaces it with the string).
+local function load(key)
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'table' then
+    return v or '', false
+  end
+  if not string.find(v.err or '', 'WRONGTYPE', 1, true) then
+    error(v)
+  end
+  local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES') -- marks (negative scores) first, then entries
+  local parts = {}
+  for i = 1, #raw, 2 do
+    parts[#parts + 1] = struct.pack(entryhead, tonumber(raw[i + 1]), #raw[i]) .. raw[i]
+  end
+  return table.concat(parts), true
+end
+
+-- has reports whether set, digests of #d bytes one after the other, holds d.
+local function has(set, d)
+  for i = 1, #set, #d do
+    if string.sub(set, i, i + #d - 1) == d then
+      return true
+    end
+  end
+  return false
+end
+
+-- matches reports whether member m is in a scope: one of its channels, its campaign, one of its tags.
+local function matches(m, channels, tags, campaign)
+  if #m < 14 then
+    return false
+  end
+  if channels ~= '' and not has(channels, string.sub(m, 9, 10)) then
+    return false
+  end
+  if campaign ~= '' and string.sub(m, 11, 14) ~= campaign then
+    return false
+  end
+  if tags ~= '' then
+    for i = 15, #m - 1, 2 do
+      if has(tags, string.sub(m, i, i + 1)) then
+        return true
+      end
+    end
+    return false
+  end
+  return true
+end
+
+-- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.
+local function parse(f)
+  if f == '' then
+    return false, '', '', '', false, false
+  end
+  local nc = string.byte(f, 2)
+  local p = 3 + 2 * nc
+  local channels = string.sub(f, 3, p - 1)
+  local nt = string.byte(f, p)
+  local tags = string.sub(f, p + 1, p + 2 * nt)
+  local campaign = string.sub(f, p + 1 + 2 * nt)
+  local flags = string.byte(f, 1)
+  return flags % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= '',
+    math.floor(flags / 2) % 2 == 1
+end
+
+-- kth returns the score of the k-th oldest entry at or after since that the filter selects (nil if none):
+-- the entry that must leave the window before a send passes again.
+local function kth(members, scores, n, k, since, scoped, channels, tags, campaign)
+  for j = 1, n do
+    if scores[j] >= since and (not scoped or matches(members[j], channels, tags, campaign)) then
+      k = k - 1
+      if k == 0 then
+        return scores[j]
+      end
+    end
+  end
+  return nil
+end
+
+-- save writes a user's log (read as log; rewrite when it must be written whole: items in it aged out, or it is
+-- a sorted set; marks and n entries kept, their members at starts: see decide) with item (a packed entry or
+-- mark) added: a mark first, an entry as the j-th (1..n+1). An entry after the others is appended (APPEND
+-- writes and replicates the entry alone) and the TTL refreshed only when it has fallen below the retention
+-- (PTTL only reads); otherwise the log is written whole with its TTL: spliced, or packed from what is kept.
+local function save(key, ttl, retention, log, rewrite, marks, starts, n, item, mark, j)
+  if not rewrite and not mark and j == n + 1 and #log > 0 then
+    redis.call('APPEND', key, item)
+    if redis.call('PTTL', key) < retention then
+      redis.call('PEXPIRE', key, ttl)
+    end
+    return
+  end
+  local v
+  if not rewrite then
+    local at = 1 -- a mark's place, or the entry's: before the j-th entry (its score 10 bytes before its member)
+    if not mark then
+      at = j <= n and starts[j] - 10 or #log + 1
+    end
+    v = string.sub(log, 1, at - 1) .. item .. string.sub(log, at)
+  else
+    local parts = {}
+    if mark then
+      parts[1] = item
+    end
+    for i = 1, marks and #marks or 0 do
+      parts[#parts + 1] = marks[i]
+    end
+    for i = 1, n do
+      if i == j then
+        parts[#parts + 1] = item
+      end
+      local len = struct.unpack('>I2', log, starts[i] - 2)
+      parts[#parts + 1] = string.sub(log, starts[i] - 10, starts[i] + len - 1)
+    end
+    if j == n + 1 then
+      parts[#parts + 1] = item
+    end
+    v = table.concat(parts)
+  end
+  redis.call('SET', key, v, 'PX', ttl)
+end
+
+-- list returns the members of the n entries of log whose members start at starts[1..n].
+local function list(log, starts, n)
+  local members = {}
+  for i = 1, n do
+    members[i] = struct.unpack('>I2c0', log, starts[i] - 2)
+  end
+  return members
+end
 
 -- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
 -- position first on), member, refusal's name (mode 3) and keys (KEYS[1..3]).
@@ -86,83 +227,63 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   local exact = mode == 2
   local mark = mode == 3
 
-  local function has(set, d)
-    for i = 1, #set, #d do
-      if string.sub(set, i, i + #d - 1) == d then
-        return true
-      end
-    end
-    return false
-  end
-
-  local function matches(m, channels, tags, campaign)
-    if #m < 14 then
-      return false
-    end
-    if channels ~= '' and not has(channels, string.sub(m, 9, 10)) then
-      return false
-    end
-    if campaign ~= '' and string.sub(m, 11, 14) ~= campaign then
-      return false
-    end
-    if tags ~= '' then
-      for i = 15, #m - 1, 2 do
-        if has(tags, string.sub(m, i, i + 1)) then
-          return true
-        end
-      end
-      return false
-    end
-    return true
-  end
-
-  -- keep makes the key live at least the retention after a write. A PEXPIRE is a write replicated in a
-  -- MULTI with the ZADD (a third of a recording call's cost), so it sets the retention plus a slack (an
-  -- eighth, at most an hour) and, unless always, is skipped while more than the retention is left (PTTL
-  -- only reads). Callers pass always for a key the script found empty (it did not exist: no TTL to ask).
-  local function keep(always)
-    if always or redis.call('PTTL', key) < retention then
-      redis.call('PEXPIRE', key, retention + math.min(math.floor(retention / 8), 3600000))
-    end
-  end
-
   -- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode 3)
   -- is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
   -- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
-  -- allowed: one final topic per job. Marks sort first and count in no window. Recording evicts entries and
-  -- marks older than the retention first.
-  local raw = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-  local members, scores, n = {}, {}, 0
-  local refused, stale = nil, 0
+  -- allowed: one final topic per job. Marks come first and count in no window. Entries and marks older
+  -- than the retention are left out (a look keeps them) and dropped by the next write.
+  local log, zset = load(key)
+  -- Each kept entry's score, and where its member starts in log: the members are made into strings only
+  -- when a step needs them (a scoped cap, preferences, the near cache's copy; see list), so that reading
+  -- an entry of a log costs one struct.unpack and no string.
+  local scores, starts, n, members = {}, {}, 0, nil
+  local marks, refused, stale = nil, nil, 0 -- marks: the kept marks as packed (nil: none)
   local horizon = now - retention
-  for i = 1, #raw, 2 do
-    local s = tonumber(raw[i + 1])
+  local pos, size = 1, #log
+  while pos <= size do
+    local s, len, at = struct.unpack(entryhead, log, pos)
+    local nxt = at + len
+    if nxt > size + 1 then
+      error('data string too short') -- as struct.unpack says it: see the end
+    end
     if s < 0 then
       if not record or -s > horizon then
-        local m = raw[i]
-        local len = string.byte(m, 1)
-        refused = refused or {}
+        local m = string.sub(log, at, nxt - 1)
+        len = string.byte(m, 1)
+        refused, marks = refused or {}, marks or {}
         refused[string.sub(m, 2, 1 + len)] = string.sub(m, 2 + len)
+        marks[#marks + 1] = string.sub(log, pos, nxt - 1)
       else
         stale = stale + 1
       end
     elseif not record or s > horizon then
       n = n + 1
-      members[n], scores[n] = raw[i], s
+      scores[n], starts[n] = s, at
     else
       stale = stale + 1
     end
-  end
-  if stale > 0 then -- old marks have scores in (-horizon, 0), old entries in [0, horizon]
-    redis.call('ZREMRANGEBYSCORE', key, string.format('(%d', -horizon), string.format('%d', horizon))
+    pos = nxt
   end
 
+  -- ttl is the key's TTL after a write: the retention plus a slack (an eighth, at most an hour).
+  local ttl = retention + math.min(math.floor(retention / 8), 3600000)
+
+  -- A duplicate: the member is a kept entry's (found as bytes in log, then checked to be one whole member).
   local status, recorded = 1, nil
-  for i = 1, n do
-    if members[i] == member then -- Lua strings are interned: a pointer comparison
-      status, recorded = 2, scores[i]
+  local hit_at = string.find(log, member, 1, true)
+  while hit_at do
+    for j = n, 1, -1 do
+      if starts[j] == hit_at then
+        if struct.unpack('>I2', log, hit_at - 2) == #member then
+          status, recorded = 2, scores[j]
+        end
+        break
+      end
+    end
+    if status == 2 then
       break
     end
+    hit_at = string.find(log, member, hit_at + 1, true)
   end
 
   -- A send marked refused before: refused again, nothing recorded (its counts are not computed).
@@ -178,41 +299,11 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   end
   if mark then
     if status == 1 then
-      redis.call('ZADD', key, -now, string.char(#member) .. member .. named)
-      keep(#raw == 0)
+      local m = string.char(#member) .. member .. named
+      save(key, ttl, retention, log, zset or stale > 0, marks, starts, n, struct.pack(entryhead, -now, #m) .. m, true)
       return {1, 0, 0}
     end
     return {2, 0, recorded}
-  end
-
-  -- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.
-  local function parse(f)
-    if f == '' then
-      return false, '', '', '', false, false
-    end
-    local nc = string.byte(f, 2)
-    local p = 3 + 2 * nc
-    local channels = string.sub(f, 3, p - 1)
-    local nt = string.byte(f, p)
-    local tags = string.sub(f, p + 1, p + 2 * nt)
-    local campaign = string.sub(f, p + 1 + 2 * nt)
-    local flags = string.byte(f, 1)
-    return flags % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= '',
-      math.floor(flags / 2) % 2 == 1
-  end
-
-  -- kth returns the score of the k-th oldest entry at or after since that the filter selects (nil if none):
-  -- the entry that must leave the window before a send passes again.
-  local function kth(k, since, scoped, channels, tags, campaign)
-    for j = 1, n do
-      if scores[j] >= since and (not scoped or matches(members[j], channels, tags, campaign)) then
-        k = k - 1
-        if k == 0 then
-          return scores[j]
-        end
-      end
-    end
-    return nil
   end
 
   -- Per cap, in plain locals (a table per cap costs more than the counting): its count goes straight into
@@ -231,6 +322,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     -- counts from the newest entry back
     local count = 0
     if scoped then
+      members = members or list(log, starts, n)
       for j = 1, n do
         if scores[j] >= since and matches(members[j], channels, tags, campaign) then
           count = count + 1
@@ -252,14 +344,14 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     if arbitrated and not shadow and applies and count == limit - 1 and not last then
       last, last_at = ncaps, -reset
       if reset > 0 then -- once the last slot is taken, the oldest entry frees one
-        last_at = (kth(1, since, scoped, channels, tags, campaign) or now) + reset
+        last_at = (kth(members, scores, n, 1, since, scoped, channels, tags, campaign) or now) + reset
       end
     end
     if not shadow and status ~= 2 and count >= limit and applies then
       status = 0
       local at = -reset
       if reset > 0 then -- none only with a limit of 0, which never passes
-        at = (kth(count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
+        at = (kth(members, scores, n, count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
       end
       if limit == 0 then
         if not never then hit = ncaps end
@@ -279,6 +371,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- The user's preferences (see KEYS[n]): an exemption from the rules' caps, and the user's own limits.
   local pref, has_prefs = nil, false
   if prefkey and status ~= 2 then
+    members = members or list(log, starts, n)
     local p = redis.call('HGETALL', prefkey)
     has_prefs = #p > 0
     for j = 1, #p, 2 do
@@ -401,15 +494,22 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     retry_at = now
   end
-  if record and (status == 1 or status == 2) then
-    if status == 1 then
-      redis.call('ZADD', key, now, member)
-      n = n + 1
-      members[n], scores[n] = member, now
+  local added = nil -- the recorded entry's place among the entries
+  if record and status == 1 then
+    local j = n + 1 -- the entry's place: after every entry at or before now (mode 2 may go back in time)
+    while j > 1 and scores[j - 1] > now do
+      j = j - 1
     end
-    -- Always on a duplicate: the write advances this connection's replication offset past the earlier
+    save(key, ttl, retention, log, zset or stale > 0, marks, starts, n, struct.pack(entryhead, now, #member) .. member, false, j)
+    if members then
+      table.insert(members, j, member)
+    end
+    table.insert(scores, j, now)
+    n, added = n + 1, j
+  elseif record and status == 2 then
+    -- A duplicate writes too: the write advances this connection's replication offset past the earlier
     -- write of the same job, so a WAIT after the script waits for that too.
-    keep(status == 2 or #raw == 0)
+    redis.call('PEXPIRE', key, ttl)
   end
 
   reply[1], reply[2], reply[3] = status, hit, retry_at
@@ -422,6 +522,12 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- capped, and the cache can tell so without a call until the log changes.
   if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
     if status == 0 or (status == 1 and full1) or (status ~= 1 and full0) then
+      if not members then
+        members = list(log, starts, added and n - 1 or n)
+        if added then
+          table.insert(members, added, member)
+        end
+      end
       for j = 1, n do
         reply[#reply + 1] = members[j]
         reply[#reply + 1] = scores[j]
@@ -449,7 +555,11 @@ while i <= #ARGV do
   local ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
     window, priority, first)
   if not ok then
-    reply = redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
+    local msg = type(reply) == 'table' and reply.err or tostring(reply)
+    if string.find(msg, 'data string too short', 1, true) then -- struct.unpack ran past the end of the log
+      msg = 'ERR ' .. key .. ' is not a log capper wrote (' .. msg .. ')'
+    end
+    reply = redis.error_reply(msg)
   end
   out[#out + 1] = reply
   i = j

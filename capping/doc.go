@@ -1,9 +1,11 @@
 // Package capping decides, per user, whether one more campaign message may be
 // sent under a list of frequency caps, and records the sends it allows.
 //
-// Each user has a sliding log in Redis: a sorted set whose scores are send
-// times in milliseconds and whose members are an 8-byte digest of the job id
-// followed by the channel. One Lua script (decide.lua) counts the sends inside
+// Each user has a sliding log in Redis: one string of packed entries, each a
+// send time in milliseconds and a member, an 8-byte digest of the job id
+// followed by digests of the channel, campaign and tags (see Member and
+// ReadLog; logs an older capper kept as sorted sets are read as such and
+// rewritten by the next decision that records). One Lua script (decide.lua) counts the sends inside
 // every cap's window, allows the send only if every cap passes, and records it
 // in the same atomic step, so any number of workers can decide for the same
 // user at once without over-sending.

@@ -95,9 +95,8 @@ func TestConcurrentDecisionsNeverOverSend(t *testing.T) {
 		}(w)
 	}
 	wg.Wait()
-	ctx := context.Background()
 	for u := 0; u < users; u++ {
-		n := e.rdb.ZCard(ctx, e.lim.Key(uint32(u))).Val()
+		n := testenv.LogLen(t, e.rdb, e.lim.Key(uint32(u)))
 		if n != limit || allowed[u].Load() != limit {
 			t.Errorf("user %d: %d logged, %d allowed; want exactly %d of each", u, n, allowed[u].Load(), limit)
 		}
@@ -156,7 +155,7 @@ func TestNodeErrorFailsOnlyItsUsers(t *testing.T) {
 		if !d.Allowed || !d.Duplicate && re[i] == nil {
 			t.Errorf("retry of user %d: %+v, want allowed (a duplicate where the first try got through)", reqs[i].UserID, d)
 		}
-		if n := rdb.ZCard(ctx, lim.Key(reqs[i].UserID)).Val(); n != 1 {
+		if n := testenv.LogLen(t, rdb, lim.Key(reqs[i].UserID)); n != 1 {
 			t.Errorf("user %d: %d logged, want 1", reqs[i].UserID, n)
 		}
 	}
@@ -256,7 +255,7 @@ func TestFailoverMidRun(t *testing.T) {
 		t.Logf("replica %s has role %v after the run (failover may not have completed)", replica.Options().Addr, role)
 	}
 	for u := 0; u < users; u++ {
-		if n := e.rdb.ZCard(ctx, e.lim.Key(uint32(u))).Val(); n != 3 {
+		if n := testenv.LogLen(t, e.rdb, e.lim.Key(uint32(u))); n != 3 {
 			t.Errorf("user %d: %d logged, want 3", u, n)
 		}
 	}

@@ -7,7 +7,7 @@
 #   decide  capping/decide.lua: capper's script with capper's own arguments (capping.ScriptCall), write path,
 #           the same two caps (daily and weekly, every send)
 #   bare    scripts/lua/bare.lua: returns at once, with decide.lua's arguments: the cost of the call itself
-#   floor   scripts/lua/floor.lua: ZRANGE, ZADD and PEXPIRE of the user's log and nothing else, with decide.lua's
+#   floor   scripts/lua/floor.lua: GET and APPEND (SET PX for a new log) and nothing else, with decide.lua's
 #           arguments: the commands decide.lua cannot do without on a new user's first send (decide less floor
 #           is what its logic costs)
 #   batch   decide.lua deciding BATCH users (default 16) in one call, as capper sends a node's requests (its

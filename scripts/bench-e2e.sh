@@ -8,7 +8,7 @@
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
-# decide.lua's floor (its ZRANGE, ZADD and PEXPIRE alone),
+# decide.lua's floor (its GET and APPEND alone),
 # and decide.lua per decision when it decides 16 users in one call, as capper calls it
 # costs the Redis masters, medians of 3) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
@@ -78,7 +78,7 @@ print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" 
 print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
 print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"])
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
-print("| ZRANGE, ZADD and PEXPIRE of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
+print("| GET and APPEND of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
 print("| decide.lua deciding 16 users of one node in one call (as capper calls it), per decision | %.1f us | - | - | - |" % call["batch"])
 print()
 print("Redis per job (cache on) / seed per call     %5.2f   (goal <= 0.5)" % (c[5] / call["seed"]))

@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,16 +12,16 @@ import (
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-// logged waits until every user's log in Redis holds want sends (ZCARD), or
+// logged waits until every user's log in Redis holds want sends (testenv.LogLen), or
 // fails the test after timeout.
-func logged(t *testing.T, s *testenv.Stack, users []uint32, want int64, timeout time.Duration) {
+func logged(t *testing.T, s *testenv.Stack, users []uint32, want int, timeout time.Duration) {
 	t.Helper()
 	rdb := s.RedisClient()
 	var last string
 	for end := time.Now().Add(timeout); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		done := true
 		for _, u := range users {
-			if n := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, u)).Val(); n != want {
+			if n := testenv.LogLen(t, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u)); n != want {
 				done, last = false, fmt.Sprintf("user %d: %d logged", u, n)
 				break
 			}

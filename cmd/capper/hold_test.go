@@ -1,7 +1,6 @@
 package main_test
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -200,7 +199,7 @@ func TestHoldAndRelease(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
 	defer rdb.Close()
 	for u := 100; u < 110; u++ {
-		if n := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, u)).Val(); n != 5 {
+		if n := testenv.LogLen(t, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u)); n != 5 {
 			t.Errorf("user %d: %d sends logged, want 5", u, n)
 		}
 	}

@@ -56,7 +56,7 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	}
 	decide("j1", true)
 	decide("j2", false)
-	time.Sleep(600 * time.Millisecond) // j1 ages out: ZREMRANGEBYSCORE
+	time.Sleep(600 * time.Millisecond) // j1 ages out: the next write drops it
 	decide("j3", true)
 	// A failover's fresh replica has no scripts: NOSCRIPT, then the fallback.
 	tc, err := tlsConfig(config.TLS{Enabled: true, CAFile: sec.Path("tls/ca.crt")}, "redis.tls")
@@ -88,10 +88,23 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 		t.Fatalf("the candidate back at its window's end, as capper: %+v %v", ds, err)
 	}
 
-	// Feedback gives a failed send back (ZRANGE, ZREM); an external send is
-	// recorded at its time.
+	// Feedback gives a failed send back (GET, then DEL: the log is empty); an
+	// external send is recorded at its time.
 	if found, err := arb.Forget(ctx, 8, "cand"); err != nil || !found {
 		t.Fatalf("forget a recorded send as capper: %v %v", found, err)
+	}
+	// A log an older capper kept as a sorted set: read (ZRANGE) and written
+	// back as a string by a decision; a send forgotten from one (ZREM).
+	for _, u := range []uint32{10, 11} {
+		if err := admin.ZAdd(ctx, lim.Key(u), redis.Z{Score: float64(at.Add(-time.Minute).UnixMilli()), Member: capping.Member("old", "email", "", nil)}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ds, err := arb.Decide(ctx, []capping.Request{{UserID: 10, JobID: "after-old", Channel: "email", Caps: caps[:1]}}); err != nil || ds[0].Counts[0] != 0 {
+		t.Fatalf("a send over a sorted-set log as capper: %+v %v", ds, err)
+	}
+	if found, err := arb.Forget(ctx, 11, "old"); err != nil || !found {
+		t.Fatalf("forget from a sorted-set log as capper: %v %v", found, err)
 	}
 	if _, err := arb.Decide(ctx, []capping.Request{{UserID: 9, JobID: "external:e1", Channel: "email", Retention: time.Hour, SentAt: at.Add(-time.Minute)}}); err != nil {
 		t.Fatalf("record an external send as capper: %v", err)

@@ -24,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/loadtest"
 	"github.com/capper-dev/capper/segments/segtool"
@@ -465,7 +466,7 @@ func (s *Stack) CheckAccounting(jobs []JobSpec, outs []Output, exactLog bool) {
 		if n := len(allowed[u]); n > l {
 			s.T.Errorf("user %d: %d unique jobs allowed, cap %d", u, n, l)
 		}
-		logged := rdb.ZCard(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, u)).Val()
+		logged := LogLen(s.T, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u))
 		if int(logged) > len(allowed[u]) || exactLog && int(logged) != len(allowed[u]) {
 			s.T.Errorf("user %d: %d sends logged in Redis, %d unique jobs allowed (a job counted twice or lost)", u, logged, len(allowed[u]))
 		}
@@ -577,4 +578,15 @@ func (s *Stack) NullHeaders(topic string) []string {
 		}
 	}
 	return nulls
+}
+
+// LogLen returns how many items (sends and marks) the log at key holds
+// (capping.LogLen); t fails on an error reading it.
+func LogLen(t testing.TB, c redis.Cmdable, key string) int {
+	t.Helper()
+	n, err := capping.LogLen(context.Background(), c, key)
+	if err != nil {
+		t.Errorf("%v", err)
+	}
+	return n
 }
