@@ -5,13 +5,15 @@
 //	capper-devstack s3 -addr 127.0.0.1:9000 -buckets capper-segments
 //	capper-devstack kafka-setup -brokers 127.0.0.1:9092 -topics sends,... [secured flags]
 //	capper-devstack calls -sha SHA [-args decide|seed|batch -n N -users U -clients C -pipeline P]
+//	capper-devstack drop-keys -addrs A -prefix P
 //
 // The S3 endpoint listens on 127.0.0.1 only and keeps its objects in memory;
 // it runs until SIGINT or SIGTERM. kafka-setup creates the topics a broker
 // does not have yet and, on the secured broker (-sasl-user, -ca), grants the
 // user of -grant exactly capper's ACLs (internal/kafkaacl) on them. calls
 // drives a Lua script on the Redis Cluster with capper's own arguments, the
-// load whose cost scripts/bench-calls.sh measures (see calls.go).
+// load whose cost scripts/bench-calls.sh measures (see calls.go). drop-keys
+// removes a run's keys (keys.go).
 package main
 
 import (
@@ -41,8 +43,10 @@ func main() {
 		err = kafkaSetup(os.Args[2:])
 	case "calls":
 		err = calls(os.Args[2:])
+	case "drop-keys":
+		err = dropKeys(os.Args[2:])
 	default:
-		fmt.Fprintln(os.Stderr, "usage: capper-devstack s3|kafka-setup|calls [flags] (-h for the flags)")
+		fmt.Fprintln(os.Stderr, "usage: capper-devstack s3|kafka-setup|calls|drop-keys [flags] (-h for the flags)")
 		os.Exit(2)
 	}
 	if err != nil {
