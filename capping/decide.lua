@@ -1,12 +1,15 @@
 #!lua flags=allow-cross-slot-keys
 -- decide.lua: check sends against their users' caps and, for each send that every cap passes, record it.
--- Sliding log: one string per user, its entries packed one after the other (struct: '>i8I2' then the member):
+-- Sliding log: one string per user: 8 bytes (i8) of the worker's ms until which the key's TTL was last set, then
+-- the entries packed one after the other (struct: '>i8I2' then the member):
 --   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time
 --   member  its length (I2), then the send's digests: bytes 1-8 job id, 9-10 channel, 11-14 campaign,
 --           15.. one pair per tag (see capping.Member)
 -- marks first, then the entries oldest first. A string costs a call one GET, one struct.unpack per entry
--- (no string made unless a step needs the members) and, when it records, one APPEND of the entry; a sorted
--- set cost ZRANGE WITHSCORES (two Lua strings and a tonumber per entry) and ZADD. A log an older capper kept
+-- (no string made unless a step needs the members) and, when it records, one APPEND of the entry (or one SET
+-- PX of the whole log with a new TTL, once the TTL left is below the retention: the header says so without a
+-- PTTL; every redis.call costs a script ~1.5 us); a sorted set cost ZRANGE WITHSCORES (two Lua strings and a
+-- tonumber per entry), ZADD and PTTL. A log an older capper kept
 -- as a sorted set (score, member; marks with negative scores) is read as such and written back as a string
 -- by the first decision that records (see load).
 --
@@ -80,9 +83,9 @@
 --   after it (this send included when recorded), oldest first, as member and score pairs
 --
 -- Cost: one GET of the log serves the duplicate check (one string.find) and every cap; a recorded send is
--- one APPEND (PTTL, and PEXPIRE when the TTL has fallen below the retention), or one SET PX of the whole log
--- when entries aged out or the send goes before the latest; a decision that records nothing writes nothing,
--- a duplicate only refreshes the TTL. scripts/bench-calls.sh measures a call against the seed's design.
+-- one APPEND, or one SET PX of the whole log when its TTL needs refreshing, entries aged out or the send goes
+-- before the latest; a decision that records nothing writes nothing, a duplicate only refreshes the TTL.
+-- scripts/bench-calls.sh measures a call against the seed's design.
 
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8I2c0' -- one cap's: since, limit, reset, filter
@@ -103,7 +106,7 @@ local function load(key)
   for i = 1, #raw, 2 do
     parts[#parts + 1] = struct.pack(entryhead, tonumber(raw[i + 1]), #raw[i]) .. raw[i]
   end
-  return table.concat(parts), true
+  return struct.pack('>i8', 0) .. table.concat(parts), true -- a TTL of 0: the next write sets one
 end
 
 -- has reports whether set, digests of #d bytes one after the other, holds d.
@@ -168,26 +171,26 @@ local function kth(members, scores, n, k, since, scoped, channels, tags, campaig
   return nil
 end
 
--- save writes a user's log (read as log; rewrite when it must be written whole: items in it aged out, or it is
--- a sorted set; marks and n entries kept, their members at starts: see decide) with item (a packed entry or
--- mark) added: a mark first, an entry as the j-th (1..n+1). An entry after the others is appended (APPEND
--- writes and replicates the entry alone) and the TTL refreshed only when it has fallen below the retention
--- (PTTL only reads); otherwise the log is written whole with its TTL: spliced, or packed from what is kept.
-local function save(key, ttl, retention, log, rewrite, marks, starts, n, item, mark, j)
-  if not rewrite and not mark and j == n + 1 and #log > 0 then
+-- save writes a user's log (read as log, its header saying until when its TTL was set; rewrite when it must be
+-- written whole: items in it aged out, or it is a sorted set; marks and n entries kept, their members at
+-- starts: see decide) with item (a packed entry or mark) added: a mark first, an entry as the j-th (1..n+1).
+-- An entry after the others is appended (APPEND writes and replicates the entry alone) while the TTL left
+-- covers the retention; otherwise the log is written whole (spliced, or packed from what is kept) with a new
+-- TTL, now + ttl in its header. The header is the worker's clock and the TTL the server's, counted from the
+-- write: they agree but for the skew between workers, which the retention's margin covers; a TTL set
+-- elsewhere (a duplicate's PEXPIRE) is only ever longer than the header says.
+local function save(key, now, ttl, retention, log, expires, rewrite, marks, starts, n, item, mark, j)
+  if expires - now >= retention and not rewrite and not mark and j == n + 1 then
     redis.call('APPEND', key, item)
-    if redis.call('PTTL', key) < retention then
-      redis.call('PEXPIRE', key, ttl)
-    end
     return
   end
-  local v
+  local body
   if not rewrite then
-    local at = 1 -- a mark's place, or the entry's: before the j-th entry (its score 10 bytes before its member)
+    local at = 9 -- a mark's place, or the entry's: before the j-th entry (its score 10 bytes before its member)
     if not mark then
-      at = j <= n and starts[j] - 10 or #log + 1
+      at = j <= n and starts[j] - 10 or math.max(#log, 8) + 1
     end
-    v = string.sub(log, 1, at - 1) .. item .. string.sub(log, at)
+    body = string.sub(log, 9, at - 1) .. item .. string.sub(log, at)
   else
     local parts = {}
     if mark then
@@ -206,9 +209,9 @@ local function save(key, ttl, retention, log, rewrite, marks, starts, n, item, m
     if j == n + 1 then
       parts[#parts + 1] = item
     end
-    v = table.concat(parts)
+    body = table.concat(parts)
   end
-  redis.call('SET', key, v, 'PX', ttl)
+  redis.call('SET', key, struct.pack('>i8', now + ttl) .. body, 'PX', ttl)
 end
 
 -- list returns the members of the n entries of log whose members start at starts[1..n].
@@ -239,7 +242,10 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   local scores, starts, n, members = {}, {}, 0, nil
   local marks, refused, stale = nil, nil, 0 -- marks: the kept marks as packed (nil: none)
   local horizon = now - retention
-  local pos, size = 1, #log
+  local pos, size, expires = 9, #log, 0 -- expires: the header's (see save); none in an empty log
+  if size > 0 then
+    expires = struct.unpack('>i8', log, 1)
+  end
   while pos <= size do
     local s, len, at = struct.unpack(entryhead, log, pos)
     local nxt = at + len
@@ -300,7 +306,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if mark then
     if status == 1 then
       local m = string.char(#member) .. member .. named
-      save(key, ttl, retention, log, zset or stale > 0, marks, starts, n, struct.pack(entryhead, -now, #m) .. m, true)
+      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, struct.pack(entryhead, -now, #m) .. m, true)
       return {1, 0, 0}
     end
     return {2, 0, recorded}
@@ -500,7 +506,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     while j > 1 and scores[j - 1] > now do
       j = j - 1
     end
-    save(key, ttl, retention, log, zset or stale > 0, marks, starts, n, struct.pack(entryhead, now, #member) .. member, false, j)
+    save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, struct.pack(entryhead, now, #member) .. member, false, j)
     if members then
       table.insert(members, j, member)
     end

@@ -1,5 +1,5 @@
 -- forget.lua: remove a send from a user's log (its delivery failed: the user never received it).
--- KEYS[1]  the user's log (a string of packed entries, see decide.lua; a sorted set of an older capper's)
+-- KEYS[1]  the user's log (a header and packed entries, see decide.lua; a sorted set of an older capper's)
 -- ARGV[1]  the 8-byte digest of the job id (the first 8 bytes of its member; see capping.Member)
 -- Reply: how many entries were removed (0: the job is not in the log; 1 otherwise).
 local log = redis.pcall('GET', KEYS[1])
@@ -20,7 +20,7 @@ end
 if not log then
   return 0
 end
-local kept, n, pos = {}, 0, 1
+local kept, n, pos = {string.sub(log, 1, 8)}, 0, 9 -- the header (see decide.lua) stays
 while pos <= #log do
   local s, m, nxt = struct.unpack('>i8I2c0', log, pos)
   if s >= 0 and string.sub(m, 1, 8) == ARGV[1] then -- an entry of the job (a mark is never removed)
@@ -30,7 +30,7 @@ while pos <= #log do
   end
   pos = nxt
 end
-if n > 0 and #kept == 0 then
+if n > 0 and #kept == 1 then
   redis.call('DEL', KEYS[1])
 elseif n > 0 then
   redis.call('SET', KEYS[1], table.concat(kept), 'KEEPTTL')

@@ -17,8 +17,9 @@ type LogEntry struct {
 
 // ReadLog returns the log at key (see Limiter.Key), marks first, then the
 // sends oldest first: what an operator or a test inspects. It reads the
-// string decide.lua keeps (entries packed as score int64, member length
-// uint16, member, big-endian) and the sorted set an older capper kept.
+// string decide.lua keeps (an 8-byte header, then entries packed as score
+// int64, member length uint16, member, big-endian) and the sorted set an
+// older capper kept.
 func ReadLog(ctx context.Context, c redis.Cmdable, key string) ([]LogEntry, error) {
 	v, err := c.Get(ctx, key).Result()
 	switch {
@@ -37,8 +38,14 @@ func ReadLog(ctx context.Context, c redis.Cmdable, key string) ([]LogEntry, erro
 	case err != nil:
 		return nil, fmt.Errorf("capping: read log %s: %w", key, err)
 	}
+	if v == "" {
+		return nil, nil
+	}
+	if len(v) < 8 {
+		return nil, fmt.Errorf("capping: read log %s: %d bytes, shorter than its header", key, len(v))
+	}
 	var out []LogEntry
-	for p := 0; p < len(v); {
+	for p := 8; p < len(v); { // after the header: until when the key's TTL was set (see decide.lua)
 		if len(v)-p < 10 {
 			return nil, fmt.Errorf("capping: read log %s: truncated at byte %d of %d", key, p, len(v))
 		}
