@@ -30,7 +30,8 @@ echo "bench-blast: $JOBS jobs for $USERS users on $(nproc) cores" >&2
 before=$(redis_bytes)
 began=$(date +%s.%N)
 rc=0
-out=$(DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PREPRODUCE=${BLAST_PREPRODUCE:-1} \
+# DEMO_KEEP_KEYS=1: the run's logs stay in Redis, so that the memory they take is measured below.
+out=$(DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PREPRODUCE=${BLAST_PREPRODUCE:-1} DEMO_KEEP_KEYS=1 \
   scripts/demo.sh 2>&1) || rc=$?
 ended=$(date +%s.%N)
 after=$(redis_bytes)
