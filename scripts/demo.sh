@@ -10,7 +10,7 @@
 #   5. `capper report` waits for the worker to drain and checks every job and every cap; jobs held for longer
 #      than the run (config.example.yaml holds the capped sends of new users for their slot, about a day
 #      later) are reported as pending; its last line is JSON;
-#   6. stops the worker, drops the run's Redis keys (DEMO_KEEP_KEYS=1 keeps them), and the stack if this script started it. Exits with the report's status.
+#   6. stops the worker, drops the run's Redis keys and topics (DEMO_KEEP_KEYS=1, DEMO_KEEP_TOPICS=1 keep them), and the stack if this script started it. Exits with the report's status.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -25,6 +25,7 @@ EXTRA_WORKERS=${DEMO_EXTRA_WORKERS:-0} # more replicas in the group (metrics on 
 LOADGEN_ARGS=${DEMO_LOADGEN_ARGS:-}   # more capper loadgen flags, e.g. "--rate 150 --channels sms" (bench-budget.sh)
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 # DEMO_KEEP_KEYS=1 keeps the run's Redis keys (dropped at the end otherwise, see cleanup)
+# DEMO_KEEP_TOPICS=1 keeps the run's topics (deleted at the end otherwise, see cleanup)
 
 say() { printf '\n== %s\n' "$*" >&2; }
 
@@ -50,6 +51,12 @@ cleanup() {
   if [[ -n ${run:-} && ${DEMO_KEEP_KEYS:-0} != 1 ]] && ! ((started_stack)); then
     "$CAPPER_STACK_DIR/bin/capper-devstack" drop-keys -addrs "$CAPPER_TEST_REDIS_ADDRS" -prefix "$run:" >/dev/null ||
       echo "demo: could not drop the run's keys ($run:*)" >&2
+  fi
+  # The run's topics go too (DEMO_KEEP_TOPICS=1 keeps them): the broker keeps its data across restarts, and a
+  # benchmark's runs would otherwise fill the disk (1M jobs leave ~1 GB on the broker).
+  if [[ -n ${run:-} && ${DEMO_KEEP_TOPICS:-0} != 1 ]]; then
+    "$CAPPER_STACK_DIR/bin/capper-devstack" drop-topics -brokers "$CAPPER_TEST_KAFKA_BROKERS" -prefix "$run." >/dev/null ||
+      echo "demo: could not delete the run's topics ($run.*)" >&2
   fi
   ((started_stack)) && scripts/stack.sh down >&2
   rm -rf "$work"

@@ -6,6 +6,7 @@
 //	capper-devstack kafka-setup -brokers 127.0.0.1:9092 -topics sends,... [secured flags]
 //	capper-devstack calls -sha SHA [-args decide|seed|batch -n N -users U -clients C -pipeline P]
 //	capper-devstack drop-keys -addrs A -prefix P
+//	capper-devstack drop-topics -brokers B -prefix P
 //
 // The S3 endpoint listens on 127.0.0.1 only and keeps its objects in memory;
 // it runs until SIGINT or SIGTERM. kafka-setup creates the topics a broker
@@ -13,7 +14,7 @@
 // user of -grant exactly capper's ACLs (internal/kafkaacl) on them. calls
 // drives a Lua script on the Redis Cluster with capper's own arguments, the
 // load whose cost scripts/bench-calls.sh measures (see calls.go). drop-keys
-// removes a run's keys (keys.go).
+// removes a run's keys (keys.go), drop-topics its topics (topics.go).
 package main
 
 import (
@@ -45,8 +46,10 @@ func main() {
 		err = calls(os.Args[2:])
 	case "drop-keys":
 		err = dropKeys(os.Args[2:])
+	case "drop-topics":
+		err = dropTopics(os.Args[2:])
 	default:
-		fmt.Fprintln(os.Stderr, "usage: capper-devstack s3|kafka-setup|calls|drop-keys [flags] (-h for the flags)")
+		fmt.Fprintln(os.Stderr, "usage: capper-devstack s3|kafka-setup|calls|drop-keys|drop-topics [flags] (-h for the flags)")
 		os.Exit(2)
 	}
 	if err != nil {
