@@ -1,6 +1,7 @@
 package capping
 
 import (
+	"encoding/binary"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -48,25 +49,39 @@ type nearCache struct {
 	perShard                int
 }
 
+// A shard holds no Go pointers besides its three arrays: its copies' scores
+// and members are in its arena, where entries refer to them by offset. The
+// garbage collector marks a shard in three steps, not two objects per copy
+// (with a million copies and a few collections a second, marking them was
+// several percent of the worker's CPU), and installing a copy allocates
+// nothing once the arena has grown.
 type cacheShard struct {
 	mu    sync.Mutex
 	index map[uint32]int32 // user -> slot
 	slots []cacheEntry
 	hand  int
 	bytes int
+	arena []byte // the entries' logs, appended; never written over (see data)
+	dead  int    // bytes of arena no live entry refers to (see compact)
 }
 
-// cacheEntry is a copy of one user's log, oldest first.
+// cacheEntry is a copy of one user's log, oldest first: n scores (8 bytes
+// each, little-endian), then each member after its length byte, at
+// arena[off:off+size] of its shard.
 type cacheEntry struct {
 	user    uint32
 	live    bool
 	ref     bool  // looked up since the clock hand last passed
+	n       int32 // entries
 	expires int64 // ms: no cap of the decision that made it is full after this
 	latest  int64 // the log's latest score, and how many entries have it:
 	nLatest int32 // the copy's version (a log only grows, at its end)
-	scores  []int64
-	members string // each member after its length byte
+	off     int32
+	size    int32
 }
+
+// arenaCompactMin is the arena size below which its dead bytes are left.
+const arenaCompactMin = 64 << 10
 
 func newNearCache(size int) *nearCache {
 	c := &nearCache{perShard: max(1, size/cacheShards)}
@@ -86,13 +101,16 @@ type logItem struct {
 	score  int64
 }
 
-// items decodes e into buf (members are substrings of e.members: no allocation).
-func (e *cacheEntry) items(buf []logItem) []logItem {
+// items decodes e into buf. Its members are strings over the arena's bytes
+// (no allocation): the arena is never written over (install appends, compact
+// copies into a new one), so they stay valid.
+func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 	buf = buf[:0]
-	p := 0
-	for _, s := range e.scores {
-		n := int(e.members[p])
-		buf = append(buf, logItem{e.members[p+1 : p+1+n], s})
+	data := sh.arena[e.off : e.off+e.size]
+	p := 8 * int(e.n)
+	for i := 0; i < int(e.n); i++ {
+		n := int(data[p])
+		buf = append(buf, logItem{unsafe.String(&data[p+1], n), int64(binary.LittleEndian.Uint64(data[8*i:]))})
 		p += 1 + n
 	}
 	return buf
@@ -119,7 +137,7 @@ func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
 	}
 	e.ref = true
 	var buf [cacheMaxLog]logItem
-	log := e.items(buf[:0])
+	log := sh.items(e, buf[:0])
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
 	sh.mu.Unlock()
@@ -233,7 +251,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 	}
 	var buf [cacheMaxLog]logItem
 	log := buf[:n]
-	size := 0
+	size := 8 * n
 	for i := range log {
 		m, ok1 := tail[2*i].(string)
 		s, ok2 := tail[2*i+1].(int64)
@@ -249,14 +267,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 		c.drop(r.UserID)
 		return
 	}
-	e := cacheEntry{user: r.UserID, live: true, expires: expires, scores: make([]int64, n)}
-	mb := make([]byte, 0, size)
-	for i, it := range log {
-		e.scores[i] = it.score
-		mb = append(mb, byte(len(it.member)))
-		mb = append(mb, it.member...)
-	}
-	e.members = string(mb)
+	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size)}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
@@ -274,14 +285,64 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 		if old.latest > e.latest || (old.latest == e.latest && old.nLatest > e.nLatest) {
 			return // a decision that ran later in Redis already left a newer copy
 		}
-		sh.bytes += e.bytes() - old.bytes()
+		sh.bytes -= old.bytes()
+		sh.dead += int(old.size)
+		old.live = false // its bytes are dead: compact must not copy them
+		if e.off = sh.put(log, size); e.off < 0 {
+			delete(sh.index, r.UserID)
+			*old = cacheEntry{}
+			return
+		}
 		*old = e
+		sh.bytes += e.bytes()
+		return
+	}
+	if e.off = sh.put(log, size); e.off < 0 {
 		return
 	}
 	slot := sh.free(c)
 	sh.slots[slot] = e
 	sh.index[r.UserID] = slot
 	sh.bytes += e.bytes()
+}
+
+// put appends log (size bytes encoded, see cacheEntry) to the arena and
+// returns its offset; -1 when the arena would outgrow an int32 offset (a
+// shard never holds that much: the copy is not kept).
+func (sh *cacheShard) put(log []logItem, size int) int32 {
+	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/2 {
+		sh.compact()
+	}
+	off := len(sh.arena)
+	if off+size > 1<<31-1 {
+		return -1
+	}
+	for _, it := range log {
+		sh.arena = binary.LittleEndian.AppendUint64(sh.arena, uint64(it.score))
+	}
+	for _, it := range log {
+		sh.arena = append(sh.arena, byte(len(it.member)))
+		sh.arena = append(sh.arena, it.member...)
+	}
+	return int32(off)
+}
+
+// compact copies the live entries' logs into a new arena, leaving the dead
+// bytes behind: called when they are more than half of it, so that copying
+// costs at most as much as the appends that made them dead.
+func (sh *cacheShard) compact() {
+	live := len(sh.arena) - sh.dead
+	arena := make([]byte, 0, 2*live+arenaCompactMin)
+	for i := range sh.slots {
+		e := &sh.slots[i]
+		if !e.live {
+			continue
+		}
+		off := len(arena)
+		arena = append(arena, sh.arena[e.off:e.off+e.size]...)
+		e.off = int32(off)
+	}
+	sh.arena, sh.dead = arena, 0
 }
 
 // fullUntil returns when the last of caps that is full in log (a blocking
@@ -320,7 +381,7 @@ func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
 }
 
 func (e *cacheEntry) bytes() int {
-	return entryOverhead + len(e.members) + 8*len(e.scores)
+	return entryOverhead + int(e.size)
 }
 
 // free returns a slot for a new entry: a new one while the shard has room,
@@ -353,6 +414,7 @@ func (sh *cacheShard) remove(slot int32) {
 	}
 	delete(sh.index, e.user)
 	sh.bytes -= e.bytes()
+	sh.dead += int(e.size)
 	*e = cacheEntry{}
 }
 
@@ -373,7 +435,7 @@ func (c *nearCache) clear() {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.index = map[uint32]int32{}
-		sh.slots, sh.hand, sh.bytes = nil, 0, 0
+		sh.slots, sh.hand, sh.bytes, sh.arena, sh.dead = nil, 0, 0, nil, 0
 		sh.mu.Unlock()
 	}
 }

@@ -95,6 +95,62 @@ func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 	}
 }
 
+// TestNearCacheArenaStaysBounded replaces, drops and evicts copies many
+// times over: the shards' arenas are compacted (their dead bytes never more
+// than half, past the minimum), and every copy left still decides from its
+// own log.
+func TestNearCacheArenaStaysBounded(t *testing.T) {
+	const users = 300
+	c := newNearCache(cacheShards * 16) // evictions too: more users than room
+	installs := 0
+	for round := 0; round < 200; round++ {
+		for u := uint32(1); u <= users; u++ {
+			r, a, tail := blocked(u, "j", now)
+			// A copy's version grows with the round (a newer copy replaces
+			// the older), and its length with the user, so that copies differ.
+			for k := 0; k < int(u%5)+round%3; k++ {
+				tail = append(tail, Member(fmt.Sprintf("r%d-%d", round, k), "email", "c", nil), now.Add(-time.Minute).UnixMilli()+int64(round))
+			}
+			c.install(r, a, c.gen.Load(), tail)
+			installs++
+			if u%7 == 0 {
+				c.drop(u)
+			}
+		}
+	}
+	for i := range c.shards {
+		sh := &c.shards[i]
+		live := 0
+		for j := range sh.slots {
+			if sh.slots[j].live {
+				live += int(sh.slots[j].size)
+			}
+		}
+		if live != len(sh.arena)-sh.dead {
+			t.Fatalf("shard %d: %d live bytes, arena %d with %d dead", i, live, len(sh.arena), sh.dead)
+		}
+		if sh.dead > arenaCompactMin+len(sh.arena)/2+64*260 {
+			t.Fatalf("shard %d: arena of %d bytes, %d dead: not compacted", i, len(sh.arena), sh.dead)
+		}
+	}
+	// Every copy left is the user's last: 2 old sends, then the last round's.
+	var d Decision
+	checked := 0
+	for u := uint32(1); u <= users; u++ {
+		r, a, _ := blocked(u, "j", now)
+		if !c.decide(r, a, &d) {
+			continue
+		}
+		checked++
+		if want := 2 + int(u%5) + 199%3; d.Counts[0] != want {
+			t.Fatalf("user %d: count %d, want %d (the last round's copy)", u, d.Counts[0], want)
+		}
+	}
+	if checked < cacheShards*8 {
+		t.Fatalf("only %d users answered from the cache after %d installs", checked, installs)
+	}
+}
+
 // BenchmarkNearCacheBytes fills a cache with copies of a typical blocked log
 // (a daily cap of 2 full: two entries with one tag) and reports the heap per
 // copy next to the cache's own estimate (capper_near_cache_bytes).
