@@ -60,7 +60,6 @@ type cacheShard struct {
 	index map[uint32]int32 // user -> slot
 	slots []cacheEntry
 	hand  int
-	bytes int
 	arena []byte // the entries' logs, appended; never written over (see data)
 	dead  int    // bytes of arena no live entry refers to (see compact)
 }
@@ -285,7 +284,6 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 		if old.latest > e.latest || (old.latest == e.latest && old.nLatest > e.nLatest) {
 			return // a decision that ran later in Redis already left a newer copy
 		}
-		sh.bytes -= old.bytes()
 		sh.dead += int(old.size)
 		old.live = false // its bytes are dead: compact must not copy them
 		if e.off = sh.put(log, size); e.off < 0 {
@@ -294,7 +292,6 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 			return
 		}
 		*old = e
-		sh.bytes += e.bytes()
 		return
 	}
 	if e.off = sh.put(log, size); e.off < 0 {
@@ -303,7 +300,6 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 	slot := sh.free(c)
 	sh.slots[slot] = e
 	sh.index[r.UserID] = slot
-	sh.bytes += e.bytes()
 }
 
 // put appends log (size bytes encoded, see cacheEntry) to the arena and
@@ -380,10 +376,6 @@ func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
 	return until
 }
 
-func (e *cacheEntry) bytes() int {
-	return entryOverhead + int(e.size)
-}
-
 // free returns a slot for a new entry: a new one while the shard has room,
 // else the first the clock hand finds not looked up since its last pass.
 func (sh *cacheShard) free(c *nearCache) int32 {
@@ -413,7 +405,6 @@ func (sh *cacheShard) remove(slot int32) {
 		return
 	}
 	delete(sh.index, e.user)
-	sh.bytes -= e.bytes()
 	sh.dead += int(e.size)
 	*e = cacheEntry{}
 }
@@ -435,18 +426,19 @@ func (c *nearCache) clear() {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		sh.index = map[uint32]int32{}
-		sh.slots, sh.hand, sh.bytes, sh.arena, sh.dead = nil, 0, 0, nil, 0
+		sh.slots, sh.hand, sh.arena, sh.dead = nil, 0, nil, 0
 		sh.mu.Unlock()
 	}
 }
 
-// stats counts the cache's entries and their bytes.
+// stats counts the cache's entries and its bytes: theirs and the index's
+// (entryOverhead each), and the arenas' (dead bytes and room to grow included).
 func (c *nearCache) stats() (entries, bytes int) {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		entries += len(sh.index)
-		bytes += sh.bytes
+		bytes += len(sh.index)*entryOverhead + cap(sh.arena)
 		sh.mu.Unlock()
 	}
 	return entries, bytes
