@@ -10,7 +10,8 @@
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
 # decide.lua's floor (its GET and APPEND alone),
 # and decide.lua per decision when it decides 16 users in one call, as capper calls it
-# costs the Redis masters, medians of 3) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
+# costs the Redis masters, medians of 3; once with the default 250,000 users, mostly first sends, and once with
+# 50,000, six calls each: logs with a history) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
 # the ratios against the goals of issue 27.
@@ -58,11 +59,15 @@ for r in $(seq "$ROUNDS"); do
   results+=("pass $(run passthrough 1 0)")
 done
 calls=$(scripts/bench-calls.sh)
+# The same with logs that have a history: 50,000 users for the 300,000 calls (six each), where the default's
+# 250,000 users make most calls a user's first send (a SET of a new log, no entries to read).
+history=$(USERS=50000 scripts/bench-calls.sh)
 ceiling=$(CEILING_ONLY=1 ROUNDS=3 scripts/bench-capping.sh)
 summary=$(cat <<'PY'
 import statistics, sys
 ceil = float(sys.argv[1])
 call = dict(zip(sys.argv[2].split()[::2], map(float, sys.argv[2].split()[1::2])))
+hist = dict(zip(sys.argv[3].split()[::2], map(float, sys.argv[3].split()[1::2])))
 rows = {}
 for line in sys.stdin:
     label, *vals = line.split()
@@ -80,10 +85,12 @@ print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"]
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
 print("| GET and APPEND of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
 print("| decide.lua deciding 16 users of one node in one call (as capper calls it), per decision | %.1f us | - | - | - |" % call["batch"])
+print("| with a history (50k users, six calls each): seed / decide.lua / decide.lua 16 per call, per decision | %.1f / %.1f / %.1f us | - | - | - |" % (hist["seed"], hist["decide"], hist["batch"]))
 print()
 print("Redis per job (cache on) / seed per call     %5.2f   (goal <= 0.5)" % (c[5] / call["seed"]))
 print("decide.lua per call / seed per call          %5.2f   (goal <= 1.0)" % (call["decide"] / call["seed"]))
 print("decide.lua per decision, 16 per call / seed   %5.2f   (as capper calls it)" % (call["batch"] / call["seed"]))
+print("with a history: decide.lua / seed, per call   %5.2f   16 per call, per decision / seed %5.2f" % (hist["decide"] / hist["seed"], hist["batch"] / hist["seed"]))
 print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
 print("decide.lua per call / its floor per call     %5.2f   (what its logic adds to the commands it needs)" % (call["decide"] / call["floor"]))
 print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[1] / p[1]))
@@ -92,4 +99,4 @@ print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
 print("jobs/s (cache on) / decide.lua EVALSHA ceiling (%.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
 PY
 )
-printf '%s\n' "${results[@]}" | python3 -c "$summary" "$ceiling" "$calls"
+printf '%s\n' "${results[@]}" | python3 -c "$summary" "$ceiling" "$calls" "$history"
