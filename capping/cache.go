@@ -306,7 +306,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
 // returns its offset; -1 when the arena would outgrow an int32 offset (a
 // shard never holds that much: the copy is not kept).
 func (sh *cacheShard) put(log []logItem, size int) int32 {
-	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/2 {
+	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/4 {
 		sh.compact()
 	}
 	off := len(sh.arena)
@@ -324,11 +324,13 @@ func (sh *cacheShard) put(log []logItem, size int) int32 {
 }
 
 // compact copies the live entries' logs into a new arena, leaving the dead
-// bytes behind: called when they are more than half of it, so that copying
-// costs at most as much as the appends that made them dead.
+// bytes behind: called when they are more than a quarter of it, so that an
+// arena holds at most a third more than its copies (and room to grow by half
+// again), while copying costs three bytes per dead byte: a memmove per
+// install, against the copy's own decoding.
 func (sh *cacheShard) compact() {
 	live := len(sh.arena) - sh.dead
-	arena := make([]byte, 0, 2*live+arenaCompactMin)
+	arena := make([]byte, 0, live+live/2+arenaCompactMin)
 	for i := range sh.slots {
 		e := &sh.slots[i]
 		if !e.live {

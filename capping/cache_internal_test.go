@@ -129,7 +129,7 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 		if live != len(sh.arena)-sh.dead {
 			t.Fatalf("shard %d: %d live bytes, arena %d with %d dead", i, live, len(sh.arena), sh.dead)
 		}
-		if sh.dead > arenaCompactMin+len(sh.arena)/2+64*260 {
+		if sh.dead > arenaCompactMin+len(sh.arena)/4+64*264 {
 			t.Fatalf("shard %d: arena of %d bytes, %d dead: not compacted", i, len(sh.arena), sh.dead)
 		}
 	}
