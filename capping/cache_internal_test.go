@@ -2,7 +2,9 @@ package capping
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -148,6 +150,51 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 	}
 	if checked < cacheShards*8 {
 		t.Fatalf("only %d users answered from the cache after %d installs", checked, installs)
+	}
+}
+
+// TestNearCacheConcurrentUse installs, looks up, drops and clears copies
+// from several goroutines at once (as a worker's consumer and its delay
+// tiers' do), with arenas compacted under them: run with -race (scripts/test.sh
+// does), and every answer must be one of the copies installed.
+func TestNearCacheConcurrentUse(t *testing.T) {
+	c := newNearCache(cacheShards * 8)
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 7))
+			var d Decision
+			for i := 0; i < 20000; i++ {
+				u := uint32(1 + rng.IntN(300))
+				r, a, tail := blocked(u, "j", now)
+				switch k := rng.IntN(20); {
+				case k < 10:
+					for j := 0; j < k; j++ { // 2 + k entries, all in the window
+						tail = append(tail, Member(fmt.Sprintf("g%d-%d-%d", g, i, j), "email", "c", nil), now.Add(-time.Minute).UnixMilli())
+					}
+					c.install(r, a, c.gen.Load(), tail)
+				case k < 18:
+					if c.decide(r, a, &d) && (d.Allowed || d.Counts[0] < 2 || d.Counts[0] > 11) {
+						errs <- fmt.Errorf("user %d: decision %+v, want capped with 2 to 11 sends", u, d)
+						return
+					}
+				case k < 19:
+					c.drop(u)
+				default:
+					if rng.IntN(1000) == 0 {
+						c.clear()
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }
 
