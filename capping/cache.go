@@ -49,18 +49,18 @@ type nearCache struct {
 	perShard                int
 }
 
-// A shard holds no Go pointers besides its three arrays: its copies' scores
-// and members are in its arena, where entries refer to them by offset. The
-// garbage collector marks a shard in three steps, not two objects per copy
-// (with a million copies and a few collections a second, marking them was
-// several percent of the worker's CPU), and installing a copy allocates
-// nothing once the arena has grown.
+// A shard holds no Go pointers besides its index, slots and arena: its
+// copies' scores and members are in its arena, where entries refer to them by
+// offset. The garbage collector marks a shard in three steps, not two objects
+// per copy (with a million copies and a few collections a second, marking
+// them was several percent of the worker's CPU), and installing a copy
+// allocates nothing once the arena has grown.
 type cacheShard struct {
 	mu    sync.Mutex
 	index map[uint32]int32 // user -> slot
 	slots []cacheEntry
 	hand  int
-	arena []byte // the entries' logs, appended; never written over (see data)
+	arena []byte // the entries' logs, appended; never written over (see items)
 	dead  int    // bytes of arena no live entry refers to (see compact)
 }
 
