@@ -434,7 +434,7 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 			func(s capping.Stats) uint64 { return s.CacheEvictions }),
 		gauge("capper_near_cache_entries", "Copies of blocked users' logs the near cache keeps.",
 			func(s capping.Stats) int { return s.CacheEntries }),
-		gauge("capper_near_cache_bytes", "Approximate memory of the near cache's copies.",
+		gauge("capper_near_cache_bytes", "Memory of the near cache: its copies' logs in the shards' arenas (room to grow included) and their slots.",
 			func(s capping.Stats) int { return s.CacheBytes }),
 	} {
 		if err := reg.Register(c); err != nil {
