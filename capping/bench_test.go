@@ -67,42 +67,62 @@ func BenchmarkDecide(b *testing.B) {
 	}
 }
 
-// BenchmarkMemoryPerUser fills one user's weekly log under the default caps
-// (3 a day, 10 a week: 10 sends spread over 7 days) and reports MEMORY USAGE of
-// the key, per user and per logged send.
+// BenchmarkMemoryPerUser fills users' weekly logs and reports MEMORY USAGE of
+// the key: bytes/user and bytes/send of a full log of 10 sends, and the mean
+// over logs of 1 to 10 sends (where a log's length falls against Redis's
+// doubling decides its room to grow):
+//   - week: under the default caps (3 a day, 10 a week), 10 sends spread over
+//     7 days, 16 h apart: each write is a whole SET (the key's TTL is due
+//     again), so the string has its exact size;
+//   - burst: 10 sends a minute apart (caps of 10 a day and 10 a week): each
+//     send after the first is an APPEND, and Redis grows a string it must
+//     reallocate to twice its length, so the log carries room to grow.
 func BenchmarkMemoryPerUser(b *testing.B) {
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
-	defer rdb.Close()
-	ctx := context.Background()
-	now := time.Now()
-	clk := func() time.Time { return now }
-	prefix := testenv.Unique("mem")
-	lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer deletePrefix(b, rdb, prefix)
-	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: 3}, {Name: "weekly", Window: capping.Weekly, Limit: 10}}
-	var bytes int64
-	for n := 0; n < b.N; n++ {
-		user := uint32(4_000_000_000 - n) // a 10-digit id: the longest key
-		start := time.Now().Add(-7 * 24 * time.Hour)
-		for i := 0; i < 10; i++ {
-			now = start.Add(time.Duration(i)*16*time.Hour + time.Minute)
-			// What the worker records: the campaign and the category (a tag).
-			d, err := lim.Decide(ctx, []capping.Request{{UserID: user, JobID: fmt.Sprintf("campaign-2026-11-%02d:user-%d:email", i, user), Channel: "email",
-				Campaign: fmt.Sprintf("campaign-2026-11-%02d", i), Tags: []string{"marketing"}, Caps: caps}})
-			if err != nil || !d[0].Allowed {
-				b.Fatalf("send %d: %+v %v", i, d, err)
+	for _, bc := range []struct {
+		name  string
+		every time.Duration
+		daily int
+	}{{"week", 16 * time.Hour, 3}, {"burst", time.Minute, 10}} {
+		b.Run(bc.name, func(b *testing.B) {
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+			defer rdb.Close()
+			ctx := context.Background()
+			now := time.Now()
+			clk := func() time.Time { return now }
+			prefix := testenv.Unique("mem")
+			lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk})
+			if err != nil {
+				b.Fatal(err)
 			}
-		}
-		if c := testenv.LogLen(b, rdb, lim.Key(user)); c != 10 {
-			b.Fatalf("log holds %d sends, want a full weekly log of 10", c)
-		}
-		bytes = rdb.MemoryUsage(ctx, lim.Key(user)).Val()
+			defer deletePrefix(b, rdb, prefix)
+			caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: bc.daily}, {Name: "weekly", Window: capping.Weekly, Limit: 10}}
+			var bytes, sum int64 // the full log's; all logs' of 1 to 10 sends
+			for n := 0; n < b.N; n++ {
+				sum = 0
+				for k := 1; k <= 10; k++ {
+					user := uint32(4_000_000_000 - 10*n - k) // a 10-digit id: the longest key
+					start := time.Now().Add(-7 * 24 * time.Hour)
+					for i := 0; i < k; i++ {
+						now = start.Add(time.Duration(i)*bc.every + time.Minute)
+						// What the worker records: the campaign and the category (a tag).
+						d, err := lim.Decide(ctx, []capping.Request{{UserID: user, JobID: fmt.Sprintf("campaign-2026-11-%02d:user-%d:email", i, user), Channel: "email",
+							Campaign: fmt.Sprintf("campaign-2026-11-%02d", i), Tags: []string{"marketing"}, Caps: caps}})
+						if err != nil || !d[0].Allowed {
+							b.Fatalf("send %d: %+v %v", i, d, err)
+						}
+					}
+					if c := testenv.LogLen(b, rdb, lim.Key(user)); c != k {
+						b.Fatalf("log holds %d sends, want %d", c, k)
+					}
+					bytes = rdb.MemoryUsage(ctx, lim.Key(user)).Val()
+					sum += bytes
+				}
+			}
+			b.ReportMetric(float64(bytes), "bytes/user")
+			b.ReportMetric(float64(sum)/10, "bytes/log-of-1-to-10")
+			b.ReportMetric(float64(bytes)/10, "bytes/send")
+		})
 	}
-	b.ReportMetric(float64(bytes), "bytes/user")
-	b.ReportMetric(float64(bytes)/10, "bytes/send")
 }
 
 func deletePrefix(tb testing.TB, rdb *redis.ClusterClient, prefix string) {
