@@ -204,7 +204,8 @@ type Request struct {
 	// quiet hours, a budget): unless the job is in the log, it is marked
 	// refused in the same call, so that a later copy of it (a redelivery, a
 	// resend) is answered RefusedBefore instead of decided, and every job
-	// keeps one final outcome. At most 200 bytes.
+	// keeps one final outcome. At most 200 bytes; the mark is kept for
+	// Retention, which a refusal needs.
 	Refused string
 	// Arbitration, when above 0, is the arbitration window of the request's
 	// Arbitrated caps: a send that would take the last slot of one of them is
@@ -248,8 +249,8 @@ func (r *Request) validate() error {
 	if r.Refused != "" && (!r.DuplicateOnly || len(r.Refused) > 200) {
 		return errors.New("a refusal's name without a duplicate check, or longer than 200 bytes")
 	}
-	if len(r.Caps) == 0 && r.Retention <= 0 && !r.DuplicateOnly {
-		return errors.New("no caps and no retention")
+	if len(r.Caps) == 0 && r.Retention <= 0 && (!r.DuplicateOnly || r.Refused != "") {
+		return errors.New("no caps and no retention (an external send and a refusal's mark need one)")
 	}
 	for _, c := range r.Caps {
 		if err := c.Validate(); err != nil {

@@ -378,13 +378,15 @@ func TestInvalidRequestsFailAlone(t *testing.T) {
 		job(5, "email", daily3),
 		{UserID: 6, JobID: "z", Channel: "email", Caps: []capping.Cap{daily3}, Priority: 101},
 		{UserID: 7, JobID: "w", Channel: "email", Caps: []capping.Cap{{Window: time.Hour, Limit: 1 << 31}}},
+		{UserID: 8, JobID: "v", Channel: "email", DuplicateOnly: true, Refused: "budget"},
 	}
 	ds, err := e.lim.Decide(context.Background(), reqs)
 	var re capping.RequestErrors
 	if !errors.As(err, &re) {
 		t.Fatalf("err = %v, want RequestErrors", err)
 	}
-	for i, wantErr := range []bool{false, true, true, true, false, true, true} { // the last two: priority above 100, limit above 2^31-1
+	// the last three: priority above 100, limit above 2^31-1, a refusal without a retention (its mark's TTL)
+	for i, wantErr := range []bool{false, true, true, true, false, true, true, true} {
 		if (re[i] != nil) != wantErr || wantErr && !errors.Is(re[i], capping.ErrInvalidRequest) {
 			t.Errorf("request %d: err %v, want error: %v", i, re[i], wantErr)
 		}
