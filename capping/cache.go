@@ -238,28 +238,28 @@ func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
 	return 0
 }
 
-// install keeps the log a Redis decision returned (member, score pairs) for
-// r's user, unless the cache was cleared since the decision's gen, or holds a
-// newer copy. The copy expires when the last of r's caps that are full
-// after the decision passes again.
-func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail []any) {
-	n := len(tail) / 2
-	if n > cacheMaxLog || len(tail)%2 != 0 {
+// install keeps the log a Redis decision returned (its entries packed as
+// the log packs them: see parseReply) for r's user, unless the cache was
+// cleared since the decision's gen, or holds a newer copy. The copy expires
+// when the last of r's caps that are full after the decision passes again.
+func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
+	n := countEntries(tail)
+	if n < 0 || n > cacheMaxLog {
 		c.drop(r.UserID)
 		return
 	}
 	var buf [cacheMaxLog]logItem
 	log := buf[:n]
 	size := 8 * n
-	for i := range log {
-		m, ok1 := tail[2*i].(string)
-		s, ok2 := tail[2*i+1].(int64)
-		if !ok1 || !ok2 || len(m) > 255 {
+	for i, p := 0, 0; i < n; i++ {
+		l := int(be16(tail, p+8))
+		if l > 255 {
 			c.drop(r.UserID)
 			return
 		}
-		log[i] = logItem{m, s}
-		size += 1 + len(m)
+		log[i] = logItem{tail[p+10 : p+10+l], int64(be64(tail, p))}
+		size += 1 + l
+		p += 10 + l
 	}
 	expires := fullUntil(log, a.caps, a)
 	if expires <= a.now {

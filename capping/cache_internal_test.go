@@ -1,6 +1,7 @@
 package capping
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -11,12 +12,19 @@ import (
 
 // blocked returns a request whose one daily cap of limit 2 is full in the
 // log tail (two sends at now-2h and now-1h), and that tail.
-func blocked(user uint32, job string, now time.Time) (*Request, *reqArgs, []any) {
+func blocked(user uint32, job string, now time.Time) (*Request, *reqArgs, string) {
 	r := &Request{UserID: user, JobID: job, Channel: "email", Campaign: "c", Tags: []string{"marketing"},
 		Caps: []Cap{{Name: "daily", Window: Daily, Limit: 2}}}
 	a := &newArgs([]Request{*r}, now, 0, nil, nil)[0]
-	tail := []any{Member("old1", "email", "c", nil), now.Add(-2 * time.Hour).UnixMilli(), Member("old2", "email", "c", nil), now.Add(-time.Hour).UnixMilli()}
+	tail := logEntry(Member("old1", "email", "c", nil), now.Add(-2*time.Hour).UnixMilli()) + logEntry(Member("old2", "email", "c", nil), now.Add(-time.Hour).UnixMilli())
 	return r, a, tail
+}
+
+// logEntry packs an entry as decide.lua packs a log's (and a reply's tail).
+func logEntry(member string, score int64) string {
+	b := binary.BigEndian.AppendUint64(nil, uint64(score))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(member)))
+	return string(append(b, member...))
 }
 
 func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
@@ -52,7 +60,7 @@ func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 func TestNearCacheKeepsTheNewerCopy(t *testing.T) {
 	c := newNearCache(1000)
 	r, a, tail := blocked(7, "j", now)
-	newer := append(append([]any(nil), tail...), Member("new", "email", "c", nil), now.UnixMilli())
+	newer := tail + logEntry(Member("new", "email", "c", nil), now.UnixMilli())
 	c.install(r, a, c.gen.Load(), newer)
 	c.install(r, a, c.gen.Load(), tail) // a reply of a decision that ran earlier in Redis
 	var d Decision
@@ -111,7 +119,7 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 			// A copy's version grows with the round (a newer copy replaces
 			// the older), and its length with the user, so that copies differ.
 			for k := 0; k < int(u%5)+round%3; k++ {
-				tail = append(tail, Member(fmt.Sprintf("r%d-%d", round, k), "email", "c", nil), now.Add(-time.Minute).UnixMilli()+int64(round))
+				tail += logEntry(Member(fmt.Sprintf("r%d-%d", round, k), "email", "c", nil), now.Add(-time.Minute).UnixMilli()+int64(round))
 			}
 			c.install(r, a, c.gen.Load(), tail)
 			installs++
@@ -173,7 +181,7 @@ func TestNearCacheConcurrentUse(t *testing.T) {
 				switch k := rng.IntN(20); {
 				case k < 10:
 					for j := 0; j < k; j++ { // 2 + k entries, all in the window
-						tail = append(tail, Member(fmt.Sprintf("g%d-%d-%d", g, i, j), "email", "c", nil), now.Add(-time.Minute).UnixMilli())
+						tail += logEntry(Member(fmt.Sprintf("g%d-%d-%d", g, i, j), "email", "c", nil), now.Add(-time.Minute).UnixMilli())
 					}
 					c.install(r, a, c.gen.Load(), tail)
 				case k < 18:

@@ -81,6 +81,8 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				cached.InvalidateCache()
 			}
+		case r < 0.015:
+			clk.Add(time.Duration(3*24+rng.IntN(48)) * time.Hour) // days: entries and marks age out of the retention
 		case r < 0.10:
 			clk.Add(time.Duration(rng.IntN(6*3600)) * time.Second) // hours: windows roll, days change
 		default:
@@ -104,9 +106,18 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				r.Tags = append(r.Tags, "promotional")
 			}
-			if rng.Float64() < 0.05 {
+			switch f := rng.Float64(); {
+			case f < 0.05:
 				r.Tags[0] = "receipt" // count-only: recorded without a check
-			} else {
+			case f < 0.09: // refused elsewhere (a budget, quiet hours): a mark in the log, which no copy counts
+				r.DuplicateOnly, r.Refused = true, "budget"
+				reqs[i] = r
+				continue
+			case f < 0.12: // sent elsewhere, a while ago: an entry among the log's, not after them
+				r.SentAt = now.Add(-time.Duration(rng.IntN(3_600_000)) * time.Millisecond)
+				reqs[i] = r
+				continue
+			default:
 				r.Caps = capSets(now, campaign)[set[u]]
 				r.Caps = priced(r.Caps, rng.IntN(3), rng.IntN(4) == 0)
 				if r.Caps[0].Arbitrated {
@@ -172,4 +183,64 @@ func diff(a, b capping.Decision) string {
 		return fmt.Sprintf("recorded %v at %v, want %v %v", a.Recorded, a.At, b.Recorded, b.At)
 	}
 	return ""
+}
+
+// TestNearCacheCopiesTheLogThatFillsACap: the decision that takes a cap's
+// last slot leaves the near cache a copy of the user's log with that send in
+// it, and without the marks of refused sends: the user's next send is
+// answered capped from the copy, with Redis' count and retry-at. The log has
+// a mark first and a send made elsewhere recorded before the user's first
+// (written back whole), so the copy is cut from the middle of a log.
+func TestNearCacheCopiesTheLogThatFillsACap(t *testing.T) {
+	ctx := context.Background()
+	clk := &clock{t: base}
+	lim, err := capping.New(ctx, testenv.ClusterClient(t), capping.Config{KeyPrefix: testenv.Unique("ncfill"), Clock: clk.Now, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decide := func(r capping.Request) capping.Decision {
+		t.Helper()
+		ds, err := lim.Decide(ctx, []capping.Request{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds[0]
+	}
+	const user = 7
+	week := 8 * 24 * time.Hour
+	if d := decide(capping.Request{UserID: user, JobID: "refused", Channel: "email", DuplicateOnly: true, Refused: "budget", Retention: week}); d.Duplicate {
+		t.Fatalf("the refused send: %+v, want it marked", d)
+	}
+	first := job(user, "email", daily3)
+	if d := decide(first); !d.Allowed {
+		t.Fatalf("first send: %+v, want allowed", d)
+	}
+	earlier := clk.Now().Add(-time.Hour)
+	if d := decide(capping.Request{UserID: user, JobID: "elsewhere", Channel: "email", SentAt: earlier, Retention: week}); !d.Allowed {
+		t.Fatalf("the send made elsewhere: %+v, want recorded", d)
+	}
+	clk.Add(time.Minute)
+	before := lim.Stats()
+	if d := decide(job(user, "email", daily3)); !d.Allowed || d.Counts[0] != 2 {
+		t.Fatalf("third send: %+v, want allowed with 2 counted (the last slot)", d)
+	}
+	if st := lim.Stats(); st.CacheEntries != 1 || st.Requests != before.Requests+1 {
+		t.Fatalf("after the last slot: %d copies, %d requests sent, want 1 copy, 1 request", st.CacheEntries, st.Requests-before.Requests)
+	}
+	clk.Add(time.Minute)
+	d := decide(job(user, "email", daily3))
+	if st := lim.Stats(); st.CacheHits != before.CacheHits+1 || st.Requests != before.Requests+1 {
+		t.Fatalf("the fourth send went to Redis (%d hits, %d requests since): the copy does not hold the send that filled the cap",
+			st.CacheHits-before.CacheHits, st.Requests-before.Requests)
+	}
+	if d.Allowed || d.Cap != "daily" || d.Counts[0] != 3 || !d.RetryAt.Equal(earlier.Add(capping.Daily)) {
+		t.Fatalf("the fourth send from the copy: %+v, want capped by daily, 3 counted, until the send made elsewhere leaves the day (%v)",
+			d, earlier.Add(capping.Daily))
+	}
+	// What Redis answers for the same send (the copy dropped): the same.
+	lim.InvalidateCache()
+	r := job(user, "email", daily3)
+	if want := decide(r); want.Allowed || want.Cap != d.Cap || want.Counts[0] != d.Counts[0] || !want.RetryAt.Equal(d.RetryAt) {
+		t.Fatalf("Redis: %+v, the copy: %+v", want, d)
+	}
 }

@@ -360,8 +360,8 @@ func TestOneCallPerNode(t *testing.T) {
 	if err != nil || len(v) != 2 {
 		t.Fatalf("a call with a key of another node: %v, %v, want two replies", v, err)
 	}
-	if _, ok := v[0].([]any); !ok {
-		t.Errorf("the local request: %v, want its decision", v[0])
+	if r, ok := v[0].(string); !ok || len(r) != 15 || r[0] != 1 { // status 1, cap, retry_at, one count (decide.lua)
+		t.Errorf("the local request: %q, want its decision: allowed, one count", v[0])
 	}
 	if e, ok := v[1].(error); !ok || !strings.Contains(e.Error(), "non local key") {
 		t.Errorf("the request of another node's user: %v, want its own error (non local key)", v[1])

@@ -65,8 +65,9 @@
 -- cannot hold the slot; a redelivered candidate is recognised by its member.
 --
 -- A cap applies to this send when the send's member matches its scope, and counts the entries that match.
--- Reply: one per request, in order; an error reply for a request that failed, else
---   {status, cap, retry_at, count_1, ..., count_n, [member_1, score_1, ...]}
+-- Reply: one per request, in order; an error reply for a request that failed, else one string, packed
+-- big-endian (a table of integers costs the script a Lua table and Redis a reply element per value):
+--   B status, I2 cap, i8 retry_at, I4 count_1 ... count_n (the request's caps), then the rest (below)
 --   status    1 allowed (recorded in modes 1 and 2), 0 capped,
 --             2 duplicate: this member is already in the log, i.e. the job was allowed before,
 --             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap),
@@ -79,8 +80,9 @@
 --             recorded at: now, or the log's latest entry if that is later (another worker's clock read
 --             later but its script ran first), so a user's log is in the order its decisions were taken
 --   count_i   entries of cap i's scope in its window before this decision
---   then, only when maxlog allows it and a cap that blocks is full after this decision: the whole log
---   after it (this send included when recorded), oldest first, as member and score pairs
+--   rest      status 4 and 5: the preference's field or the refusal's name; otherwise, only when maxlog
+--             allows it and a cap that blocks is full after this decision, the log's entries after it (this
+--             send included when recorded; no marks), oldest first, packed as the log packs them; else empty
 --
 -- Cost: one GET of the log serves the duplicate check (one string.find) and every cap; a recorded send is
 -- one APPEND, or one SET PX of the whole log when its TTL needs refreshing, entries aged out or the send goes
@@ -171,15 +173,38 @@ local function kth(members, scores, n, k, since, scoped, channels, tags, campaig
   return nil
 end
 
+-- entries returns the n kept entries of log (their members at starts, the first kept item at from; gap: an
+-- item left out, a mark or an aged-out entry, lies among them) packed as in the log, with entry (packed) as
+-- the j-th (1..n+1) when j is given. Kept entries one after the other, the usual case, are one string.sub.
+local function entries(log, starts, n, from, gap, entry, j)
+  if not gap and (not j or j == n + 1) then
+    local s = from and string.sub(log, from) or ''
+    return j and s .. entry or s
+  end
+  local parts = {}
+  for i = 1, n do
+    if i == j then
+      parts[#parts + 1] = entry
+    end
+    local len = struct.unpack('>I2', log, starts[i] - 2)
+    parts[#parts + 1] = string.sub(log, starts[i] - 10, starts[i] + len - 1)
+  end
+  if j == n + 1 then
+    parts[#parts + 1] = entry
+  end
+  return table.concat(parts)
+end
+
 -- save writes a user's log (read as log, its header saying until when its TTL was set; rewrite when it must be
 -- written whole: items in it aged out, or it is a sorted set; marks and n entries kept, their members at
--- starts: see decide) with item (a packed entry or mark) added: a mark first, an entry as the j-th (1..n+1).
+-- starts, from and gap as entries takes them: see decide) with item (a packed entry or mark) added: a mark
+-- first, an entry as the j-th (1..n+1).
 -- An entry after the others is appended (APPEND writes and replicates the entry alone) while the TTL left
 -- covers the retention; otherwise the log is written whole (spliced, or packed from what is kept) with a new
 -- TTL, now + ttl in its header. The header is the worker's clock and the TTL the server's, counted from the
 -- write: they agree but for the skew between workers, which the retention's margin covers; a TTL set
 -- elsewhere (a duplicate's PEXPIRE) is only ever longer than the header says.
-local function save(key, now, ttl, retention, log, expires, rewrite, marks, starts, n, item, mark, j)
+local function save(key, now, ttl, retention, log, expires, rewrite, marks, starts, n, from, gap, item, mark, j)
   if expires - now >= retention and not rewrite and not mark and j == n + 1 then
     redis.call('APPEND', key, item)
     return
@@ -199,15 +224,10 @@ local function save(key, now, ttl, retention, log, expires, rewrite, marks, star
     for i = 1, marks and #marks or 0 do
       parts[#parts + 1] = marks[i]
     end
-    for i = 1, n do
-      if i == j then
-        parts[#parts + 1] = item
-      end
-      local len = struct.unpack('>I2', log, starts[i] - 2)
-      parts[#parts + 1] = string.sub(log, starts[i] - 10, starts[i] + len - 1)
-    end
-    if j == n + 1 then
-      parts[#parts + 1] = item
+    if mark then
+      parts[#parts + 1] = entries(log, starts, n, from, gap)
+    else
+      parts[#parts + 1] = entries(log, starts, n, from, gap, item, j)
     end
     body = table.concat(parts)
   end
@@ -221,6 +241,17 @@ local function list(log, starts, n)
     members[i] = struct.unpack('>I2c0', log, starts[i] - 2)
   end
   return members
+end
+
+-- answer packs a request's reply (see the header): status, cap, retry_at, then each of the ncaps counts.
+local answers = {} -- struct formats by number of caps
+local function answer(status, hit, retry_at, counts, ncaps)
+  local f = answers[ncaps]
+  if not f then
+    f = '>BI2i8' .. string.rep('I4', ncaps)
+    answers[ncaps] = f
+  end
+  return struct.pack(f, status, hit, retry_at, unpack(counts, 1, ncaps))
 end
 
 -- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
@@ -241,6 +272,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- an entry of a log costs one struct.unpack and no string.
   local scores, starts, n, members = {}, {}, 0, nil
   local marks, refused, stale = nil, nil, 0 -- marks: the kept marks as packed (nil: none)
+  local from, gap = nil, false -- where the first kept entry starts; whether an item left out follows it
   local horizon = now - retention
   local pos, size, expires = 9, #log, 0 -- expires: the header's (see save); none in an empty log
   if size > 0 then
@@ -262,11 +294,14 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
       else
         stale = stale + 1
       end
+      gap = gap or from ~= nil
     elseif not record or s > horizon then
       n = n + 1
       scores[n], starts[n] = s, at
+      from = from or pos
     else
       stale = stale + 1
+      gap = gap or from ~= nil
     end
     pos = nxt
   end
@@ -295,27 +330,27 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- A send marked refused before: refused again, nothing recorded (its counts are not computed).
   local refusal = status ~= 2 and refused and refused[member]
   if refusal then
-    local reply, p = {5, 0, 0}, first
+    local k, p = 0, first
     while p <= #packed do -- a count of 0 per cap
       p = select(5, struct.unpack(capfmt, packed, p))
-      reply[#reply + 1] = 0
+      k = k + 1
     end
-    reply[#reply + 1] = refusal
-    return reply
+    return struct.pack('>BI2i8', 5, 0, 0) .. string.rep('\0\0\0\0', k) .. refusal
   end
   if mark then
     if status == 1 then
       local m = string.char(#member) .. member .. named
-      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, struct.pack(entryhead, -now, #m) .. m, true)
-      return {1, 0, 0}
+      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap,
+        struct.pack(entryhead, -now, #m) .. m, true)
+      return struct.pack('>BI2i8', 1, 0, 0)
     end
-    return {2, 0, recorded}
+    return struct.pack('>BI2i8', 2, 0, recorded)
   end
 
-  -- Per cap, in plain locals (a table per cap costs more than the counting): its count goes straight into
-  -- the reply, and whether a blocking cap is full after the decision into two flags, one for an allowed
+  -- Per cap, in plain locals (a table per cap costs more than the counting): its count goes into counts,
+  -- and whether a blocking cap is full after the decision into two flags, one for an allowed
   -- send (it counts where it applies) and one for any other (full0, full1: see the near cache's log below).
-  local reply, ncaps, full0, full1 = {1, 0, 0}, 0, false, false
+  local counts, ncaps, full0, full1 = {}, 0, false, false
   local hit, retry_at, never = 0, 0, false
   local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
   local pos = first
@@ -342,7 +377,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
       count = n - j
     end
     ncaps = ncaps + 1
-    reply[3 + ncaps] = count
+    counts[ncaps] = count
     if not shadow then
       full0 = full0 or count >= limit
       full1 = full1 or count + (applies and 1 or 0) >= limit
@@ -500,17 +535,14 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     retry_at = now
   end
-  local added = nil -- the recorded entry's place among the entries
+  local added, entry = nil, nil -- the recorded entry's place among the kept entries, and the entry packed
   if record and status == 1 then
     local j = n + 1 -- the entry's place: after every entry at or before now (mode 2 may go back in time)
     while j > 1 and scores[j - 1] > now do
       j = j - 1
     end
-    save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, struct.pack(entryhead, now, #member) .. member, false, j)
-    if members then
-      table.insert(members, j, member)
-    end
-    table.insert(scores, j, now)
+    entry = struct.pack(entryhead, now, #member) .. member
+    save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap, entry, false, j)
     n, added = n + 1, j
   elseif record and status == 2 then
     -- A duplicate writes too: the write advances this connection's replication offset past the earlier
@@ -518,26 +550,20 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     redis.call('PEXPIRE', key, ttl)
   end
 
-  reply[1], reply[2], reply[3] = status, hit, retry_at
+  local reply = answer(status, hit, retry_at, counts, ncaps)
   if status == 4 then
-    reply[#reply + 1] = pref
-    return reply
+    return reply .. pref
   end
 
   -- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
-  -- capped, and the cache can tell so without a call until the log changes.
+  -- capped, and the cache can tell so without a call until the log changes. Its kept entries as the log
+  -- packs them: one string, where member and score pairs cost a Lua string each and two reply elements.
   if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
     if status == 0 or (status == 1 and full1) or (status ~= 1 and full0) then
-      if not members then
-        members = list(log, starts, added and n - 1 or n)
-        if added then
-          table.insert(members, added, member)
-        end
+      if added then
+        return reply .. entries(log, starts, n - 1, from, gap, entry, added)
       end
-      for j = 1, n do
-        reply[#reply + 1] = members[j]
-        reply[#reply + 1] = scores[j]
-      end
+      return reply .. entries(log, starts, n, from, gap)
     end
   end
   return reply

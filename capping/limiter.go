@@ -331,7 +331,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			}
 			v, err := b.results[i].v, b.results[i].err
 			if err == nil {
-				var tail []any
+				var tail string
 				decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
 				b.args[i].requestCounts(&decs[i])
 				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
@@ -940,17 +940,17 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 	a.packed = unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// parseReply checks the script's reply shape against the request's caps and
-// returns its decision and the log that follows it, if any; it never panics
-// on a bad reply. member is the send's, to tell which shadow caps apply;
-// counts (of len(caps)) becomes the Decision's Counts, or nil.
-func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (Decision, []any, error) {
+// parseReply checks the script's reply (one packed string, see decide.lua)
+// against the request's caps and returns its decision and the log entries
+// that follow it, as the log packs them (empty if none); it never panics on
+// a bad reply. member is the send's, to tell which shadow caps apply; counts
+// (of len(caps)) becomes the Decision's Counts, or nil.
+func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (Decision, string, error) {
 	ncaps := len(caps)
-	arr, ok := v.([]any)
-	// capped by a preference (4) or refused before (5): a name last
-	pref := ok && len(arr) == 4+ncaps && (arr[0] == int64(4) || arr[0] == int64(5))
-	if !ok || len(arr) < 3+ncaps || (!pref && (len(arr)-3-ncaps)%2 != 0) {
-		return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: want an array of %d integers and a log", v, 3+ncaps)
+	s, ok := v.(string)
+	head := replyHead + 4*ncaps
+	if !ok || len(s) < head {
+		return Decision{}, "", fmt.Errorf("unexpected script reply %q: want a string of %d bytes or more (status, cap, retry_at, %d counts)", v, head, ncaps)
 	}
 	var buf [3 + maxCaps]int64
 	ints := buf[:0]
@@ -958,32 +958,56 @@ func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (
 		ints = make([]int64, 0, 3+ncaps)
 	}
 	ints = ints[:3+ncaps]
-	for i := range ints {
-		n, ok := arr[i].(int64)
-		if !ok {
-			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: element %d is %T, want an integer", v, i, arr[i])
-		}
-		ints[i] = n
+	ints[0], ints[1], ints[2] = int64(s[0]), int64(be16(s, 1)), int64(be64(s, 3))
+	for i := range ncaps {
+		ints[3+i] = int64(be32(s, replyHead+4*i))
 	}
 	d, err := decisionOf(ints, caps, member, now, counts)
 	if err != nil {
-		return Decision{}, nil, fmt.Errorf("unexpected script reply %v: %w", slices.Clone(ints), err)
+		return Decision{}, "", fmt.Errorf("unexpected script reply %v: %w", slices.Clone(ints), err)
 	}
-	if pref {
-		field, ok := arr[3+ncaps].(string)
-		if !ok {
-			return Decision{}, nil, fmt.Errorf("unexpected script reply %#v: no preference or refusal named", v)
+	rest := s[head:]
+	switch {
+	case ints[0] == 4 || ints[0] == 5: // capped by a preference, or refused before: its name last
+		if rest == "" {
+			return Decision{}, "", fmt.Errorf("unexpected script reply %q: no preference or refusal named", s)
 		}
 		if d.RefusedBefore {
-			d.Cap = field
-			return d, nil, nil
+			d.Cap = rest
+			return d, "", nil
 		}
-		d.Cap = PreferenceCap(field)
+		d.Cap = PreferenceCap(rest)
 		d.Exceeded = []string{d.Cap}
-		return d, nil, nil
+		return d, "", nil
+	case countEntries(rest) < 0:
+		return Decision{}, "", fmt.Errorf("unexpected script reply %q: the log after its counts is not packed entries", s)
 	}
-	return d, arr[3+ncaps:], nil
+	return d, rest, nil
 }
+
+// replyHead is the size of a reply's status, cap and retry_at (decide.lua).
+const replyHead = 1 + 2 + 8
+
+// countEntries returns how many entries log holds, packed as decide.lua
+// packs a log's (score int64, member length uint16, member; big-endian), or
+// -1 if it is not such entries.
+func countEntries(log string) int {
+	n := 0
+	for p := 0; p < len(log); n++ {
+		if len(log)-p < 10 {
+			return -1
+		}
+		p += 10 + int(be16(log, p+8))
+		if p > len(log) {
+			return -1
+		}
+	}
+	return n
+}
+
+func be16(s string, i int) uint16 { return uint16(s[i])<<8 | uint16(s[i+1]) }
+func be32(s string, i int) uint32 { return uint32(be16(s, i))<<16 | uint32(be16(s, i+2)) }
+func be64(s string, i int) uint64 { return uint64(be32(s, i))<<32 | uint64(be32(s, i+4)) }
 
 // decisionOf turns a script's answer (status, cap, retry_at, counts...),
 // from Redis or the near cache, into a Decision. Its Counts are counts when

@@ -198,31 +198,36 @@ func TestMemberAndScopes(t *testing.T) {
 func TestParseReply(t *testing.T) {
 	caps := []Cap{{Name: "daily", Window: time.Hour, Limit: 1}, {Window: time.Hour, Limit: 2}}
 	member := Member("j", "email", "c", nil)
+	log := logEntry(Member("a", "email", "c", nil), now.UnixMilli()-10) + logEntry(member, now.UnixMilli())
 	tests := []struct {
 		name  string
 		reply any
 		want  Decision
+		tail  string
 		err   string
 	}{
-		{"allowed", []any{int64(1), int64(0), int64(0), int64(0), int64(1)}, Decision{Allowed: true, Counts: []int{0, 1}}, ""},
-		{"allowed, recorded later", []any{int64(1), int64(0), int64(1_795_000_000_200), int64(0), int64(1)}, Decision{Allowed: true, Counts: []int{0, 1}, Recorded: time.UnixMilli(1_795_000_000_200)}, ""},
-		{"duplicate", []any{int64(2), int64(0), int64(1_795_000_000_123), int64(1), int64(1)}, Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}, Recorded: time.UnixMilli(1_795_000_000_123)}, ""},
-		{"capped by a named cap", []any{int64(0), int64(1), now.UnixMilli() + 5000, int64(1), int64(1)},
-			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, ""},
-		{"capped by an unnamed cap, for good", []any{int64(0), int64(2), int64(0), int64(0), int64(2)},
-			Decision{Cap: "cap1", Counts: []int{0, 2}}, ""},
-		{"allowed, with the log for the cache", []any{int64(1), int64(0), int64(0), int64(0), int64(1), member, now.UnixMilli()}, Decision{Allowed: true, Counts: []int{0, 1}}, ""},
-		{"not an array", "OK", Decision{}, "want an array of 5 integers"},
-		{"too short", []any{int64(1), int64(0), int64(0)}, Decision{}, "want an array of 5 integers"},
-		{"a log of odd length", []any{int64(1), int64(0), int64(0), int64(0), int64(1), member}, Decision{}, "want an array of 5 integers"},
-		{"not an integer", []any{int64(1), "x", int64(0), int64(0), int64(0)}, Decision{}, "element 1 is string"},
-		{"cap index out of range", []any{int64(0), int64(3), int64(0), int64(0), int64(0)}, Decision{}, "cap index 3 out of range"},
-		{"cap index zero when capped", []any{int64(0), int64(0), int64(0), int64(0), int64(0)}, Decision{}, "cap index 0 out of range"},
-		{"unknown status", []any{int64(7), int64(0), int64(0), int64(0), int64(0)}, Decision{}, "status 7"},
+		{"allowed", reply(1, 0, 0, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}}, "", ""},
+		{"allowed, recorded later", reply(1, 0, 1_795_000_000_200, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}, Recorded: time.UnixMilli(1_795_000_000_200)}, "", ""},
+		{"duplicate", reply(2, 0, 1_795_000_000_123, 1, 1), Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}, Recorded: time.UnixMilli(1_795_000_000_123)}, "", ""},
+		{"capped by a named cap", reply(0, 1, now.UnixMilli()+5000, 1, 1),
+			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, "", ""},
+		{"capped by an unnamed cap, for good", reply(0, 2, 0, 0, 2),
+			Decision{Cap: "cap1", Counts: []int{0, 2}}, "", ""},
+		{"allowed, with the log for the cache", reply(1, 0, 0, 0, 1) + log, Decision{Allowed: true, Counts: []int{0, 1}}, log, ""},
+		{"capped by a preference", reply(4, 0, now.UnixMilli()+5000, 1, 1) + "c:push", Decision{Cap: PreferenceCap("c:push"), RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, "", ""},
+		{"refused before", reply(5, 0, 0, 0, 0) + "budget", Decision{Cap: "budget", Counts: []int{0, 0}}, "", ""},
+		{"not a string", []any{int64(1), int64(0), int64(0), int64(0), int64(1)}, Decision{}, "", "want a string of 19 bytes or more"},
+		{"too short", reply(1, 0, 0, 0), Decision{}, "", "want a string of 19 bytes or more"},
+		{"a truncated log", reply(1, 0, 0, 0, 1) + log[:len(log)-1], Decision{}, "", "not packed entries"},
+		{"a log shorter than an entry's head", reply(1, 0, 0, 0, 1) + log[:9], Decision{}, "", "not packed entries"},
+		{"a preference not named", reply(4, 0, 0, 0, 0), Decision{}, "", "no preference or refusal named"},
+		{"cap index out of range", reply(0, 3, 0, 0, 0), Decision{}, "", "cap index 3 out of range"},
+		{"cap index zero when capped", reply(0, 0, 0, 0, 0), Decision{}, "", "cap index 0 out of range"},
+		{"unknown status", reply(7, 0, 0, 0, 0), Decision{}, "", "status 7"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, _, err := parseReply(tt.reply, caps, member, now, nil)
+			got, tail, err := parseReply(tt.reply, caps, member, now, nil)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.err)
@@ -235,6 +240,9 @@ func TestParseReply(t *testing.T) {
 			if got.Allowed != tt.want.Allowed || got.Duplicate != tt.want.Duplicate || got.Cap != tt.want.Cap ||
 				!got.RetryAt.Equal(tt.want.RetryAt) || !got.Recorded.Equal(tt.want.Recorded) || !got.At.Equal(now) || len(got.Counts) != len(tt.want.Counts) {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
+			}
+			if tail != tt.tail {
+				t.Fatalf("log %q, want %q", tail, tt.tail)
 			}
 			for i := range got.Counts {
 				if got.Counts[i] != tt.want.Counts[i] {
@@ -267,13 +275,24 @@ func TestShadowCapsAreReported(t *testing.T) {
 	}
 	// Allowed with 2 sends counted by both shadow caps: new-daily would have
 	// capped; push-shadow does not apply to an email send.
-	d, _, err := parseReply([]any{int64(1), int64(0), int64(0), int64(2), int64(2), int64(3)}, caps, Member("j", "email", "c", nil), now, make([]int, len(caps)))
+	d, _, err := parseReply(reply(1, 0, 0, 2, 2, 3), caps, Member("j", "email", "c", nil), now, make([]int, len(caps)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !d.Allowed || len(d.Shadow) != 1 || d.Shadow[0] != "new-daily" {
 		t.Fatalf("decision %+v, want allowed with shadow [new-daily]", d)
 	}
+}
+
+// reply packs a script reply as decide.lua does: status, cap, retry_at, then
+// the counts.
+func reply(status byte, hit uint16, retryAt int64, counts ...uint32) string {
+	b := binary.BigEndian.AppendUint16([]byte{status}, hit)
+	b = binary.BigEndian.AppendUint64(b, uint64(retryAt))
+	for _, c := range counts {
+		b = binary.BigEndian.AppendUint32(b, c)
+	}
+	return string(b)
 }
 
 type errString string
