@@ -91,8 +91,10 @@ func newNearCache(size int) *nearCache {
 }
 
 func (c *nearCache) shard(user uint32) *cacheShard {
-	return &c.shards[(user*0x9E3779B1)>>28]
+	return &c.shards[shardOf(user)]
 }
+
+func shardOf(user uint32) int { return int((user * 0x9E3779B1) >> 28) }
 
 // logItem is one entry of a log being evaluated.
 type logItem struct {
@@ -122,16 +124,64 @@ func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
 	sh := c.shard(r.UserID)
 	sh.mu.Lock()
 	slot, ok := sh.index[r.UserID]
-	if !ok {
-		sh.mu.Unlock()
+	ok = ok && sh.answer(slot, r, a, d)
+	sh.mu.Unlock()
+	if ok {
+		c.hits.Add(1)
+	} else {
 		c.misses.Add(1)
-		return false
 	}
-	e := &sh.slots[slot]
-	if a.now >= e.expires {
-		sh.remove(slot)
+	return ok
+}
+
+// decideAll is decide for the requests at idx: hit[i] reports an answer in
+// decs[i]. It counts neither hits nor misses (the caller may still send a hit
+// to Redis). The requests are taken shard by shard, under one lock each, the
+// shard's index read for all of them first: a lookup is mostly memory misses
+// (the index, the slot, the arena), and without a lock's atomic between them
+// the index's misses overlap (BenchmarkNearCacheLookup: 12% less per lookup
+// than one at a time; reading the slots ahead as well gained nothing). order
+// and slots are scratch of len(idx).
+func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []Decision, hit []bool, order []int, slots []int32) {
+	var start [cacheShards + 1]int
+	for _, i := range idx {
+		start[shardOf(reqs[i].UserID)+1]++
+	}
+	for s := 1; s <= cacheShards; s++ {
+		start[s] += start[s-1]
+	}
+	next := start
+	for _, i := range idx {
+		s := shardOf(reqs[i].UserID)
+		order[next[s]] = i
+		next[s]++
+	}
+	for s := range c.shards {
+		group, slot := order[start[s]:start[s+1]], slots[start[s]:start[s+1]]
+		if len(group) == 0 {
+			continue
+		}
+		sh := &c.shards[s]
+		sh.mu.Lock()
+		for k, i := range group {
+			n, ok := sh.index[reqs[i].UserID]
+			if !ok {
+				n = -1
+			}
+			slot[k] = n
+		}
+		for k, i := range group {
+			hit[i] = slot[k] >= 0 && sh.answer(slot[k], &reqs[i], &args[i], &decs[i])
+		}
 		sh.mu.Unlock()
-		c.misses.Add(1)
+	}
+}
+
+// answer decides r from the copy at slot (sh locked): see decide.
+func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision) bool {
+	e := &sh.slots[slot]
+	if !e.live || a.now >= e.expires {
+		sh.remove(slot)
 		return false
 	}
 	e.ref = true
@@ -139,19 +189,14 @@ func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
 	log := sh.items(e, buf[:0])
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
-	sh.mu.Unlock()
 	if h[0] != 0 {
-		c.misses.Add(1)
 		return false
 	}
 	var err error
-	*d, err = decisionOf(h, a.caps, a.member, a.at, a.counts)
-	a.requestCounts(d)
-	if err != nil { // cannot happen: evaluate returns a valid head
-		c.misses.Add(1)
-		return false
+	if *d, err = decisionOf(h, a.caps, a.member, a.at, a.counts); err != nil {
+		return false // cannot happen: evaluate returns a valid head
 	}
-	c.hits.Add(1)
+	a.requestCounts(d)
 	return true
 }
 

@@ -184,10 +184,26 @@ func TestNearCacheConcurrentUse(t *testing.T) {
 						tail += logEntry(Member(fmt.Sprintf("g%d-%d-%d", g, i, j), "email", "c", nil), now.Add(-time.Minute).UnixMilli())
 					}
 					c.install(r, a, c.gen.Load(), tail)
-				case k < 18:
+				case k < 14:
 					if c.decide(r, a, &d) && (d.Allowed || d.Counts[0] < 2 || d.Counts[0] > 11) {
 						errs <- fmt.Errorf("user %d: decision %+v, want capped with 2 to 11 sends", u, d)
 						return
+					}
+				case k < 18: // a batch of four, one user perhaps twice, as Limiter.run asks
+					reqs := make([]Request, 4)
+					for j := range reqs {
+						reqs[j] = *r
+						if j < 3 {
+							reqs[j].UserID = uint32(1 + rng.IntN(300))
+						}
+					}
+					decs, hit := make([]Decision, 4), make([]bool, 4)
+					c.decideAll(reqs, newArgs(reqs, now, 0, nil, nil), []int{0, 1, 2, 3}, decs, hit, make([]int, 4), make([]int32, 4))
+					for j, d := range decs {
+						if hit[j] && (d.Allowed || d.Counts[0] < 2 || d.Counts[0] > 11) {
+							errs <- fmt.Errorf("user %d in a batch: decision %+v, want capped with 2 to 11 sends", reqs[j].UserID, d)
+							return
+						}
 					}
 				case k < 19:
 					c.drop(u)
@@ -227,4 +243,52 @@ func BenchmarkNearCacheBytes(b *testing.B) {
 		b.ReportMetric(float64(est)/float64(entries), "estimated-bytes/copy")
 		runtime.KeepAlive(c)
 	}
+}
+
+// BenchmarkNearCacheLookup: what a batch of 2,000 lookups costs the near
+// cache, per lookup, with 500,000 copies and a new batch of random users each
+// time (most lookups miss the CPU's caches, as in a blast): one at a time
+// (decide, as before decideAll) and shard by shard (decideAll, as
+// Limiter.run asks). Half the users have a copy that caps their send.
+func BenchmarkNearCacheLookup(b *testing.B) {
+	const n, batch, batches = 500_000, 2000, 100
+	c := newNearCache(n)
+	for u := uint32(1); u <= n; u += 2 {
+		r, a, tail := blocked(u, fmt.Sprint("j", u), now)
+		c.install(r, a, c.gen.Load(), tail)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	reqs, args := make([][]Request, batches), make([][]reqArgs, batches)
+	for k := range reqs {
+		reqs[k] = make([]Request, batch)
+		for i := range reqs[k] {
+			r, _, _ := blocked(uint32(1+rng.IntN(n)), fmt.Sprint("k", i), now)
+			reqs[k][i] = *r
+		}
+		args[k] = newArgs(reqs[k], now, 0, nil, nil)
+	}
+	idx := make([]int, batch)
+	for i := range idx {
+		idx[i] = i
+	}
+	decs, hit := make([]Decision, batch), make([]bool, batch)
+	order, slots := make([]int, batch), make([]int32, batch)
+	b.Run("one-at-a-time", func(b *testing.B) {
+		k := 0
+		for b.Loop() {
+			k = (k + 1) % batches
+			for i := range reqs[k] {
+				hit[i] = c.decide(&reqs[k][i], &args[k][i], &decs[i])
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
+	})
+	b.Run("by-shard", func(b *testing.B) {
+		k := 0
+		for b.Loop() {
+			k = (k + 1) % batches
+			c.decideAll(reqs[k], args[k], idx, decs, hit, order, slots)
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
+	})
 }

@@ -293,25 +293,48 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		b.maxLog = cacheMaxLog
 	}
 	pending := grow(&sc.pending, len(reqs))[:0]
-	var sent map[uint32]bool // users with a request for Redis in this batch
+	valid := grow(&sc.valid, len(reqs))
+	asked := sc.asked[:0] // the requests the near cache may answer
 	for i := range reqs {
 		if err := reqs[i].validate(); err != nil {
 			setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
+		valid[i] = true
+		if n := len(b.args[i].caps); cache != nil && n > 0 && n <= maxCaps && !reqs[i].Candidate {
+			asked = append(asked, i)
+		}
+	}
+	sc.asked = asked
+	hit := grow(&sc.hit, len(reqs))
+	if len(asked) > 0 {
+		cache.decideAll(reqs, b.args, asked, decs, hit, grow(&sc.order, len(asked)), grow(&sc.slots, len(asked)))
+	}
+	var sent map[uint32]bool // users with a request for Redis in this batch
+	hits := 0
+	for i := range reqs {
+		if !valid[i] {
+			continue
+		}
 		if cache != nil {
 			// A later request of a user whose earlier one goes to Redis must
-			// see that one's outcome, so it goes too.
-			if n := len(b.args[i].caps); n > 0 && n <= maxCaps && !sent[reqs[i].UserID] && !reqs[i].Candidate &&
-				cache.decide(&reqs[i], &b.args[i], &decs[i]) {
+			// see that one's outcome, so it goes too (its answer from the
+			// copy is dropped).
+			if hit[i] && !sent[reqs[i].UserID] {
+				hits++
 				continue
 			}
+			decs[i] = Decision{}
 			if sent == nil {
 				sent = make(map[uint32]bool, len(reqs))
 			}
 			sent[reqs[i].UserID] = true
 		}
 		pending = append(pending, i)
+	}
+	if cache != nil {
+		cache.hits.Add(uint64(hits))
+		cache.misses.Add(uint64(len(asked) - hits))
 	}
 	l.requests.Add(uint64(len(pending)))
 	for reloads := 0; len(pending) > 0; reloads++ {
@@ -425,6 +448,11 @@ type scratch struct {
 	alone   []bool
 	pending []int
 	packed  []byte // the requests' packed values (see pack)
+	valid   []bool // the near cache's lookups (see run, nearCache.decideAll)
+	asked   []int
+	hit     []bool
+	order   []int
+	slots   []int32
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
