@@ -297,14 +297,14 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
 	log := buf[:n]
 	size := 8 * n
 	for i, p := 0, 0; i < n; i++ {
-		l := int(be16(tail, p+8))
-		if l > 255 {
+		m, score, next, _ := nextEntry(tail, p) // countEntries read them all
+		if len(m) > 255 {
 			c.drop(r.UserID)
 			return
 		}
-		log[i] = logItem{tail[p+10 : p+10+l], int64(be64(tail, p))}
-		size += 1 + l
-		p += 10 + l
+		log[i] = logItem{m, score}
+		size += 1 + len(m)
+		p = next
 	}
 	expires := fullUntil(log, a.caps, a)
 	if expires <= a.now {

@@ -1044,20 +1044,31 @@ func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (
 const replyHead = 1 + 2 + 8
 
 // countEntries returns how many entries log holds, packed as decide.lua
-// packs a log's (score int64, member length uint16, member; big-endian), or
-// -1 if it is not such entries.
+// packs a log's (see nextEntry), or -1 if it is not such entries.
 func countEntries(log string) int {
 	n := 0
 	for p := 0; p < len(log); n++ {
-		if len(log)-p < 10 {
-			return -1
-		}
-		p += 10 + int(be16(log, p+8))
-		if p > len(log) {
+		var ok bool
+		if _, _, p, ok = nextEntry(log, p); !ok {
 			return -1
 		}
 	}
 	return n
+}
+
+// nextEntry reads the entry at log[p:], packed as decide.lua packs a log's
+// entries (score int64, member length uint16, member; big-endian), and
+// returns it and where the next one starts; ok is false if log ends within
+// it.
+func nextEntry(log string, p int) (member string, score int64, next int, ok bool) {
+	if len(log)-p < 10 {
+		return "", 0, p, false
+	}
+	next = p + 10 + int(be16(log, p+8))
+	if next > len(log) {
+		return "", 0, p, false
+	}
+	return log[p+10 : next], int64(be64(log, p)), next, true
 }
 
 func be16(s string, i int) uint16 { return uint16(s[i])<<8 | uint16(s[i+1]) }

@@ -2,7 +2,6 @@ package capping
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -46,16 +45,12 @@ func ReadLog(ctx context.Context, c redis.Cmdable, key string) ([]LogEntry, erro
 	}
 	var out []LogEntry
 	for p := 8; p < len(v); { // after the header: until when the key's TTL was set (see decide.lua)
-		if len(v)-p < 10 {
+		m, at, next, ok := nextEntry(v, p)
+		if !ok {
 			return nil, fmt.Errorf("capping: read log %s: truncated at byte %d of %d", key, p, len(v))
 		}
-		at := int64(binary.BigEndian.Uint64([]byte(v[p:])))
-		n := int(binary.BigEndian.Uint16([]byte(v[p+8:])))
-		if p+10+n > len(v) {
-			return nil, fmt.Errorf("capping: read log %s: truncated at byte %d of %d", key, p, len(v))
-		}
-		out = append(out, LogEntry{Member: v[p+10 : p+10+n], At: at})
-		p += 10 + n
+		out = append(out, LogEntry{Member: m, At: at})
+		p = next
 	}
 	return out, nil
 }
