@@ -885,4 +885,7 @@ func TestSortedSetLogIsReadAndRewritten(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "is not a log capper wrote") {
 		t.Errorf("a send over a string that is not a log: %v, want its request failed as not a log", err)
 	}
+	if _, err := capping.ReadLog(ctx, e.rdb, e.lim.Key(8)); err == nil || !strings.Contains(err.Error(), "truncated at byte 8") {
+		t.Errorf("ReadLog of a string that is not a log: %v, want it truncated after its header", err)
+	}
 }
