@@ -117,26 +117,11 @@ func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 	return buf
 }
 
-// decide answers r from the user's copy when the script would cap it: it
-// fills d and returns true. Otherwise (no copy, an expired one, or a send the
-// copy would allow or finds logged) it returns false and r goes to Redis.
-func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
-	sh := c.shard(r.UserID)
-	sh.mu.Lock()
-	slot, ok := sh.index[r.UserID]
-	ok = ok && sh.answer(slot, r, a, d)
-	sh.mu.Unlock()
-	if ok {
-		c.hits.Add(1)
-	} else {
-		c.misses.Add(1)
-	}
-	return ok
-}
-
-// decideAll is decide for the requests at idx: hit[i] reports an answer in
-// decs[i]. It counts neither hits nor misses (the caller may still send a hit
-// to Redis). The requests are taken shard by shard, under one lock each, the
+// decideAll answers each request at idx from its user's copy when the
+// script would cap it: hit[i] reports that decs[i] holds the answer.
+// Otherwise (no copy, an expired one, or a send the copy would allow or finds
+// logged) the request is for Redis. It counts neither hits nor misses (the
+// caller may still send a hit to Redis). The requests are taken shard by shard, under one lock each, the
 // shard's index read for all of them first: a lookup is mostly memory misses
 // (the index, the slot, the arena), and without a lock's atomic between them
 // the index's misses overlap (BenchmarkNearCacheLookup: 12% less per lookup
@@ -177,7 +162,7 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 	}
 }
 
-// answer decides r from the copy at slot (sh locked): see decide.
+// answer decides r from the copy at slot (sh locked): see decideAll.
 func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision) bool {
 	e := &sh.slots[slot]
 	if !e.live || a.now >= e.expires {
@@ -288,24 +273,19 @@ func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
 // cleared since the decision's gen, or holds a newer copy. The copy expires
 // when the last of r's caps that are full after the decision passes again.
 func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
-	n := countEntries(tail)
-	if n < 0 || n > cacheMaxLog {
-		c.drop(r.UserID)
-		return
-	}
 	var buf [cacheMaxLog]logItem
-	log := buf[:n]
-	size := 8 * n
-	for i, p := 0, 0; i < n; i++ {
-		m, score, next, _ := nextEntry(tail, p) // countEntries read them all
-		if len(m) > 255 {
+	log, size := buf[:0], 0
+	for p := 0; p < len(tail); {
+		m, score, next, ok := nextEntry(tail, p)
+		if !ok || len(log) == cacheMaxLog || len(m) > 255 {
 			c.drop(r.UserID)
 			return
 		}
-		log[i] = logItem{m, score}
-		size += 1 + len(m)
+		log = append(log, logItem{m, score})
+		size += 8 + 1 + len(m)
 		p = next
 	}
+	n := len(log)
 	expires := fullUntil(log, a.caps, a)
 	if expires <= a.now {
 		c.drop(r.UserID)

@@ -20,6 +20,14 @@ func blocked(user uint32, job string, now time.Time) (*Request, *reqArgs, string
 	return r, a, tail
 }
 
+// decide asks c about r alone, as Limiter.run asks decideAll about a batch.
+func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
+	decs, hit := make([]Decision, 1), make([]bool, 1)
+	c.decideAll([]Request{*r}, []reqArgs{*a}, []int{0}, decs, hit, make([]int, 1), make([]int32, 1))
+	*d = decs[0]
+	return hit[0]
+}
+
 // logEntry packs an entry as decide.lua packs a log's (and a reply's tail).
 func logEntry(member string, score int64) string {
 	b := binary.BigEndian.AppendUint64(nil, uint64(score))
@@ -248,8 +256,9 @@ func BenchmarkNearCacheBytes(b *testing.B) {
 // BenchmarkNearCacheLookup: what a batch of 2,000 lookups costs the near
 // cache, per lookup, with 500,000 copies and a new batch of random users each
 // time (most lookups miss the CPU's caches, as in a blast): one at a time
-// (decide, as before decideAll) and shard by shard (decideAll, as
-// Limiter.run asks). Half the users have a copy that caps their send.
+// (a lock per lookup, as before decideAll took batches) and shard by shard
+// (decideAll, as Limiter.run asks). Half the users have a copy that caps
+// their send.
 func BenchmarkNearCacheLookup(b *testing.B) {
 	const n, batch, batches = 500_000, 2000, 100
 	c := newNearCache(n)
@@ -278,7 +287,7 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 		for b.Loop() {
 			k = (k + 1) % batches
 			for i := range reqs[k] {
-				hit[i] = c.decide(&reqs[k][i], &args[k][i], &decs[i])
+				c.decideAll(reqs[k][i:i+1], args[k][i:i+1], idx[:1], decs[i:i+1], hit[i:i+1], order[:1], slots[:1])
 			}
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
