@@ -293,14 +293,12 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		b.maxLog = cacheMaxLog
 	}
 	pending := grow(&sc.pending, len(reqs))[:0]
-	valid := grow(&sc.valid, len(reqs))
 	asked := sc.asked[:0] // the requests the near cache may answer
 	for i := range reqs {
 		if err := reqs[i].validate(); err != nil {
 			setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
-		valid[i] = true
 		if n := len(b.args[i].caps); cache != nil && n > 0 && n <= maxCaps && !reqs[i].Candidate {
 			asked = append(asked, i)
 		}
@@ -314,7 +312,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	clear(sent)
 	hits := 0
 	for i := range reqs {
-		if !valid[i] {
+		if errs != nil && errs[i] != nil { // invalid
 			continue
 		}
 		if cache != nil {
@@ -475,8 +473,7 @@ type scratch struct {
 	pending []int
 	packed  []byte // the requests' packed values (see pack)
 	sent    map[uint32]bool
-	valid   []bool // the near cache's lookups (see run, nearCache.decideAll)
-	asked   []int
+	asked   []int // the near cache's lookups (see run, nearCache.decideAll)
 	hit     []bool
 	order   []int
 	slots   []int32
