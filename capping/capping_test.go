@@ -35,11 +35,17 @@ type env struct {
 	clock *clock
 }
 
-func newEnv(t *testing.T) *env {
+// newEnv returns a Limiter on the test cluster with its own key prefix, on a
+// clock set at base; opts change its Config.
+func newEnv(t *testing.T, opts ...func(*capping.Config)) *env {
 	t.Helper()
 	rdb := testenv.ClusterClient(t)
 	clk := &clock{t: base}
-	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: clk.Now})
+	cfg := capping.Config{KeyPrefix: testenv.Unique("t"), Clock: clk.Now}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	lim, err := capping.New(context.Background(), rdb, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,8 +296,11 @@ func TestPeekRecordsNothing(t *testing.T) {
 // to 32 (one call for 10 users of one master, two for 40), each decided as
 // alone; a request whose key holds another type fails alone, the others of
 // its call are decided and recorded.
+// scriptOnly sends every decision to the script (no new logs by SET NX).
+func scriptOnly(c *capping.Config) { c.ScriptOnly = true }
+
 func TestOneCallPerNode(t *testing.T) {
-	e := newEnv(t)
+	e := newEnv(t, scriptOnly)
 	ctx := context.Background()
 	bad := uint32(500)
 	master, err := e.rdb.MasterForKey(ctx, e.lim.Key(bad))

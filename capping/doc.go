@@ -29,6 +29,11 @@
 // daemon measures each worker's clock against Redis and stops deciding beyond
 // max_clock_skew (see internal/daemon and package skew).
 //
+// A send to a user who has no log passes every cap of 1 or more: the Limiter
+// records it with one SET NX of the log the script would write, which writes
+// nothing if the user has a log after all (the script then decides it); see
+// newlog.go and Config.ScriptOnly.
+//
 // A Limiter sends a batch of decisions as pipelines grouped by the cluster
 // master that owns each user (Config.Pipelines groups of users, each split per
 // node), all sent concurrently: one round trip per group and node. Jobs of one

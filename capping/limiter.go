@@ -80,6 +80,11 @@ type Config struct {
 	// their next sends are answered "capped" without a call, exactly as the
 	// script would answer. Least recently used copies go first. 0: no cache.
 	NearCache int
+	// ScriptOnly sends every decision to the script. By default a send to a
+	// user who has no log is recorded with one SET NX PX of the log the
+	// script would write (see newlog.go), and decided by the script only if
+	// the user turns out to have one.
+	ScriptOnly bool
 }
 
 // Validate reports whether the configuration is usable.
@@ -133,8 +138,11 @@ type Limiter struct {
 	cluster  *redis.ClusterClient // nil for a single node
 	cfg      Config
 	cache    *nearCache    // nil when off
+	seen     *seenUsers    // nil with ScriptOnly
 	calls    atomic.Uint64 // script calls sent
 	requests atomic.Uint64 // requests they carried
+
+	newLogs, newLogMisses atomic.Uint64 // SET NX that recorded a new log, and that found one
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -146,6 +154,9 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 	l.cluster, _ = client.(*redis.ClusterClient)
 	if cfg.NearCache > 0 {
 		l.cache = newNearCache(cfg.NearCache)
+	}
+	if !cfg.ScriptOnly {
+		l.seen = newSeenUsers()
 	}
 	if err := l.LoadScripts(ctx); err != nil {
 		return nil, err
@@ -337,6 +348,9 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		cache.misses.Add(uint64(len(asked) - hits))
 	}
 	l.requests.Add(uint64(len(pending)))
+	if l.seen != nil && record {
+		b.fresh = l.markNewLogs(reqs, b.args, pending, sc)
+	}
 	for reloads := 0; len(pending) > 0; reloads++ {
 		// After a reload, a node flushed again (or restarted) could answer
 		// NOSCRIPT once more; from the second retry on, the script's body is
@@ -345,6 +359,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		b.send(ctx, pending)
 		noscript := map[node][]int{}
 		var split []int // requests of a call refused for another's slot: sent again in calls of their own
+		var again []int // sent as new logs and found a log: sent to the script
 		reload := false
 		for _, i := range pending {
 			if b.nodes[i] == nil { // no route: the topology is unknown
@@ -353,9 +368,31 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				continue
 			}
 			v, err := b.results[i].v, b.results[i].err
+			setNX := b.fresh != nil && b.fresh[i]
+			if setNX {
+				b.fresh[i] = false // from now on, the script's
+				l.seen.add(reqs[i].UserID)
+				if errors.Is(err, redis.Nil) || (err != nil && redirected(err)) {
+					if errors.Is(err, redis.Nil) {
+						l.newLogMisses.Add(1)
+					} else {
+						reload = true
+					}
+					again = append(again, i)
+					continue
+				}
+			}
 			if err == nil {
 				var tail string
-				decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
+				if setNX {
+					l.newLogs.Add(1)
+					decs[i], tail, err = b.newLogDecision(i, now)
+				} else {
+					decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
+					if l.seen != nil {
+						l.seen.add(reqs[i].UserID)
+					}
+				}
 				b.args[i].requestCounts(&decs[i])
 				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
 					decs[i], err = Decision{}, b.waitErr(b.nodes[i])
@@ -387,7 +424,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		if reload {
 			l.reloadTopology(ctx)
 		}
-		pending = append(pending[:0], split...)
+		pending = append(append(pending[:0], split...), again...)
 		for n, idx := range noscript {
 			var reason error
 			if reloads >= l.cfg.ScriptReloads {
@@ -473,6 +510,8 @@ type scratch struct {
 	pending []int
 	packed  []byte // the requests' packed values (see pack)
 	sent    map[uint32]bool
+	users   map[uint32]int32 // requests per user sent to Redis (see Limiter.markNewLogs)
+	fresh   []bool
 	asked   []int // the near cache's lookups (see run, nearCache.decideAll)
 	hit     []bool
 	order   []int
@@ -619,6 +658,10 @@ type Stats struct {
 	// included; a call carries up to 32 requests); Requests counts the
 	// requests sent to Redis, once each however often they were tried.
 	ScriptCalls, Requests uint64
+	// NewLogs counts the sends recorded as their user's new log (one SET NX,
+	// no script call: see Config.ScriptOnly); NewLogMisses the SET NX that
+	// found the user had a log (the script decided them).
+	NewLogs, NewLogMisses uint64
 	// CacheHits counts decisions answered by the near cache, CacheMisses the
 	// requests it looked up and sent to Redis, CacheEvictions the copies it
 	// dropped to make room.
@@ -629,7 +672,7 @@ type Stats struct {
 
 // Stats returns the Limiter's counts so far.
 func (l *Limiter) Stats() Stats {
-	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load()}
+	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
 		s.CacheEntries, s.CacheBytes = c.stats()
@@ -662,7 +705,9 @@ type batch struct {
 	nodes    []node   // by request: where it was sent; nil when it could not be routed
 	alone    []bool   // by request: sent in a call of its own (a call with it was redirected)
 	calls    []call   // this attempt's
+	sets     []set    // this attempt's SET NX of new logs
 	routeErr error
+	fresh    []bool                   // by request: sent as a new log (SET NX, see newlog.go) this attempt; nil: none
 	eval     bool                     // send EVAL with the script's body instead of EVALSHA
 	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
 	sc       *scratch                 // the working arrays above, reused by the next batch
@@ -683,6 +728,12 @@ const perCall = 32
 type call struct {
 	cmd  *redis.Cmd
 	reqs []int
+}
+
+// set is the SET NX of request i's new log.
+type set struct {
+	cmd *redis.StatusCmd
+	i   int
 }
 
 // result is what a request's call answered for it.
@@ -708,9 +759,14 @@ func (b *batch) send(ctx context.Context, pending []int) {
 	pipes := map[pipeKey]*open{}
 	b.waits = map[node][]*redis.IntCmd{}
 	b.calls = b.calls[:0]
+	b.sets = b.sets[:0]
 	bytes := 0
 	for _, i := range pending {
-		bytes += packedLen(&b.args[i])
+		if b.fresh != nil && b.fresh[i] {
+			bytes += newLogLen(&b.args[i])
+		} else {
+			bytes += packedLen(&b.args[i])
+		}
 	}
 	packed := grow(&b.sc.packed, bytes) // every request's packed values
 	flush := func(o *open) {
@@ -737,6 +793,16 @@ func (b *batch) send(ctx context.Context, pending []int) {
 		if o == nil {
 			o = &open{p: nd.Pipeline()}
 			pipes[k] = o
+		}
+		if b.fresh != nil && b.fresh[i] { // one SET NX PX of the log the script would write
+			m := newLogLen(a)
+			var ttl int64
+			a.packed, ttl = newLog(packed[:0:m], a)
+			packed = packed[m:]
+			cmd := redis.NewStatusCmd(ctx, "set", &a.key, &a.packed, "nx", "px", ttl)
+			_ = o.p.Process(ctx, cmd)
+			b.sets = append(b.sets, set{cmd, i})
+			continue
 		}
 		record, maxLog := b.record, b.maxLog
 		if r.DuplicateOnly {
@@ -774,6 +840,9 @@ func (b *batch) send(ctx context.Context, pending []int) {
 		}()
 	}
 	wg.Wait()
+	for _, st := range b.sets {
+		b.results[st.i] = result{v: st.cmd.Val(), err: st.cmd.Err()}
+	}
 	for _, c := range b.calls {
 		v, err := c.cmd.Result()
 		var replies []any

@@ -5,6 +5,8 @@
 #      capper run -> report), with the near cache (the default), on bench-lib's decide.yaml (the drop path,
 #      without arbitration windows: every job decided within the run, which each run checks);
 #   2. the same with the near cache off (redis.near_cache_size 0);
+#   2b. the same with the near cache on and redis.script_only (every decision by the script, no new log
+#      written with SET NX: what that path saves);
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
@@ -21,10 +23,10 @@ JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
 ROUNDS=${ROUNDS:-3}
 
-run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us sent_per_job"
+run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE [SCRIPT_ONLY] -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us sent_per_job"
   local out
   local rc=0
-  out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" \
+  out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 CAPPER_REDIS_SCRIPT_ONLY=${4:-false} DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" \
     scripts/demo.sh 2>&1) || rc=$?
   # The baseline forwards everything, so its report finds cap violations; it must still lose nothing.
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
@@ -56,6 +58,7 @@ for r in $(seq "$ROUNDS"); do
   echo "round $r" >&2
   results+=("cache $(run cache 0 1000000)")
   results+=("nocache $(run nocache 0 0)")
+  results+=("scriptonly $(run scriptonly 0 1000000 true)")
   results+=("pass $(run passthrough 1 0)")
 done
 calls=$(scripts/bench-calls.sh)
@@ -79,6 +82,8 @@ print("| what | Redis masters CPU per job | worker CPU per job | broker CPU per 
 print("|---|---|---|---|---|")
 print("| capper, near cache on | %.1f us (%.2f decisions sent, %.3f script calls) | %.1f us | %.1f us | %.0f (%s) |" % (c[5], c[6], c[2], c[1], c[4], c[0], each["cache"]))
 print("| capper, near cache off | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (n[5], n[6], n[2], n[1], n[4], n[0], each["nocache"]))
+so = med["scriptonly"]
+print("| capper, near cache on, script only (no new logs by SET NX) | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (so[5], so[6], so[2], so[1], so[4], so[0], each["scriptonly"]))
 print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" % (p[5], p[1], p[4], p[0], each["pass"]))
 print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
 print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"])
@@ -96,6 +101,7 @@ print("decide.lua per call / its floor per call     %5.2f   (what its logic adds
 print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[1] / p[1]))
 print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 60%%)" % (100 * c[0] / p[0]))
 print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
+print("Redis per job: new logs by SET NX / script only %5.2f   (jobs/s %.2fx)" % (c[5] / so[5], c[0] / so[0]))
 print("jobs/s (cache on) / decide.lua EVALSHA ceiling (%.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
 PY
 )

@@ -166,6 +166,9 @@ type Redis struct {
 	// NearCacheSize: capping.Config.NearCache, the users whose logs the near
 	// cache keeps while a cap blocks them. Defaults to DefaultNearCacheSize; 0 turns it off.
 	NearCacheSize int `yaml:"near_cache_size"`
+	// ScriptOnly: capping.Config.ScriptOnly, every decision by the script
+	// (a first send to a user with no log is otherwise one SET NX). Defaults to false.
+	ScriptOnly bool `yaml:"script_only"`
 }
 
 // DefaultNearCacheSize is redis.near_cache_size when the file does not set it:
@@ -387,7 +390,8 @@ func (r Redis) Limiter() capping.Config {
 	return capping.Config{
 		KeyPrefix: r.KeyPrefix, Timeout: time.Duration(r.DecideTimeout), Pipelines: r.Pipelines,
 		MinReplicasAcked: r.MinReplicasAcked, ReplicaTimeout: time.Duration(r.ReplicaTimeout),
-		NearCache: r.NearCacheSize,
+		NearCache:  r.NearCacheSize,
+		ScriptOnly: r.ScriptOnly,
 	}
 }
 

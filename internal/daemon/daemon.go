@@ -424,8 +424,12 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 	for _, c := range []prometheus.Collector{
 		counter("capper_decide_script_calls_total", "Calls of the decision script sent to Redis (retries included); a call carries up to 32 decisions for one node.",
 			func(s capping.Stats) uint64 { return s.ScriptCalls }),
-		counter("capper_decide_redis_requests_total", "Decisions sent to Redis (once each, however often tried), in the decision script's calls.",
+		counter("capper_decide_redis_requests_total", "Decisions sent to Redis (once each, however often tried): in the decision script's calls, or as new logs.",
 			func(s capping.Stats) uint64 { return s.Requests }),
+		counter("capper_decide_new_logs_total", "Sends recorded as their user's new log with one SET NX, without a script call (redis.script_only off).",
+			func(s capping.Stats) uint64 { return s.NewLogs }),
+		counter("capper_decide_new_log_misses_total", "SET NX of a new log that found the user had a log: the script decided them (a high share: see redis.script_only).",
+			func(s capping.Stats) uint64 { return s.NewLogMisses }),
 		counter("capper_near_cache_hits_total", "Decisions answered capped by the near cache, without a script call.",
 			func(s capping.Stats) uint64 { return s.CacheHits }),
 		counter("capper_near_cache_misses_total", "Decisions the near cache looked up and sent to Redis.",
