@@ -389,9 +389,6 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 					decs[i], tail, err = b.newLogDecision(i, now)
 				} else {
 					decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
-					if l.seen != nil {
-						l.seen.add(reqs[i].UserID)
-					}
 				}
 				b.args[i].requestCounts(&decs[i])
 				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {

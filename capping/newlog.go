@@ -26,9 +26,12 @@ import (
 // it is decided against has a limit of 1 or more, and none at 1 is
 // arbitrated (its last slot would be registered, not taken); it is its user's
 // only request sent to Redis in the batch (a user's requests are decided in
-// order); and this Limiter has not sent a request of its user lately (see
+// order); and this Limiter has not sent a new log of its user lately (see
 // seenUsers): a user it has seen most likely has a log, and a SET NX that
-// finds one costs a round trip.
+// finds one costs a round trip. A user is remembered when its SET NX is
+// answered (recorded, or a log found); one the script decided without a
+// SET NX is not (most never come this way: their sends are not eligible), so
+// the next eligible send of such a user costs one SET NX that finds its log.
 
 // newLogEligible reports whether r's send, with args a, is decided the same
 // by a SET NX of a new log as by the script when the user has no log.
@@ -75,8 +78,8 @@ func newLogFull(a *reqArgs) bool {
 	return false
 }
 
-// seenUsers remembers, approximately, the users a Limiter sent requests of
-// to Redis lately, so that their next sends go to the script directly: one
+// seenUsers remembers, approximately, the users a Limiter sent a SET NX of a
+// new log for lately, so that their next sends go to the script directly: one
 // bit per hash of a user id, in two generations of seenBits bits (1 MiB
 // each). Once seenFill bits are set in the current one, the older is cleared
 // and becomes current. A user it wrongly reports seen (another user's bit, or
@@ -140,7 +143,7 @@ func (s *seenUsers) rotate() {
 func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc *scratch) []bool {
 	var fresh []bool
 	for _, i := range pending {
-		if !l.seen.has(reqs[i].UserID) && newLogEligible(&reqs[i], &args[i]) {
+		if newLogEligible(&reqs[i], &args[i]) && !l.seen.has(reqs[i].UserID) {
 			if fresh == nil {
 				fresh = grow(&sc.fresh, len(reqs))
 			}
