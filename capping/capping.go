@@ -1,6 +1,7 @@
 package capping
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -92,21 +93,18 @@ func NewScope(channels, tags []string) Scope {
 	return s
 }
 
-// filterLen is the length of the cap's filter (appendFilter).
+// filterLen is the length of the cap's flags and scope as appendFilter packs them.
 func (c *Cap) filterLen() int {
 	s := &c.Scope
-	if !c.Shadow && !c.Arbitrated && s.channels == "" && s.tags == "" && s.campaign == "" {
-		return 0
-	}
-	return 3 + len(s.channels) + len(s.tags) + len(s.campaign)
+	return 1 + 2 + len(s.channels) + 2 + len(s.tags) + 1 + len(s.campaign)
 }
 
-// appendFilter appends the cap's scope and flags packed for decide.lua (see
-// its header): nothing for an unscoped cap that blocks, the common case.
-func (c *Cap) appendFilter(b []byte) []byte {
-	if c.filterLen() == 0 {
-		return b
-	}
+// appendFilter appends the cap's flags and scope packed for decide.lua (see
+// its header): flags (1 shadow, 2 arbitrated, 4 the send is in the scope:
+// applies, when the caller checked it), then the channel digests, the tag
+// digests (each after its length in bytes, 2 bytes) and the campaign digest
+// (after its length, 1 byte: 0 or 4). One struct.unpack reads them all.
+func (c *Cap) appendFilter(b []byte, applies bool) []byte {
 	s := &c.Scope
 	flags := byte(0)
 	if c.Shadow {
@@ -115,10 +113,15 @@ func (c *Cap) appendFilter(b []byte) []byte {
 	if c.Arbitrated {
 		flags |= 2
 	}
-	b = append(b, flags, byte(len(s.channels)/2))
+	if applies {
+		flags |= 4
+	}
+	b = append(b, flags)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s.channels)))
 	b = append(b, s.channels...)
-	b = append(b, byte(len(s.tags)/2))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s.tags)))
 	b = append(b, s.tags...)
+	b = append(b, byte(len(s.campaign)))
 	return append(b, s.campaign...)
 }
 

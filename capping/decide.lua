@@ -40,10 +40,13 @@
 --   i4 limit      most sends allowed in the window
 --   i8 reset      rolling: the window's length in ms (a send counts until score + window);
 --                 calendar: minus the period's end, when a capped send may go
---   I2 + bytes    the filter, its length first: empty for every send, not shadow, not arbitrated; else
---                 1 byte flags (1 = shadow: count and report, never block; 2 = arbitrated: its last slot
---                 goes to the highest priority of an arbitration window), 1 byte n and n 2-byte channel
---                 digests, 1 byte m and m 2-byte tag digests, then a 4-byte campaign digest or nothing
+--   B  flags      1 = shadow: count and report, never block; 2 = arbitrated: its last slot goes to the
+--                 highest priority of an arbitration window; 4 = applies: the worker found the send in the
+--                 cap's scope (Decide sends only the caps that apply), so the script need not check
+--   I2 + bytes    the scope's channels: 2-byte digests, their length in bytes first (0: any channel)
+--   I2 + bytes    the scope's tags, the same (0: any tags)
+--   B  + bytes    the scope's campaign: 4-byte digest, its length first (0: any campaign)
+--                 (one struct.unpack reads a cap whole; a cap of every send is 26 bytes)
 -- ARGV[1]  member of this send
 -- ARGV[3]  in mode 3, the refusal's name; otherwise empty
 -- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
@@ -90,7 +93,7 @@
 -- scripts/bench-calls.sh measures a call against the seed's design.
 
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
-local capfmt = '>i8i4i8I2c0' -- one cap's: since, limit, reset, filter
+local capfmt = '>i8i4i8BI2c0I2c0Bc0' -- one cap's: since, limit, reset, flags, channels, tags, campaign
 local entryhead = '>i8I2' -- an entry's score and member length, before the member
 
 -- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
@@ -141,22 +144,6 @@ local function matches(m, channels, tags, campaign)
     return false
   end
   return true
-end
-
--- parse unpacks a filter: shadow, channels, tags, campaign, whether it selects at all, arbitrated.
-local function parse(f)
-  if f == '' then
-    return false, '', '', '', false, false
-  end
-  local nc = string.byte(f, 2)
-  local p = 3 + 2 * nc
-  local channels = string.sub(f, 3, p - 1)
-  local nt = string.byte(f, p)
-  local tags = string.sub(f, p + 1, p + 2 * nt)
-  local campaign = string.sub(f, p + 1 + 2 * nt)
-  local flags = string.byte(f, 1)
-  return flags % 2 == 1, channels, tags, campaign, channels ~= '' or tags ~= '' or campaign ~= '',
-    math.floor(flags / 2) % 2 == 1
 end
 
 -- kth returns the score of the k-th oldest entry at or after since that the filter selects (nil if none):
@@ -332,7 +319,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if refusal then
     local k, p = 0, first
     while p <= #packed do -- a count of 0 per cap
-      p = select(5, struct.unpack(capfmt, packed, p))
+      p = select(8, struct.unpack(capfmt, packed, p))
       k = k + 1
     end
     return struct.pack('>BI2i8', 5, 0, 0) .. string.rep('\0\0\0\0', k) .. refusal
@@ -355,10 +342,11 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
   local pos = first
   while pos <= #packed do
-    local since, limit, reset, filter
-    since, limit, reset, filter, pos = struct.unpack(capfmt, packed, pos)
-    local shadow, channels, tags, campaign, scoped, arbitrated = parse(filter)
-    local applies = not scoped or matches(member, channels, tags, campaign)
+    local since, limit, reset, flags, channels, tags, campaign
+    since, limit, reset, flags, channels, tags, campaign, pos = struct.unpack(capfmt, packed, pos)
+    local shadow, arbitrated = flags % 2 == 1, flags % 4 >= 2
+    local scoped = channels ~= '' or tags ~= '' or campaign ~= ''
+    local applies = not scoped or flags % 8 >= 4 or matches(member, channels, tags, campaign)
     -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
     -- counts from the newest entry back
     local count = 0

@@ -458,7 +458,10 @@ type reqArgs struct {
 	since  []int64 // per cap decided: the first ms that counts
 	reset  []int64 // per cap decided: a rolling window's ms, or minus a calendar period's end
 	counts []int   // per cap decided: their counts
-	all    []int   // with orig, per cap of the request: the Decision's Counts (-1 where not decided)
+	// applying: caps are only those that apply to the send (Decide; see
+	// newArgs), which pack tells the script so that it need not check.
+	applying bool
+	all      []int // with orig, per cap of the request: the Decision's Counts (-1 where not decided)
 
 	// Set by send and pack for a call to Redis (the call points at them).
 	key, arbKey, prefKey string
@@ -593,6 +596,7 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 		}
 		a.retention = (retention + margin).Milliseconds()
 		if caps != nil { // the indices of the caps that apply; kept only when some do not
+			a.applying = true
 			start := len(orig)
 			for j := range r.Caps {
 				if r.Caps[j].appliesTo(a.member) {
@@ -1006,7 +1010,7 @@ func callArgs(eval bool, reqs []Request, args []reqArgs, idx []int) []any {
 // The sizes of decide.lua's packed values (its ARGV[2]): the call's, then each cap's before its filter.
 const (
 	packedHead = 8 + 1 + 8 + 2 + 8 + 1 + 1 // now, mode, retention, maxlog, window, priority, prefs
-	packedCap  = 8 + 4 + 8 + 2             // since, limit, reset, the filter's length
+	packedCap  = 8 + 4 + 8                 // since, limit, reset
 )
 
 // packedLen is the length of a's packed values (see pack).
@@ -1052,8 +1056,7 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 		b = binary.BigEndian.AppendUint64(b, uint64(a.since[i]))
 		b = binary.BigEndian.AppendUint32(b, uint32(c.Limit))
 		b = binary.BigEndian.AppendUint64(b, uint64(a.reset[i]))
-		b = binary.BigEndian.AppendUint16(b, uint16(c.filterLen()))
-		b = c.appendFilter(b)
+		b = c.appendFilter(b, a.applying)
 	}
 	a.packed = unsafe.String(unsafe.SliceData(b), len(b))
 }

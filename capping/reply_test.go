@@ -26,15 +26,15 @@ func TestScriptArgs(t *testing.T) {
 	c := callOf(&r, a, true, 64)
 	ms := int64(time.Hour / time.Millisecond)
 	want := packedCall{now: now.UnixMilli(), mode: 1, retention: 48 * ms, maxLog: 64, caps: []unpackedCap{
-		{now.UnixMilli() - 24*ms + 1, 3, 24 * ms, ""},
-		{day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(), "\x01\x02" + digest2("push") + digest2("sms") + "\x01" + digest2("promotional") + digest4("c9")}}}
+		{now.UnixMilli() - 24*ms + 1, 3, 24 * ms, 0, "", "", ""},
+		{day.UnixMilli(), 1, -day.AddDate(0, 0, 1).UnixMilli(), 1, digest2("push") + digest2("sms"), digest2("promotional"), digest4("c9")}}}
 	if len(c.args) != 8 || c.args[2] != 1 || c.args[3] != "fc:{7}" || c.args[5] != member || c.args[6] != "" || c.args[7] != "fc:{7}" || !c.packed.equal(want) {
 		t.Errorf("call %q packed %+v, want the log declared, then %+v, the member, no refusal and the log", c.args, c.packed, want)
 	}
 	arb := r
 	arb.Arbitration, arb.Priority, arb.Caps = 2*time.Minute, 7, []Cap{{Name: "daily", Window: 24 * time.Hour, Limit: 3, Arbitrated: true}}
 	if c := callOf(&arb, &newArgs([]Request{arb}, now, 0, nil, nil)[0], true, 0); len(c.args) != 9 || c.args[7] != "fc:{7}" || c.args[8] != "fc:{7}:arb" ||
-		c.packed.window != 120000 || c.packed.priority != 7 || len(c.packed.caps) != 1 || c.packed.caps[0].filter != "\x02\x00\x00" {
+		c.packed.window != 120000 || c.packed.priority != 7 || len(c.packed.caps) != 1 || c.packed.caps[0].flags != 2 {
 		t.Errorf("arbitrated request: %q %+v, want 2 keys last (the log, its candidates), window 120000, priority 7, the cap's flags 2", c.args, c.packed)
 	}
 	if c := callOf(&r, a, false, 0); c.packed.mode != 0 {
@@ -58,8 +58,8 @@ func TestScriptArgs(t *testing.T) {
 	var slab []Cap
 	ea := &newArgs([]Request{email}, now, 0, &slab, nil)[0]
 	if c := callOf(&email, ea, true, 0); len(c.packed.caps) != 1 || c.packed.caps[0].limit != 3 || c.packed.retention != 7*24*ms ||
-		ea.caps[0].Name != "cap1" || !slices.Equal(ea.orig, []int{1}) {
-		t.Errorf("an email with a push cap and an unnamed one: %+v, caps %v, want the unnamed cap alone (named cap1) and a week's retention", c.packed, ea.caps)
+		ea.caps[0].Name != "cap1" || !slices.Equal(ea.orig, []int{1}) || c.packed.caps[0].flags != 4 {
+		t.Errorf("an email with a push cap and an unnamed one: %+v, caps %v, want the unnamed cap alone (named cap1, flagged as applying) and a week's retention", c.packed, ea.caps)
 	} // Several requests in one call: every key first, in order, then three values per request.
 	two := []Request{arb, marked}
 	ta := newArgs(two, now, 0, nil, nil)
@@ -120,8 +120,9 @@ type packedCall struct {
 }
 
 type unpackedCap struct {
-	since, limit, reset int64
-	filter              string
+	since, limit, reset      int64
+	flags                    byte
+	channels, tags, campaign string
 }
 
 func (p packedCall) equal(q packedCall) bool {
@@ -143,19 +144,40 @@ func unpack(s string) (packedCall, error) {
 	p.maxLog, b = int(binary.BigEndian.Uint16(b)), b[2:]
 	p.window = i64()
 	p.priority, p.prefs, b = b[0], b[1], b[2:]
+	// str reads a string after its length of size bytes.
+	str := func(size int) (string, error) {
+		if len(b) < size {
+			return "", fmt.Errorf("a length cut at %d bytes", len(b))
+		}
+		n := int(b[0])
+		if size == 2 {
+			n = int(binary.BigEndian.Uint16(b))
+		}
+		if len(b) < size+n {
+			return "", fmt.Errorf("a string of %d bytes in %d", n, len(b)-size)
+		}
+		v := string(b[size : size+n])
+		b = b[size+n:]
+		return v, nil
+	}
 	for len(b) > 0 {
-		if len(b) < 22 {
+		if len(b) < 21 {
 			return p, fmt.Errorf("a cap of %d bytes", len(b))
 		}
 		var c unpackedCap
+		var err error
 		c.since = i64()
 		c.limit, b = int64(int32(binary.BigEndian.Uint32(b))), b[4:]
 		c.reset = i64()
-		n := int(binary.BigEndian.Uint16(b))
-		if len(b) < 2+n {
-			return p, fmt.Errorf("a filter of %d bytes in %d", n, len(b)-2)
+		c.flags, b = b[0], b[1:]
+		if c.channels, err = str(2); err == nil {
+			if c.tags, err = str(2); err == nil {
+				c.campaign, err = str(1)
+			}
 		}
-		c.filter, b = string(b[2:2+n]), b[2+n:]
+		if err != nil {
+			return p, fmt.Errorf("cap %d: %w", len(p.caps)+1, err)
+		}
 		p.caps = append(p.caps, c)
 	}
 	return p, nil
