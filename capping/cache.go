@@ -141,6 +141,7 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 		order[next[s]] = i
 		next[s]++
 	}
+	var items [cacheMaxLog]logItem // answer's decoded copy, zeroed once per batch, not per lookup
 	for s := range c.shards {
 		group, slot := order[start[s]:start[s+1]], slots[start[s]:start[s+1]]
 		if len(group) == 0 {
@@ -156,22 +157,22 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 			slot[k] = n
 		}
 		for k, i := range group {
-			hit[i] = slot[k] >= 0 && sh.answer(slot[k], &reqs[i], &args[i], &decs[i])
+			hit[i] = slot[k] >= 0 && sh.answer(slot[k], &reqs[i], &args[i], &decs[i], items[:0])
 		}
 		sh.mu.Unlock()
 	}
 }
 
-// answer decides r from the copy at slot (sh locked): see decideAll.
-func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision) bool {
+// answer decides r from the copy at slot (sh locked): see decideAll. buf
+// holds the copy's items while it decides (capacity cacheMaxLog).
+func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, buf []logItem) bool {
 	e := &sh.slots[slot]
 	if !e.live || a.now >= e.expires {
 		sh.remove(slot)
 		return false
 	}
 	e.ref = true
-	var buf [cacheMaxLog]logItem
-	log := sh.items(e, buf[:0])
+	log := sh.items(e, buf)
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
 	if h[0] != 0 {
