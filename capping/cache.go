@@ -66,7 +66,8 @@ type cacheShard struct {
 
 // cacheEntry is a copy of one user's log, oldest first: n scores (8 bytes
 // each, little-endian), then each member after its length byte, at
-// arena[off:off+size] of its shard.
+// arena[off:off+size] of its shard; its last raw bytes, when raw > 0, are the
+// log whole as Redis holds it (see rawCopy).
 type cacheEntry struct {
 	user    uint32
 	live    bool
@@ -77,6 +78,7 @@ type cacheEntry struct {
 	nLatest int32 // the copy's version (a log only grows, at its end)
 	off     int32
 	size    int32
+	raw     int32
 }
 
 // arenaCompactMin is the arena size below which its dead bytes are left.
@@ -175,6 +177,14 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	log := sh.items(e, buf)
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
+	if h[0] == 1 && e.raw > 0 {
+		raw := unsafe.String(&sh.arena[e.off+e.size-e.raw], int(e.raw))
+		if int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a) {
+			a.expect = raw
+			a.verifiedDec, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // the request's counts: see run
+		}
+		return false
+	}
 	if h[0] != 0 {
 		return false
 	}
@@ -184,6 +194,50 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	}
 	a.requestCounts(d)
 	return true
+}
+
+// Raw copies. A copy whose log the cache knows whole, byte for byte as Redis
+// holds it (header included: the log this process wrote as a new log, then
+// appended to), lets the worker decide an allowed send too: evaluate is the
+// script's decision, and the script's mode 4 records the send with one
+// APPEND only if the log is still exactly the copy (a GET and a string
+// compare), or else decides it in full. So a send the copy allows costs Redis
+// a GET and an APPEND instead of the script's reading and counting, and
+// nothing is decided on a stale copy.
+
+// appendable reports whether the script, given the copy's log (log, with the
+// raw header checked by the caller), would record r's send (allowed by
+// evaluate: head) with one APPEND at a.now: the send is a plain one
+// (mode 1, no preferences, not a candidate), no entry has aged out or comes
+// after now, and no arbitrated cap would give the send its last slot. (The
+// caller checks that the header's TTL covers the retention: see save in
+// decide.lua.)
+func appendable(log []logItem, head []int64, r *Request, a *reqArgs) bool {
+	if r.Preferences || r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() {
+		return false
+	}
+	if n := len(log); n > 0 && (log[0].score <= a.now-a.retention || log[n-1].score > a.now) {
+		return false
+	}
+	if r.Arbitration > 0 {
+		for i := range a.caps {
+			c := &a.caps[i]
+			if c.Arbitrated && !c.Shadow && head[3+i] == int64(c.Limit)-1 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// rawUntil returns until when a raw copy can take an appended send: its
+// header's TTL less the retention (then the script writes the log whole with
+// a new TTL), or 0 for what is not a raw copy of a log without marks.
+func rawUntil(raw string, a *reqArgs) int64 {
+	if len(raw) < 8 || (len(raw) >= 16 && int64(be64(raw, 8)) < 0) { // no header, or a mark first
+		return 0
+	}
+	return int64(be64(raw, 0)) - a.retention
 }
 
 // maxCaps bounds the caps of a request the cache decides on the stack; a
@@ -272,8 +326,10 @@ func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
 // install keeps the log a Redis decision returned (its entries packed as
 // the log packs them: see parseReply) for r's user, unless the cache was
 // cleared since the decision's gen, or holds a newer copy. The copy expires
-// when the last of r's caps that are full after the decision passes again.
-func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
+// when the last of r's caps that are full after the decision passes again,
+// or, with raw (the log whole, see Raw copies), when it can no longer take
+// an appended send if that is later.
+func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string) {
 	var buf [cacheMaxLog]logItem
 	log, size := buf[:0], 0
 	for p := 0; p < len(tail); {
@@ -288,11 +344,17 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
 	}
 	n := len(log)
 	expires := fullUntil(log, a.caps, a)
+	if until := rawUntil(raw, a); until > expires {
+		expires = until
+	} else if until <= a.now {
+		raw = ""
+	}
 	if expires <= a.now {
 		c.drop(r.UserID)
 		return
 	}
-	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size)}
+	size += len(raw)
+	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size), raw: int32(len(raw))}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
@@ -312,7 +374,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
 		}
 		sh.dead += int(old.size)
 		old.live = false // its bytes are dead: compact must not copy them
-		if e.off = sh.put(log, size); e.off < 0 {
+		if e.off = sh.put(log, size, raw); e.off < 0 {
 			delete(sh.index, r.UserID)
 			*old = cacheEntry{}
 			return
@@ -320,7 +382,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
 		*old = e
 		return
 	}
-	if e.off = sh.put(log, size); e.off < 0 {
+	if e.off = sh.put(log, size, raw); e.off < 0 {
 		return
 	}
 	slot := sh.free(c)
@@ -331,7 +393,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail string) {
 // put appends log (size bytes encoded, see cacheEntry) to the arena and
 // returns its offset; -1 when the arena would outgrow an int32 offset (a
 // shard never holds that much: the copy is not kept).
-func (sh *cacheShard) put(log []logItem, size int) int32 {
+func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
 	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/4 {
 		sh.compact()
 	}
@@ -346,6 +408,7 @@ func (sh *cacheShard) put(log []logItem, size int) int32 {
 		sh.arena = append(sh.arena, byte(len(it.member)))
 		sh.arena = append(sh.arena, it.member...)
 	}
+	sh.arena = append(sh.arena, raw...)
 	return int32(off)
 }
 
@@ -470,4 +533,15 @@ func (c *nearCache) stats() (entries, bytes int) {
 		sh.mu.Unlock()
 	}
 	return entries, bytes
+}
+
+// appendedLog returns a's copy (expect) with a's send appended, as the
+// script's mode 4 appends it: the log after it, whole.
+func appendedLog(a *reqArgs) string {
+	b := make([]byte, 0, len(a.expect)+10+len(a.member))
+	b = append(b, a.expect...)
+	b = binary.BigEndian.AppendUint64(b, uint64(a.now))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(a.member)))
+	b = append(b, a.member...)
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }

@@ -38,7 +38,7 @@ func logEntry(member string, score int64) string {
 func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 	c := newNearCache(1000)
 	r, a, tail := blocked(7, "j", now)
-	c.install(r, a, c.gen.Load(), tail)
+	c.install(r, a, c.gen.Load(), tail, "")
 	var d Decision
 	if !c.decide(r, a, &d) || d.Allowed || d.Cap != "daily" || !d.RetryAt.Equal(now.Add(22*time.Hour)) || d.Counts[0] != 2 {
 		t.Fatalf("decision %+v, want capped by daily until the first send leaves the window (22h)", d)
@@ -52,7 +52,7 @@ func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 		t.Fatalf("%d copies after expiry, want 0", e)
 	}
 	// A send the copy finds logged (a redelivery) is for Redis to answer.
-	c.install(r, a, c.gen.Load(), tail)
+	c.install(r, a, c.gen.Load(), tail, "")
 	dup := &Request{UserID: 7, JobID: "old1", Channel: "email", Campaign: "c", Caps: r.Caps}
 	if c.decide(dup, &newArgs([]Request{*dup}, now, 0, nil, nil)[0], &d) {
 		t.Fatal("a redelivered job was answered from the cache")
@@ -69,15 +69,15 @@ func TestNearCacheKeepsTheNewerCopy(t *testing.T) {
 	c := newNearCache(1000)
 	r, a, tail := blocked(7, "j", now)
 	newer := tail + logEntry(Member("new", "email", "c", nil), now.UnixMilli())
-	c.install(r, a, c.gen.Load(), newer)
-	c.install(r, a, c.gen.Load(), tail) // a reply of a decision that ran earlier in Redis
+	c.install(r, a, c.gen.Load(), newer, "")
+	c.install(r, a, c.gen.Load(), tail, "") // a reply of a decision that ran earlier in Redis
 	var d Decision
 	if !c.decide(r, a, &d) || d.Counts[0] != 3 {
 		t.Fatalf("decision %+v, want the newer copy's count of 3", d)
 	}
 	gen := c.gen.Load()
 	c.clear()
-	c.install(r, a, gen, newer) // decided before the rules changed
+	c.install(r, a, gen, newer, "") // decided before the rules changed
 	if e, _ := c.stats(); e != 0 {
 		t.Fatalf("%d copies: a decision taken before the clear was kept", e)
 	}
@@ -93,7 +93,7 @@ func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 	}
 	for _, u := range users[:4] {
 		r, a, tail := blocked(u, "j", now)
-		c.install(r, a, c.gen.Load(), tail)
+		c.install(r, a, c.gen.Load(), tail, "")
 	}
 	var d Decision
 	for _, u := range users[1:4] { // looked up since: kept over users[0]
@@ -101,7 +101,7 @@ func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 		c.decide(r, a, &d)
 	}
 	r, a, tail := blocked(users[4], "j", now)
-	c.install(r, a, c.gen.Load(), tail)
+	c.install(r, a, c.gen.Load(), tail, "")
 	if c.evictions.Load() != 1 {
 		t.Fatalf("%d evictions, want 1", c.evictions.Load())
 	}
@@ -129,7 +129,7 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 			for k := 0; k < int(u%5)+round%3; k++ {
 				tail += logEntry(Member(fmt.Sprintf("r%d-%d", round, k), "email", "c", nil), now.Add(-time.Minute).UnixMilli()+int64(round))
 			}
-			c.install(r, a, c.gen.Load(), tail)
+			c.install(r, a, c.gen.Load(), tail, "")
 			installs++
 			if u%7 == 0 {
 				c.drop(u)
@@ -191,7 +191,7 @@ func TestNearCacheConcurrentUse(t *testing.T) {
 					for j := 0; j < k; j++ { // 2 + k entries, all in the window
 						tail += logEntry(Member(fmt.Sprintf("g%d-%d-%d", g, i, j), "email", "c", nil), now.Add(-time.Minute).UnixMilli())
 					}
-					c.install(r, a, c.gen.Load(), tail)
+					c.install(r, a, c.gen.Load(), tail, "")
 				case k < 14:
 					if c.decide(r, a, &d) && (d.Allowed || d.Counts[0] < 2 || d.Counts[0] > 11) {
 						errs <- fmt.Errorf("user %d: decision %+v, want capped with 2 to 11 sends", u, d)
@@ -242,7 +242,7 @@ func BenchmarkNearCacheBytes(b *testing.B) {
 		c := newNearCache(n)
 		for u := uint32(1); u <= n; u++ {
 			r, a, tail := blocked(u, fmt.Sprint("j", u), now)
-			c.install(r, a, c.gen.Load(), tail)
+			c.install(r, a, c.gen.Load(), tail, "")
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
@@ -264,7 +264,7 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 	c := newNearCache(n)
 	for u := uint32(1); u <= n; u += 2 {
 		r, a, tail := blocked(u, fmt.Sprint("j", u), now)
-		c.install(r, a, c.gen.Load(), tail)
+		c.install(r, a, c.gen.Load(), tail, "")
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	reqs, args := make([][]Request, batches), make([][]reqArgs, batches)

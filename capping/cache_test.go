@@ -54,7 +54,8 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	clk := &clock{t: base}
 	ctx := context.Background()
 	newLim := func(cache int) *capping.Limiter {
-		lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: testenv.Unique("nc"), Clock: clk.Now, NearCache: cache})
+		// Without the cache, every decision by the script (the reference): no new logs by SET NX either.
+		lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: testenv.Unique("nc"), Clock: clk.Now, NearCache: cache, ScriptOnly: cache == 0})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -144,10 +145,20 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 		}
 	}
 	st := cached.Stats()
-	t.Logf("%d decisions: %d from the cache, %d sent to Redis (%d script calls) with it vs %d (%d) without; %d copies, %d bytes",
-		decisions, st.CacheHits, st.Requests, st.ScriptCalls, plain.Stats().Requests, plain.Stats().ScriptCalls, st.CacheEntries, st.CacheBytes)
-	if st.CacheHits < uint64(decisions)/5 {
-		t.Fatalf("only %d of %d decisions came from the cache: the stream does not exercise it", st.CacheHits, decisions)
+	t.Logf("%d decisions: %d from the cache, %d sent to Redis (%d script calls; %d new logs, %d appended to a copy's log, %d copies stale) with it vs %d (%d) without; %d copies, %d bytes",
+		decisions, st.CacheHits, st.Requests, st.ScriptCalls, st.NewLogs, st.CopyAppends, st.CopyMisses,
+		plain.Stats().Requests, plain.Stats().ScriptCalls, st.CacheEntries, st.CacheBytes)
+	if st.CacheHits < uint64(decisions)/5 || st.CopyAppends < 5 || st.NewLogs == 0 {
+		t.Fatalf("%d of %d decisions came from the cache, %d were appended to a copy's log, %d were new logs: the stream does not exercise them",
+			st.CacheHits, decisions, st.CopyAppends, st.NewLogs)
+	}
+	// What each path wrote is what the script alone wrote, byte for byte.
+	for u := uint32(1); u <= users; u++ {
+		a, errA := rdb.Get(ctx, cached.Key(u)).Result()
+		b, errB := rdb.Get(ctx, plain.Key(u)).Result()
+		if a != b || (errA == nil) != (errB == nil) {
+			t.Errorf("user %d's log: %x (%v) with the cache, %x (%v) by the script alone", u, a, errA, b, errB)
+		}
 	}
 	if st.Requests+st.CacheHits != plain.Stats().Requests {
 		t.Fatalf("%d requests to Redis + %d cache hits, want the %d requests without the cache", st.Requests, st.CacheHits, plain.Stats().Requests)

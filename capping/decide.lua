@@ -29,6 +29,11 @@
 --                 the log (a duplicate) or marked already, mark it refused as ARGV[3] names it; no caps
 --                 2: the same as 1, at exactly now (a send made elsewhere, at its time), not after the
 --                 log's latest; 0: look only, write nothing
+--                 4: the worker decided the send allowed from its copy of the log, ARGV[3], which it holds
+--                 to be the log whole (header and entries; no marks, none aged out, its TTL covering the
+--                 retention, no entry after now): if the log is exactly that, the entry is appended (one
+--                 GET, one APPEND, reply '=': what mode 1 would write and answer); otherwise the request
+--                 is decided as in mode 1 (its caps are all there), so a copy gone stale costs nothing extra
 --   i8 retention  ms: entries this old are evicted, the key expires at least this long after a write
 --   I2 maxlog     most log entries to return (0: never) when, after this decision, a cap that blocks is
 --                 full (its count has reached its limit): the caller's near cache keeps that copy of the log
@@ -48,7 +53,7 @@
 --   B  + bytes    the scope's campaign: 4-byte digest, its length first (0: any campaign)
 --                 (one struct.unpack reads a cap whole; a cap of every send is 26 bytes)
 -- ARGV[1]  member of this send
--- ARGV[3]  in mode 3, the refusal's name; otherwise empty
+-- ARGV[3]  in mode 3, the refusal's name; in mode 4, the worker's copy of the log; otherwise empty
 -- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
 --          member -> "priority:registered_ms:window_end_ms"
@@ -83,9 +88,12 @@
 --             recorded at: now, or the log's latest entry if that is later (another worker's clock read
 --             later but its script ran first), so a user's log is in the order its decisions were taken
 --   count_i   entries of cap i's scope in its window before this decision
---   rest      status 4 and 5: the preference's field or the refusal's name; otherwise, only when maxlog
---             allows it and a cap that blocks is full after this decision, the log's entries after it (this
---             send included when recorded; no marks), oldest first, packed as the log packs them; else empty
+--   rest      status 4 and 5: the preference's field or the refusal's name; otherwise, when maxlog allows
+--             it (the worker's near cache is on): with status + 128, the log after this decision whole (its
+--             header, then its entries), when it holds no marks and nothing aged out; else, when a cap that
+--             blocks is full after this decision, the log's entries after it (this send included when
+--             recorded; no marks), oldest first, packed as the log packs them; else empty
+--   A request of mode 4 whose log is the worker's copy is answered '=' alone (recorded, as decided).
 --
 -- Cost: one GET of the log serves the duplicate check (one string.find) and every cap; a recorded send is
 -- one APPEND, or one SET PX of the whole log when its TTL needs refreshing, entries aged out or the send goes
@@ -194,7 +202,7 @@ end
 local function save(key, now, ttl, retention, log, expires, rewrite, marks, starts, n, from, gap, item, mark, j)
   if expires - now >= retention and not rewrite and not mark and j == n + 1 then
     redis.call('APPEND', key, item)
-    return
+    return nil
   end
   local body
   if not rewrite then
@@ -218,7 +226,9 @@ local function save(key, now, ttl, retention, log, expires, rewrite, marks, star
     end
     body = table.concat(parts)
   end
-  redis.call('SET', key, struct.pack('>i8', now + ttl) .. body, 'PX', ttl)
+  local value = struct.pack('>i8', now + ttl) .. body
+  redis.call('SET', key, value, 'PX', ttl)
+  return value
 end
 
 -- list returns the members of the n entries of log whose members start at starts[1..n].
@@ -523,14 +533,18 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     retry_at = now
   end
-  local added, entry = nil, nil -- the recorded entry's place among the kept entries, and the entry packed
+  local added, entry, written = nil, nil, nil -- the recorded entry's place among the kept entries, the entry
+  -- packed, and the log after it, whole
   if record and status == 1 then
     local j = n + 1 -- the entry's place: after every entry at or before now (mode 2 may go back in time)
     while j > 1 and scores[j - 1] > now do
       j = j - 1
     end
     entry = struct.pack(entryhead, now, #member) .. member
-    save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap, entry, false, j)
+    written = save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap, entry, false, j)
+    if not written then -- appended
+      written = log .. entry
+    end
     n, added = n + 1, j
   elseif record and status == 2 then
     -- A duplicate writes too: the write advances this connection's replication offset past the earlier
@@ -538,10 +552,17 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     redis.call('PEXPIRE', key, ttl)
   end
 
-  local reply = answer(status, hit, retry_at, counts, ncaps)
   if status == 4 then
-    return reply .. pref
+    return answer(status, hit, retry_at, counts, ncaps) .. pref
   end
+
+  -- The whole log for the caller's near cache, when it is header and kept entries alone (no marks, nothing
+  -- aged out, a string): the cache then knows it byte for byte, decides the user's next sends from it and
+  -- records an allowed one by mode 4 (see the header). status + 128 says so.
+  if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
+    return answer(status + 128, hit, retry_at, counts, ncaps) .. (written or log)
+  end
+  local reply = answer(status, hit, retry_at, counts, ncaps)
 
   -- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
   -- capped, and the cache can tell so without a call until the log changes. Its kept entries as the log
@@ -572,8 +593,19 @@ while i <= #ARGV do
   if prefs == 1 then
     prefkey, j = ARGV[j], j + 1
   end
-  local ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
-    window, priority, first)
+  local ok, reply = true, nil
+  if mode == 4 then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
+    if redis.pcall('GET', key) == ARGV[i + 2] then
+      redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
+      reply = '='
+    else
+      mode = 1
+    end
+  end
+  if not reply then
+    ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
+      window, priority, first)
+  end
   if not ok then
     local msg = type(reply) == 'table' and reply.err or tostring(reply)
     if string.find(msg, 'data string too short', 1, true) then -- struct.unpack ran past the end of the log

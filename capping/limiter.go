@@ -142,7 +142,8 @@ type Limiter struct {
 	calls    atomic.Uint64 // script calls sent
 	requests atomic.Uint64 // requests they carried
 
-	newLogs, newLogMisses atomic.Uint64 // SET NX that recorded a new log, and that found one
+	newLogs, newLogMisses   atomic.Uint64 // SET NX that recorded a new log, and that found one
+	copyAppends, copyMisses atomic.Uint64 // sends decided from a raw copy and appended (mode 4), and those whose log had changed
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -339,6 +340,9 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				sent = make(map[uint32]bool, len(reqs))
 				sc.sent = sent
 			}
+			if sent[reqs[i].UserID] {
+				b.args[i].expect = "" // the copy will not hold the earlier request's outcome
+			}
 			sent[reqs[i].UserID] = true
 		}
 		pending = append(pending, i)
@@ -383,12 +387,21 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				}
 			}
 			if err == nil {
-				var tail string
-				if setNX {
+				var tail, raw string // the log after the decision: its entries, and whole when known (see install)
+				switch a := &b.args[i]; {
+				case setNX:
 					l.newLogs.Add(1)
 					decs[i], tail, err = b.newLogDecision(i, now)
-				} else {
-					decs[i], tail, err = parseReply(v, b.args[i].caps, b.args[i].member, now, b.args[i].counts)
+					raw = a.packed
+				case a.expect != "" && v == "=": // recorded by an APPEND to the copy's log
+					l.copyAppends.Add(1)
+					decs[i], raw = a.verifiedDec, appendedLog(a)
+					tail = raw[8:]
+				default:
+					if a.expect != "" {
+						l.copyMisses.Add(1)
+					}
+					decs[i], tail, raw, err = parseReply(v, a.caps, a.member, now, a.counts)
 				}
 				b.args[i].requestCounts(&decs[i])
 				if err == nil && ((decs[i].Allowed && record) || reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
@@ -399,7 +412,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				}
 				if err == nil && cache != nil && !reqs[i].DuplicateOnly { // a look changes nothing
 					if len(tail) > 0 {
-						cache.install(&reqs[i], &b.args[i], gen, tail)
+						cache.install(&reqs[i], &b.args[i], gen, tail, raw)
 					} else {
 						cache.drop(reqs[i].UserID)
 					}
@@ -463,9 +476,17 @@ type reqArgs struct {
 	applying bool
 	all      []int // with orig, per cap of the request: the Decision's Counts (-1 where not decided)
 
+	// expect, set by the near cache, is the user's whole log as its copy
+	// holds it, from which the send was decided allowed (verified, in
+	// verifiedDec): the script appends the send if the log is still that
+	// (mode 4, see decide.lua), else decides it.
+	expect      string
+	verifiedDec Decision
+
 	// Set by send and pack for a call to Redis (the call points at them).
 	key, arbKey, prefKey string
 	packed               string // decide.lua's ARGV[2], in the batch's slab
+	named                string // its ARGV[3]: the refusal's name, or expect
 }
 
 // capSlab holds the caps Decide sends when some of a request's do not apply,
@@ -663,6 +684,11 @@ type Stats struct {
 	// no script call: see Config.ScriptOnly); NewLogMisses the SET NX that
 	// found the user had a log (the script decided them).
 	NewLogs, NewLogMisses uint64
+	// CopyAppends counts the sends the near cache decided allowed from its
+	// copy of the whole log and the script recorded with one APPEND, the log
+	// being that copy (mode 4 of decide.lua); CopyMisses those whose log had
+	// changed, which the script decided in full.
+	CopyAppends, CopyMisses uint64
 	// CacheHits counts decisions answered by the near cache, CacheMisses the
 	// requests it looked up and sent to Redis, CacheEvictions the copies it
 	// dropped to make room.
@@ -673,7 +699,8 @@ type Stats struct {
 
 // Stats returns the Limiter's counts so far.
 func (l *Limiter) Stats() Stats {
-	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load()}
+	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load(),
+		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
 		s.CacheEntries, s.CacheBytes = c.stats()
@@ -996,7 +1023,7 @@ func callArgs(eval bool, reqs []Request, args []reqArgs, idx []int) []any {
 	v[0], v[1], v[2], v[3] = head[0], head[1], 1, &args[idx[0]].key
 	for _, i := range idx {
 		a := &args[i]
-		v = append(v, &a.packed, &a.member, &reqs[i].Refused, &a.key)
+		v = append(v, &a.packed, &a.member, &a.named, &a.key)
 		if reqs[i].Arbitration > 0 {
 			v = append(v, &a.arbKey)
 		}
@@ -1033,9 +1060,12 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 		a.prefKey = a.key + ":prefs"
 	}
 	mode := byte(0)
+	a.named = r.Refused
 	switch {
 	case r.Refused != "":
 		mode = 3
+	case record && a.expect != "":
+		mode, a.named = 4, a.expect
 	case record && !r.SentAt.IsZero():
 		mode = 2
 	case record:
@@ -1066,12 +1096,12 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 // that follow it, as the log packs them (empty if none); it never panics on
 // a bad reply. member is the send's, to tell which shadow caps apply; counts
 // (of len(caps)) becomes the Decision's Counts, or nil.
-func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (Decision, string, error) {
+func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (d Decision, tail, whole string, err error) {
 	ncaps := len(caps)
 	s, ok := v.(string)
 	head := replyHead + 4*ncaps
 	if !ok || len(s) < head {
-		return Decision{}, "", fmt.Errorf("unexpected script reply %q: want a string of %d bytes or more (status, cap, retry_at, %d counts)", v, head, ncaps)
+		return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: want a string of %d bytes or more (status, cap, retry_at, %d counts)", v, head, ncaps)
 	}
 	var buf [3 + maxCaps]int64
 	ints := buf[:0]
@@ -1079,31 +1109,40 @@ func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (
 		ints = make([]int64, 0, 3+ncaps)
 	}
 	ints = ints[:3+ncaps]
-	ints[0], ints[1], ints[2] = int64(s[0]), int64(be16(s, 1)), int64(be64(s, 3))
+	status, isWhole := s[0], s[0] >= 128 // status + 128: the log whole follows
+	if isWhole {
+		status -= 128
+	}
+	ints[0], ints[1], ints[2] = int64(status), int64(be16(s, 1)), int64(be64(s, 3))
 	for i := range ncaps {
 		ints[3+i] = int64(be32(s, replyHead+4*i))
 	}
-	d, err := decisionOf(ints, caps, member, now, counts)
-	if err != nil {
-		return Decision{}, "", fmt.Errorf("unexpected script reply %v: %w", slices.Clone(ints), err)
+	if d, err = decisionOf(ints, caps, member, now, counts); err != nil {
+		return Decision{}, "", "", fmt.Errorf("unexpected script reply %v: %w", slices.Clone(ints), err)
 	}
 	rest := s[head:]
 	switch {
-	case ints[0] == 4 || ints[0] == 5: // capped by a preference, or refused before: its name last
+	case (ints[0] == 4 || ints[0] == 5) && !isWhole: // capped by a preference, or refused before: its name last
 		if rest == "" {
-			return Decision{}, "", fmt.Errorf("unexpected script reply %q: no preference or refusal named", s)
+			return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: no preference or refusal named", s)
 		}
 		if d.RefusedBefore {
 			d.Cap = rest
-			return d, "", nil
+			return d, "", "", nil
 		}
 		d.Cap = PreferenceCap(rest)
 		d.Exceeded = []string{d.Cap}
-		return d, "", nil
+		return d, "", "", nil
+	case isWhole && rest == "": // no log
+		return d, "", "", nil
+	case isWhole && (ints[0] == 4 || ints[0] == 5 || len(rest) < 8 || countEntries(rest[8:]) < 0):
+		return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: the log after its counts is not a header and packed entries", s)
+	case isWhole:
+		return d, rest[8:], rest, nil
 	case countEntries(rest) < 0:
-		return Decision{}, "", fmt.Errorf("unexpected script reply %q: the log after its counts is not packed entries", s)
+		return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: the log after its counts is not packed entries", s)
 	}
-	return d, rest, nil
+	return d, rest, "", nil
 }
 
 // replyHead is the size of a reply's status, cap and retry_at (decide.lua).

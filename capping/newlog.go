@@ -66,18 +66,6 @@ func newLog(buf []byte, a *reqArgs) (value string, ttl int64) {
 // newLogLen is the length of newLog's value for a.
 func newLogLen(a *reqArgs) int { return 8 + 10 + len(a.member) }
 
-// newLogFull reports whether a cap that blocks is full once a's send is its
-// log's only entry (a limit of 1): the script would then return the log for
-// the near cache.
-func newLogFull(a *reqArgs) bool {
-	for i := range a.caps {
-		if !a.caps[i].Shadow && a.caps[i].Limit <= 1 {
-			return true
-		}
-	}
-	return false
-}
-
 // seenUsers remembers, approximately, the users a Limiter sent a SET NX of a
 // new log for lately, so that their next sends go to the script directly: one
 // bit per hash of a user id, in two generations of seenBits bits (1 MiB
@@ -143,7 +131,7 @@ func (s *seenUsers) rotate() {
 func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc *scratch) []bool {
 	var fresh []bool
 	for _, i := range pending {
-		if newLogEligible(&reqs[i], &args[i]) && !l.seen.has(reqs[i].UserID) {
+		if args[i].expect == "" && newLogEligible(&reqs[i], &args[i]) && !l.seen.has(reqs[i].UserID) {
 			if fresh == nil {
 				fresh = grow(&sc.fresh, len(reqs))
 			}
@@ -171,8 +159,8 @@ func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc 
 }
 
 // newLogDecision is the decision of request i, recorded as a new log: allowed
-// at its time, every count 0, and the log (the send alone) for the near cache
-// when a cap is full after it, as the script answers.
+// at its time, every count 0, and, with the near cache, the log's entries
+// (the send alone) for its copy, kept whole (see install).
 func (b *batch) newLogDecision(i int, now time.Time) (Decision, string, error) {
 	a := &b.args[i]
 	var buf [3 + maxCaps]int64
@@ -183,8 +171,8 @@ func (b *batch) newLogDecision(i int, now time.Time) (Decision, string, error) {
 	ints = ints[:3+len(a.caps)]
 	ints[0], ints[2] = 1, a.now // status allowed, recorded at a.now
 	d, err := decisionOf(ints, a.caps, a.member, now, a.counts)
-	if err != nil || b.maxLog == 0 || !newLogFull(a) {
+	if err != nil || b.maxLog == 0 {
 		return d, "", err
 	}
-	return d, a.packed[8:], nil // the value without its header
+	return d, a.packed[8:], nil // the value without its header: the cache keeps it whole (see install)
 }

@@ -13,8 +13,10 @@ import (
 
 // TestNewLogIsTheScriptsLog: a first send to a user with no log, recorded
 // with one SET NX, leaves the very bytes and TTL the script writes for the
-// same send, and is answered as the script answers it; a cap it fills leaves
-// the near cache the copy the script would return.
+// same send, and is answered as the script answers it. The near cache keeps
+// that log whole: the user's next send is capped from it when a cap is full,
+// or, when the copy allows it, recorded by the script's APPEND to the very
+// log it holds (mode 4), answered and written as the script alone would.
 func TestNewLogIsTheScriptsLog(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.ClusterClient(t)
@@ -32,19 +34,43 @@ func TestNewLogIsTheScriptsLog(t *testing.T) {
 	calendar := capping.Cap{Name: "today", Since: day, Until: day.Add(24 * time.Hour), Limit: 2}
 	shadow0 := capping.Cap{Name: "shadow", Window: time.Hour, Limit: 0, Shadow: true}
 	arbitrated2 := capping.Cap{Name: "arb", Window: capping.Daily, Limit: 2, Arbitrated: true}
+	const (
+		capped   = iota // the next send is capped from the copy
+		appended        // the next send is allowed from the copy and appended to it
+		decided         // the next send goes to the script in full
+	)
 	cases := []struct {
 		name string
 		req  capping.Request
-		full bool // a cap is full after it: its user's next send is capped from the near cache
+		next int
 	}{
-		{"rolling caps", capping.Request{Channel: "email", Campaign: "c1", Tags: []string{"promo"}, Caps: []capping.Cap{daily3, weekly5}}, false},
-		{"a scoped cap of 1", capping.Request{Channel: "push", Caps: []capping.Cap{daily3, pushDay1}}, true},
-		{"a calendar cap and a shadow cap of 0", capping.Request{Channel: "sms", Caps: []capping.Cap{calendar, shadow0}}, false},
-		{"an arbitrated cap of 2", capping.Request{Channel: "email", Caps: []capping.Cap{arbitrated2}, Arbitration: time.Minute, Priority: 5}, false},
-		{"a send made elsewhere", capping.Request{Channel: "inapp", SentAt: base.Add(-time.Hour), Retention: capping.Weekly}, false},
+		{"rolling caps", capping.Request{Channel: "email", Campaign: "c1", Tags: []string{"promo"}, Caps: []capping.Cap{daily3, weekly5}}, appended},
+		{"a scoped cap of 1", capping.Request{Channel: "push", Caps: []capping.Cap{daily3, pushDay1}}, capped},
+		{"a calendar cap and a shadow cap of 0", capping.Request{Channel: "sms", Caps: []capping.Cap{calendar, shadow0}}, appended},
+		{"an arbitrated cap of 2 (the next send asks for its last slot)", capping.Request{Channel: "email", Caps: []capping.Cap{arbitrated2}, Arbitration: time.Minute, Priority: 5}, decided},
+		{"a send made elsewhere", capping.Request{Channel: "inapp", SentAt: base.Add(-time.Hour), Retention: capping.Weekly}, decided},
+	}
+	same := func(t *testing.T, what string, ua, ub uint32) {
+		t.Helper()
+		va, err := rdb.Get(ctx, script.Key(ua)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		vb, err := rdb.Get(ctx, set.Key(ub)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if va != vb {
+			t.Fatalf("%s: the log's bytes %x, the script's %x", what, vb, va)
+		}
+		ta, tb := rdb.PTTL(ctx, script.Key(ua)).Val(), rdb.PTTL(ctx, set.Key(ub)).Val()
+		if ta <= 0 || tb <= 0 || tb-ta > time.Second || ta-tb > time.Second {
+			t.Fatalf("%s: the log's TTL %v, the script's %v", what, tb, ta)
+		}
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			clk.Set(base)
 			a, b := c.req, c.req
 			a.UserID, a.JobID = uint32(1000+2*i), fmt.Sprintf("j%d", i)
 			b.UserID, b.JobID = a.UserID+1, a.JobID
@@ -64,37 +90,86 @@ func TestNewLogIsTheScriptsLog(t *testing.T) {
 			if d := diff(got[0], want[0]); d != "" || !got[0].Allowed {
 				t.Fatalf("new log: %s (%+v)", d, got[0])
 			}
-			va, err := rdb.Get(ctx, script.Key(a.UserID)).Result()
+			same(t, "new log", a.UserID, b.UserID)
+			if st.CacheEntries != before.CacheEntries+1 {
+				t.Fatalf("%d copies in the near cache after it, want 1 more than %d", st.CacheEntries, before.CacheEntries)
+			}
+			clk.Add(time.Minute)
+			a.JobID, b.JobID = a.JobID+"-next", b.JobID+"-next"
+			if !a.SentAt.IsZero() {
+				a.SentAt, b.SentAt = clk.Now(), clk.Now()
+			}
+			want, err = script.Decide(ctx, []capping.Request{a})
 			if err != nil {
 				t.Fatal(err)
 			}
-			vb, err := rdb.Get(ctx, set.Key(b.UserID)).Result()
+			got, err = set.Decide(ctx, []capping.Request{b})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if va != vb {
-				t.Fatalf("the new log's bytes %x, the script's %x", vb, va)
+			if d := diff(got[0], want[0]); d != "" {
+				t.Fatalf("the next send: %s (%+v)", d, got[0])
 			}
-			ta, tb := rdb.PTTL(ctx, script.Key(a.UserID)).Val(), rdb.PTTL(ctx, set.Key(b.UserID)).Val()
-			if ta <= 0 || tb <= 0 || tb-ta > time.Second || ta-tb > time.Second {
-				t.Fatalf("the new log's TTL %v, the script's %v", tb, ta)
+			st2 := set.Stats()
+			hits, appends, calls := st2.CacheHits-st.CacheHits, st2.CopyAppends-st.CopyAppends, st2.ScriptCalls-st.ScriptCalls
+			switch {
+			case c.next == capped && (hits != 1 || calls != 0 || got[0].Allowed):
+				t.Fatalf("the next send: %+v (%d cache hits, %d calls), want capped from the copy", got[0], hits, calls)
+			case c.next == appended && (appends != 1 || calls != 1 || !got[0].Allowed):
+				t.Fatalf("the next send: %+v (%d appends to the copy's log, %d calls), want allowed and appended", got[0], appends, calls)
+			case c.next == decided && (appends != 0 || hits != 0 || calls != 1 || st2.CopyMisses != st.CopyMisses):
+				t.Fatalf("the next send: %d cache hits, %d appends, %d calls, want one call deciding in full", hits, appends, calls)
 			}
-			if st.CacheEntries != before.CacheEntries+map[bool]int{true: 1}[c.full] {
-				t.Fatalf("%d copies in the near cache after it, want %d more than %d", st.CacheEntries, map[bool]int{true: 1}[c.full], before.CacheEntries)
-			}
-			if !c.full {
-				return
-			}
-			next := b
-			next.JobID += "-next"
-			d, err := set.Decide(ctx, []capping.Request{next})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st2 := set.Stats(); st2.CacheHits != st.CacheHits+1 || d[0].Allowed || d[0].Counts[1] != 1 {
-				t.Fatalf("the next send: %+v (%d cache hits), want capped from the copy", d[0], st2.CacheHits-st.CacheHits)
+			if c.next != capped {
+				same(t, "the next send", a.UserID, b.UserID)
 			}
 		})
+	}
+}
+
+// TestCopyAppendFindsTheLogChanged: a copy gone stale (another worker wrote
+// the user's log since) is never appended to: the script finds the log is
+// not the copy and decides the send in full, in the same call, against the
+// log as it is (here: capped by the other worker's send, which the copy
+// does not hold).
+func TestCopyAppendFindsTheLogChanged(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.ClusterClient(t)
+	clk := &clock{t: base}
+	prefix := testenv.Unique("copystale")
+	mine, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, ScriptOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	two := capping.Cap{Name: "two", Window: capping.Daily, Limit: 2}
+	send := func(l *capping.Limiter, id string) capping.Decision {
+		t.Helper()
+		clk.Add(time.Second)
+		d, err := l.Decide(ctx, []capping.Request{{UserID: 9, JobID: id, Channel: "email", Caps: []capping.Cap{two}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
+	}
+	if d := send(mine, "a"); !d.Allowed {
+		t.Fatalf("first send: %+v", d)
+	}
+	if d := send(other, "b"); !d.Allowed || d.Counts[0] != 1 {
+		t.Fatalf("the other worker's send: %+v, want allowed, 1 counted", d)
+	}
+	st := mine.Stats()
+	if d := send(mine, "c"); d.Allowed || d.Cap != "two" || d.Counts[0] != 2 {
+		t.Fatalf("a send from the stale copy: %+v, want capped with 2 counted (the log, not the copy)", d)
+	}
+	if st2 := mine.Stats(); st2.CopyMisses != st.CopyMisses+1 || st2.CopyAppends != st.CopyAppends || st2.ScriptCalls != st.ScriptCalls+1 {
+		t.Fatalf("%+v: want one call that found the log changed and decided it", st2)
+	}
+	if n := testenv.LogLen(t, rdb, mine.Key(9)); n != 2 {
+		t.Fatalf("%d sends logged, want 2", n)
 	}
 }
 
@@ -271,4 +346,84 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestCopiesRacing: workers with near caches send to users each owns (as a
+// partition's), while now and then another sends to the same user at once, a
+// new job or a redelivery of the owner's last: the owner's copy goes stale
+// under it. No user gets more than the cap, every allowed job is logged
+// once, and a redelivered job is answered a duplicate wherever it lands.
+func TestCopiesRacing(t *testing.T) {
+	ctx := context.Background()
+	rdb := testenv.ClusterClient(t)
+	prefix := testenv.Unique("copyrace")
+	const workers, users, rounds, limit = 4, 60, 8, 3
+	three := capping.Cap{Name: "three", Window: capping.Daily, Limit: limit}
+	lims := make([]*capping.Limiter, workers)
+	for w := range lims {
+		l, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, NearCache: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lims[w] = l
+	}
+	var mu sync.Mutex
+	allowedJobs := map[string]bool{} // jobs answered allowed, anywhere
+	perUser := make([]map[string]bool, users)
+	for u := range perUser {
+		perUser[u] = map[string]bool{}
+	}
+	for r := range rounds {
+		var wg sync.WaitGroup
+		for w, l := range lims {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var reqs []capping.Request
+				for u := range users {
+					owner := u % workers
+					switch {
+					case owner == w:
+						reqs = append(reqs, capping.Request{UserID: uint32(u), JobID: fmt.Sprintf("r%d-u%d", r, u), Channel: "email", Caps: []capping.Cap{three}})
+					case (u+r)%4 == 0 && (owner+1)%workers == w: // another worker sends to the user meanwhile
+						id := fmt.Sprintf("r%d-u%d-other", r, u)
+						if r%2 == 1 {
+							id = fmt.Sprintf("r%d-u%d", r-1, u) // the owner's job of the last round, redelivered here
+						}
+						reqs = append(reqs, capping.Request{UserID: uint32(u), JobID: id, Channel: "email", Caps: []capping.Cap{three}})
+					}
+				}
+				ds, err := l.Decide(ctx, reqs)
+				if err != nil {
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				for k, d := range ds {
+					u := reqs[k].UserID
+					if d.Allowed {
+						allowedJobs[reqs[k].JobID] = true
+						perUser[u][reqs[k].JobID] = true
+					} else if allowedJobs[reqs[k].JobID] {
+						t.Errorf("job %s: allowed before, now %+v", reqs[k].JobID, d)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	for u := range users {
+		if n, logged := len(perUser[u]), testenv.LogLen(t, rdb, lims[0].Key(uint32(u))); n != limit || logged != limit {
+			t.Errorf("user %d: %d jobs allowed, %d logged, want exactly %d", u, n, logged, limit)
+		}
+	}
+	var appends, stale uint64
+	for _, l := range lims {
+		appends, stale = appends+l.Stats().CopyAppends, stale+l.Stats().CopyMisses
+	}
+	t.Logf("%d sends appended to a copy's log, %d copies found stale", appends, stale)
+	if appends == 0 || stale == 0 {
+		t.Errorf("%d appends, %d stale copies: the race does not exercise the copies", appends, stale)
+	}
 }

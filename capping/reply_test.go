@@ -227,29 +227,37 @@ func TestParseReply(t *testing.T) {
 		want  Decision
 		tail  string
 		err   string
+		whole string
 	}{
-		{"allowed", reply(1, 0, 0, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}}, "", ""},
-		{"allowed, recorded later", reply(1, 0, 1_795_000_000_200, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}, Recorded: time.UnixMilli(1_795_000_000_200)}, "", ""},
-		{"duplicate", reply(2, 0, 1_795_000_000_123, 1, 1), Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}, Recorded: time.UnixMilli(1_795_000_000_123)}, "", ""},
+		{"allowed", reply(1, 0, 0, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}}, "", "", ""},
+		{"allowed, recorded later", reply(1, 0, 1_795_000_000_200, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}, Recorded: time.UnixMilli(1_795_000_000_200)}, "", "", ""},
+		{"duplicate", reply(2, 0, 1_795_000_000_123, 1, 1), Decision{Allowed: true, Duplicate: true, Counts: []int{1, 1}, Recorded: time.UnixMilli(1_795_000_000_123)}, "", "", ""},
 		{"capped by a named cap", reply(0, 1, now.UnixMilli()+5000, 1, 1),
-			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, "", ""},
+			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, "", "", ""},
 		{"capped by an unnamed cap, for good", reply(0, 2, 0, 0, 2),
-			Decision{Cap: "cap1", Counts: []int{0, 2}}, "", ""},
-		{"allowed, with the log for the cache", reply(1, 0, 0, 0, 1) + log, Decision{Allowed: true, Counts: []int{0, 1}}, log, ""},
-		{"capped by a preference", reply(4, 0, now.UnixMilli()+5000, 1, 1) + "c:push", Decision{Cap: PreferenceCap("c:push"), RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, "", ""},
-		{"refused before", reply(5, 0, 0, 0, 0) + "budget", Decision{Cap: "budget", Counts: []int{0, 0}}, "", ""},
-		{"not a string", []any{int64(1), int64(0), int64(0), int64(0), int64(1)}, Decision{}, "", "want a string of 19 bytes or more"},
-		{"too short", reply(1, 0, 0, 0), Decision{}, "", "want a string of 19 bytes or more"},
-		{"a truncated log", reply(1, 0, 0, 0, 1) + log[:len(log)-1], Decision{}, "", "not packed entries"},
-		{"a log shorter than an entry's head", reply(1, 0, 0, 0, 1) + log[:9], Decision{}, "", "not packed entries"},
-		{"a preference not named", reply(4, 0, 0, 0, 0), Decision{}, "", "no preference or refusal named"},
-		{"cap index out of range", reply(0, 3, 0, 0, 0), Decision{}, "", "cap index 3 out of range"},
-		{"cap index zero when capped", reply(0, 0, 0, 0, 0), Decision{}, "", "cap index 0 out of range"},
-		{"unknown status", reply(7, 0, 0, 0, 0), Decision{}, "", "status 7"},
+			Decision{Cap: "cap1", Counts: []int{0, 2}}, "", "", ""},
+		{"allowed, with the log for the cache", reply(1, 0, 0, 0, 1) + log, Decision{Allowed: true, Counts: []int{0, 1}}, log, "", ""},
+		{"capped by a preference", reply(4, 0, now.UnixMilli()+5000, 1, 1) + "c:push", Decision{Cap: PreferenceCap("c:push"), RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, "", "", ""},
+		{"refused before", reply(5, 0, 0, 0, 0) + "budget", Decision{Cap: "budget", Counts: []int{0, 0}}, "", "", ""},
+		{"not a string", []any{int64(1), int64(0), int64(0), int64(0), int64(1)}, Decision{}, "", "want a string of 19 bytes or more", ""},
+		{"too short", reply(1, 0, 0, 0), Decision{}, "", "want a string of 19 bytes or more", ""},
+		{"a truncated log", reply(1, 0, 0, 0, 1) + log[:len(log)-1], Decision{}, "", "not packed entries", ""},
+		{"a log shorter than an entry's head", reply(1, 0, 0, 0, 1) + log[:9], Decision{}, "", "not packed entries", ""},
+		{"a preference not named", reply(4, 0, 0, 0, 0), Decision{}, "", "no preference or refusal named", ""},
+		{"cap index out of range", reply(0, 3, 0, 0, 0), Decision{}, "", "cap index 3 out of range", ""},
+		{"cap index zero when capped", reply(0, 0, 0, 0, 0), Decision{}, "", "cap index 0 out of range", ""},
+		{"unknown status", reply(7, 0, 0, 0, 0), Decision{}, "", "status 7", ""},
+		{"allowed, with the log whole", reply(129, 0, 0, 0, 1) + "HEADER.." + log, Decision{Allowed: true, Counts: []int{0, 1}}, log, "", "HEADER.." + log},
+		{"capped, with the log whole", reply(128, 1, now.UnixMilli()+5000, 1, 1) + "HEADER.." + log,
+			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, log, "", "HEADER.." + log},
+		{"allowed, no log whole (none)", reply(129, 0, 0, 0, 1), Decision{Allowed: true, Counts: []int{0, 1}}, "", "", ""},
+		{"the log whole without a header", reply(129, 0, 0, 0, 1) + "HEAD", Decision{}, "", "not a header and packed entries", ""},
+		{"the log whole, truncated", reply(129, 0, 0, 0, 1) + "HEADER.." + log[:len(log)-1], Decision{}, "", "not a header and packed entries", ""},
+		{"a preference with the whole flag", reply(132, 0, 0, 0, 0) + "c:push", Decision{}, "", "not a header and packed entries", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, tail, err := parseReply(tt.reply, caps, member, now, nil)
+			got, tail, whole, err := parseReply(tt.reply, caps, member, now, nil)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.err)
@@ -263,8 +271,8 @@ func TestParseReply(t *testing.T) {
 				!got.RetryAt.Equal(tt.want.RetryAt) || !got.Recorded.Equal(tt.want.Recorded) || !got.At.Equal(now) || len(got.Counts) != len(tt.want.Counts) {
 				t.Fatalf("got %+v, want %+v", got, tt.want)
 			}
-			if tail != tt.tail {
-				t.Fatalf("log %q, want %q", tail, tt.tail)
+			if tail != tt.tail || whole != tt.whole {
+				t.Fatalf("log %q (whole %q), want %q (%q)", tail, whole, tt.tail, tt.whole)
 			}
 			for i := range got.Counts {
 				if got.Counts[i] != tt.want.Counts[i] {
@@ -297,7 +305,7 @@ func TestShadowCapsAreReported(t *testing.T) {
 	}
 	// Allowed with 2 sends counted by both shadow caps: new-daily would have
 	// capped; push-shadow does not apply to an email send.
-	d, _, err := parseReply(reply(1, 0, 0, 2, 2, 3), caps, Member("j", "email", "c", nil), now, make([]int, len(caps)))
+	d, _, _, err := parseReply(reply(1, 0, 0, 2, 2, 3), caps, Member("j", "email", "c", nil), now, make([]int, len(caps)))
 	if err != nil {
 		t.Fatal(err)
 	}
