@@ -23,7 +23,7 @@ func blocked(user uint32, job string, now time.Time) (*Request, *reqArgs, string
 // decide asks c about r alone, as Limiter.run asks decideAll about a batch.
 func (c *nearCache) decide(r *Request, a *reqArgs, d *Decision) bool {
 	decs, hit := make([]Decision, 1), make([]bool, 1)
-	c.decideAll([]Request{*r}, []reqArgs{*a}, []int{0}, decs, hit, make([]int, 1), make([]int32, 1))
+	c.decideAll([]Request{*r}, []reqArgs{*a}, []int{0}, decs, hit, make([]int, 1), make([]int32, 1), nil)
 	*d = decs[0]
 	return hit[0]
 }
@@ -38,7 +38,7 @@ func logEntry(member string, score int64) string {
 func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 	c := newNearCache(1000)
 	r, a, tail := blocked(7, "j", now)
-	c.install(r, a, c.gen.Load(), tail, "")
+	c.install(r, a, c.gen.Load(), tail, "", 0)
 	var d Decision
 	if !c.decide(r, a, &d) || d.Allowed || d.Cap != "daily" || !d.RetryAt.Equal(now.Add(22*time.Hour)) || d.Counts[0] != 2 {
 		t.Fatalf("decision %+v, want capped by daily until the first send leaves the window (22h)", d)
@@ -52,7 +52,7 @@ func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 		t.Fatalf("%d copies after expiry, want 0", e)
 	}
 	// A send the copy finds logged (a redelivery) is for Redis to answer.
-	c.install(r, a, c.gen.Load(), tail, "")
+	c.install(r, a, c.gen.Load(), tail, "", 0)
 	dup := &Request{UserID: 7, JobID: "old1", Channel: "email", Campaign: "c", Caps: r.Caps}
 	if c.decide(dup, &newArgs([]Request{*dup}, now, 0, nil, nil)[0], &d) {
 		t.Fatal("a redelivered job was answered from the cache")
@@ -69,15 +69,15 @@ func TestNearCacheKeepsTheNewerCopy(t *testing.T) {
 	c := newNearCache(1000)
 	r, a, tail := blocked(7, "j", now)
 	newer := tail + logEntry(Member("new", "email", "c", nil), now.UnixMilli())
-	c.install(r, a, c.gen.Load(), newer, "")
-	c.install(r, a, c.gen.Load(), tail, "") // a reply of a decision that ran earlier in Redis
+	c.install(r, a, c.gen.Load(), newer, "", 0)
+	c.install(r, a, c.gen.Load(), tail, "", 0) // a reply of a decision that ran earlier in Redis
 	var d Decision
 	if !c.decide(r, a, &d) || d.Counts[0] != 3 {
 		t.Fatalf("decision %+v, want the newer copy's count of 3", d)
 	}
 	gen := c.gen.Load()
 	c.clear()
-	c.install(r, a, gen, newer, "") // decided before the rules changed
+	c.install(r, a, gen, newer, "", 0) // decided before the rules changed
 	if e, _ := c.stats(); e != 0 {
 		t.Fatalf("%d copies: a decision taken before the clear was kept", e)
 	}
@@ -93,7 +93,7 @@ func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 	}
 	for _, u := range users[:4] {
 		r, a, tail := blocked(u, "j", now)
-		c.install(r, a, c.gen.Load(), tail, "")
+		c.install(r, a, c.gen.Load(), tail, "", 0)
 	}
 	var d Decision
 	for _, u := range users[1:4] { // looked up since: kept over users[0]
@@ -101,7 +101,7 @@ func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 		c.decide(r, a, &d)
 	}
 	r, a, tail := blocked(users[4], "j", now)
-	c.install(r, a, c.gen.Load(), tail, "")
+	c.install(r, a, c.gen.Load(), tail, "", 0)
 	if c.evictions.Load() != 1 {
 		t.Fatalf("%d evictions, want 1", c.evictions.Load())
 	}
@@ -129,7 +129,7 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 			for k := 0; k < int(u%5)+round%3; k++ {
 				tail += logEntry(Member(fmt.Sprintf("r%d-%d", round, k), "email", "c", nil), now.Add(-time.Minute).UnixMilli()+int64(round))
 			}
-			c.install(r, a, c.gen.Load(), tail, "")
+			c.install(r, a, c.gen.Load(), tail, "", 0)
 			installs++
 			if u%7 == 0 {
 				c.drop(u)
@@ -191,7 +191,7 @@ func TestNearCacheConcurrentUse(t *testing.T) {
 					for j := 0; j < k; j++ { // 2 + k entries, all in the window
 						tail += logEntry(Member(fmt.Sprintf("g%d-%d-%d", g, i, j), "email", "c", nil), now.Add(-time.Minute).UnixMilli())
 					}
-					c.install(r, a, c.gen.Load(), tail, "")
+					c.install(r, a, c.gen.Load(), tail, "", 0)
 				case k < 14:
 					if c.decide(r, a, &d) && (d.Allowed || d.Counts[0] < 2 || d.Counts[0] > 11) {
 						errs <- fmt.Errorf("user %d: decision %+v, want capped with 2 to 11 sends", u, d)
@@ -206,7 +206,7 @@ func TestNearCacheConcurrentUse(t *testing.T) {
 						}
 					}
 					decs, hit := make([]Decision, 4), make([]bool, 4)
-					c.decideAll(reqs, newArgs(reqs, now, 0, nil, nil), []int{0, 1, 2, 3}, decs, hit, make([]int, 4), make([]int32, 4))
+					c.decideAll(reqs, newArgs(reqs, now, 0, nil, nil), []int{0, 1, 2, 3}, decs, hit, make([]int, 4), make([]int32, 4), nil)
 					for j, d := range decs {
 						if hit[j] && (d.Allowed || d.Counts[0] < 2 || d.Counts[0] > 11) {
 							errs <- fmt.Errorf("user %d in a batch: decision %+v, want capped with 2 to 11 sends", reqs[j].UserID, d)
@@ -242,7 +242,7 @@ func BenchmarkNearCacheBytes(b *testing.B) {
 		c := newNearCache(n)
 		for u := uint32(1); u <= n; u++ {
 			r, a, tail := blocked(u, fmt.Sprint("j", u), now)
-			c.install(r, a, c.gen.Load(), tail, "")
+			c.install(r, a, c.gen.Load(), tail, "", 0)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
@@ -264,7 +264,7 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 	c := newNearCache(n)
 	for u := uint32(1); u <= n; u += 2 {
 		r, a, tail := blocked(u, fmt.Sprint("j", u), now)
-		c.install(r, a, c.gen.Load(), tail, "")
+		c.install(r, a, c.gen.Load(), tail, "", 0)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	reqs, args := make([][]Request, batches), make([][]reqArgs, batches)
@@ -287,7 +287,7 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 		for b.Loop() {
 			k = (k + 1) % batches
 			for i := range reqs[k] {
-				c.decideAll(reqs[k][i:i+1], args[k][i:i+1], idx[:1], decs[i:i+1], hit[i:i+1], order[:1], slots[:1])
+				c.decideAll(reqs[k][i:i+1], args[k][i:i+1], idx[:1], decs[i:i+1], hit[i:i+1], order[:1], slots[:1], nil)
 			}
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
@@ -296,8 +296,51 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 		k := 0
 		for b.Loop() {
 			k = (k + 1) % batches
-			c.decideAll(reqs[k], args[k], idx, decs, hit, order, slots)
+			c.decideAll(reqs[k], args[k], idx, decs, hit, order, slots, nil)
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
 	})
+}
+
+// TestNearCacheInstallHintGoneStale: a hint of a slot that another user's
+// copy took since the lookup is not followed: the install goes by the index,
+// and every copy stays its own user's.
+func TestNearCacheInstallHintGoneStale(t *testing.T) {
+	c := newNearCache(2 * cacheShards) // two slots per shard
+	var users []uint32
+	for u := uint32(1); len(users) < 3; u++ {
+		if shardOf(u) == shardOf(1) {
+			users = append(users, u)
+		}
+	}
+	a, b, x := users[0], users[1], users[2]
+	install := func(user uint32, hint int32) {
+		r, args, tail := blocked(user, "j", now)
+		c.install(r, args, c.gen.Load(), tail, "", hint)
+	}
+	install(a, 0)
+	install(b, 0)
+	sh := c.shard(a)
+	hintA := sh.index[a] + 1 // a's slot, as a lookup saw it
+	c.drop(a)
+	sh.slots[sh.index[b]].ref = true // looked up lately: the clock passes it by
+	install(x, 0)                    // takes a's slot
+	if sh.index[x]+1 != hintA {
+		t.Fatalf("x in slot %d, want a's old slot %d (the test's premise)", sh.index[x], hintA-1)
+	}
+	install(a, hintA)
+	for u, slot := range sh.index {
+		if sh.slots[slot].user != u || !sh.slots[slot].live {
+			t.Errorf("user %d's index names slot %d, which holds user %d (live %v)", u, slot, sh.slots[slot].user, sh.slots[slot].live)
+		}
+	}
+	if _, ok := sh.index[a]; !ok {
+		t.Error("a's copy not installed")
+	}
+	// A hint still right is followed: a's copy is replaced in place.
+	slot := sh.index[a]
+	install(a, slot+1)
+	if sh.index[a] != slot || len(sh.index) != 2 {
+		t.Errorf("a in slot %d (was %d), %d copies, want it replaced in place among 2", sh.index[a], slot, len(sh.index))
+	}
 }

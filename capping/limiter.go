@@ -318,7 +318,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	sc.asked = asked
 	hit := grow(&sc.hit, len(reqs))
 	if len(asked) > 0 {
-		cache.decideAll(reqs, b.args, asked, decs, hit, grow(&sc.order, len(asked)), grow(&sc.slots, len(asked)))
+		cache.decideAll(reqs, b.args, asked, decs, hit, grow(&sc.order, len(asked)), grow(&sc.slots, len(asked)), grow(&sc.hints, len(reqs)))
 	}
 	sent := sc.sent // users with a request for Redis in this batch
 	clear(sent)
@@ -412,7 +412,11 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				}
 				if err == nil && cache != nil && !reqs[i].DuplicateOnly { // a look changes nothing
 					if len(tail) > 0 {
-						cache.install(&reqs[i], &b.args[i], gen, tail, raw)
+						var hint int32
+						if len(asked) > 0 {
+							hint = sc.hints[i]
+						}
+						cache.install(&reqs[i], &b.args[i], gen, tail, raw, hint)
 					} else {
 						cache.drop(reqs[i].UserID)
 					}
@@ -537,6 +541,7 @@ type scratch struct {
 	hit     []bool
 	order   []int
 	slots   []int32
+	hints   []int32 // by request: its copy's slot plus one at the lookup (see nearCache.install)
 }
 
 var scratchPool = make(spares[scratch], 4)
