@@ -64,10 +64,10 @@ type cacheShard struct {
 	dead  int    // bytes of arena no live entry refers to (see compact)
 }
 
-// cacheEntry is a copy of one user's log, oldest first: n scores (8 bytes
-// each, little-endian), then each member after its length byte, at
-// arena[off:off+size] of its shard; its last raw bytes, when raw > 0, are the
-// log whole as Redis holds it (see rawCopy).
+// cacheEntry is a copy of one user's log, oldest first, at
+// arena[off:off+size] of its shard: n scores (8 bytes each, little-endian),
+// then each member after its length byte; or, when whole, the log itself as
+// Redis holds it (its header, then its n entries: see Raw copies).
 type cacheEntry struct {
 	user    uint32
 	live    bool
@@ -78,7 +78,7 @@ type cacheEntry struct {
 	nLatest int32 // the copy's version (a log only grows, at its end)
 	off     int32
 	size    int32
-	raw     int32
+	whole   bool
 }
 
 // arenaCompactMin is the arena size below which its dead bytes are left.
@@ -109,6 +109,15 @@ type logItem struct {
 // copies into a new one), so they stay valid.
 func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 	buf = buf[:0]
+	if e.whole {
+		raw := unsafe.String(&sh.arena[e.off], int(e.size))
+		for p := 8; p < len(raw); {
+			m, score, next, _ := nextEntry(raw, p) // checked by install
+			buf = append(buf, logItem{m, score})
+			p = next
+		}
+		return buf
+	}
 	data := sh.arena[e.off : e.off+e.size]
 	p := 8 * int(e.n)
 	for i := 0; i < int(e.n); i++ {
@@ -183,8 +192,8 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	log := sh.items(e, buf)
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
-	if h[0] == 1 && e.raw > 0 {
-		raw := unsafe.String(&sh.arena[e.off+e.size-e.raw], int(e.raw))
+	if h[0] == 1 && e.whole {
+		raw := unsafe.String(&sh.arena[e.off], int(e.size))
 		if int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a) {
 			a.expect = raw
 			a.verifiedDec, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // the request's counts: see run
@@ -362,8 +371,10 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 		c.drop(r.UserID)
 		return
 	}
-	size += len(raw)
-	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size), raw: int32(len(raw))}
+	if raw != "" { // kept whole: its entries are read from it
+		size = len(raw)
+	}
+	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size), whole: raw != ""}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
@@ -405,8 +416,8 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 	sh.index[r.UserID] = slot
 }
 
-// put appends log (size bytes encoded, see cacheEntry) to the arena and
-// returns its offset; -1 when the arena would outgrow an int32 offset (a
+// put appends log (size bytes encoded, see cacheEntry), or raw when it is
+// not empty (the copy kept whole), to the arena and returns its offset; -1 when the arena would outgrow an int32 offset (a
 // shard never holds that much: the copy is not kept).
 func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
 	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/4 {
@@ -416,6 +427,10 @@ func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
 	if off+size > 1<<31-1 {
 		return -1
 	}
+	if raw != "" {
+		sh.arena = append(sh.arena, raw...)
+		return int32(off)
+	}
 	for _, it := range log {
 		sh.arena = binary.LittleEndian.AppendUint64(sh.arena, uint64(it.score))
 	}
@@ -423,7 +438,6 @@ func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
 		sh.arena = append(sh.arena, byte(len(it.member)))
 		sh.arena = append(sh.arena, it.member...)
 	}
-	sh.arena = append(sh.arena, raw...)
 	return int32(off)
 }
 
