@@ -29,9 +29,10 @@ import (
 // order); and this Limiter has not sent a new log of its user lately (see
 // seenUsers): a user it has seen most likely has a log, and a SET NX that
 // finds one costs a round trip. A user is remembered when its SET NX is
-// answered (recorded, or a log found); one the script decided without a
-// SET NX is not (most never come this way: their sends are not eligible), so
-// the next eligible send of such a user costs one SET NX that finds its log.
+// answered (recorded, or a log found), or when an eligible send of it goes to
+// the script because the user has several in the batch; one whose sends were
+// never eligible is not, so its first eligible send costs one SET NX that
+// finds its log.
 
 // newLogEligible reports whether r's send, with args a, is decided the same
 // by a SET NX of a new log as by the script when the user has no log.
@@ -153,6 +154,7 @@ func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc 
 	for _, i := range pending {
 		if fresh[i] && users[reqs[i].UserID] > 1 {
 			fresh[i] = false
+			l.seen.add(reqs[i].UserID) // the script writes its log now: its next sends go there directly
 		}
 	}
 	return fresh

@@ -260,6 +260,14 @@ func TestNewLogOnlyWhereNothingElseDecides(t *testing.T) {
 	if st := e.lim.Stats(); st.NewLogs != 0 || st.NewLogMisses != 0 {
 		t.Errorf("%+v: want none as a new log", st)
 	}
+	// User 24's log was written by the script: its next send goes there directly, not by a SET NX that
+	// would find the log.
+	if d := e.decide(t, job(24, "email", daily3)); !d[0].Allowed || d[0].Counts[0] != 2 {
+		t.Errorf("user 24's third send: %+v, want allowed, 2 counted", d[0])
+	}
+	if st := e.lim.Stats(); st.NewLogMisses != 0 {
+		t.Errorf("%d SET NX found a log: the user whose sends the script decided was not remembered", st.NewLogMisses)
+	}
 	// The mark is in user 22's log: a user with a log, so a send of the
 	// refused job is refused again, by the script.
 	if d := e.decide(t, capping.Request{UserID: 22, JobID: "r", Channel: "email", Caps: []capping.Cap{daily3}}); !d[0].RefusedBefore {
