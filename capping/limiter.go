@@ -1250,6 +1250,20 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 // measure. The members and the packed values are binary, so no text tool
 // (redis-benchmark) can send them.
 func ScriptCall(keys []string, reqs []Request, now time.Time) ([]any, error) {
+	return callOfScript(keys, reqs, nil, now)
+}
+
+// CopyCall is ScriptCall for sends the near cache decided allowed from its
+// whole copies of the users' logs, logs[i] being reqs[i]'s (decide.lua's
+// mode 4: appended if the log is the copy, else decided in full).
+func CopyCall(keys []string, reqs []Request, logs []string, now time.Time) ([]any, error) {
+	if len(logs) != len(reqs) {
+		return nil, fmt.Errorf("capping: %d logs for %d requests", len(logs), len(reqs))
+	}
+	return callOfScript(keys, reqs, logs, now)
+}
+
+func callOfScript(keys []string, reqs []Request, logs []string, now time.Time) ([]any, error) {
 	if len(keys) != len(reqs) {
 		return nil, fmt.Errorf("capping: %d keys for %d requests", len(keys), len(reqs))
 	}
@@ -1264,6 +1278,9 @@ func ScriptCall(keys []string, reqs []Request, now time.Time) ([]any, error) {
 	args := newArgs(reqs, now, 0, &caps, nil)
 	for i := range args {
 		args[i].key = keys[i]
+		if logs != nil {
+			args[i].expect = logs[i]
+		}
 		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, 0)
 	}
 	v := callArgs(false, reqs, args, idx)

@@ -40,6 +40,12 @@ func TestScriptArgs(t *testing.T) {
 	if c := callOf(&r, a, false, 0); c.packed.mode != 0 {
 		t.Errorf("look-only mode %d, want 0", c.packed.mode)
 	}
+	// A send a whole copy allowed: mode 4, the copy where a refusal's name goes.
+	if v, err := CopyCall([]string{"fc:{7}"}, []Request{r}, []string{"the log"}, now); err != nil || len(v) != 8 || v[6] != "the log" {
+		t.Errorf("CopyCall: %q, %v, want the copy as the request's third value", v, err)
+	} else if p, err := unpack(v[4].(string)); err != nil || p.mode != 4 {
+		t.Errorf("CopyCall's packed values %+v, %v, want mode 4", p, err)
+	}
 	marked := arb
 	marked.Preferences, marked.Refused, marked.Caps = true, "budget", nil
 	if c := callOf(&marked, &newArgs([]Request{marked}, now, 0, nil, nil)[0], true, 0); len(c.args) != 10 || c.args[9] != "fc:{7}:prefs" ||

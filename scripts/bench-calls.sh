@@ -12,8 +12,12 @@
 #           is what its logic costs)
 #   batch   decide.lua deciding BATCH users (default 16) in one call, as capper sends a node's requests (its
 #           allow-cross-slot-keys flag; every key on one node): reported per user, not per call
-# Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B floor F batch N" (medians,
-# us per call; batch: per user).
+#   copy    decide.lua recording BATCH sends in one call that the near cache decided allowed from its whole
+#           copies of the users' logs (mode 4: GET, compare, APPEND), each user's log written before the
+#           CPU is read (capper-devstack calls -setup): per user, as batch
+#   copy1   the same, one user per call: per call
+# Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B floor F batch N copy C
+# copy1 C1" (medians, us per call; batch and copy: per user).
 # Scripts given as arguments (scripts/bench-calls.sh FILE.lua ...) are measured too, each with decide.lua's
 # arguments and named by its file's base name after the others: a variant of decide.lua (cut short after a
 # step, or reworked) is measured side by side with the script in the same rounds.
@@ -45,6 +49,8 @@ driver=$(mktemp -d)/capper-devstack
 go build -o "$driver" ./cmd/capper-devstack
 declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua))
 sha[batch]=${sha[decide]}
+sha[copy]=${sha[decide]}
+sha[copy1]=${sha[decide]}
 extra=()
 for f in "$@"; do
   n=$(basename "$f" .lua)
@@ -54,12 +60,18 @@ for f in "$@"; do
 done
 call() { # call NAME ROUND: REQUESTS decisions on keys of their own, prints the masters' us of CPU per call
   # (batch: per decision, REQUESTS / BATCH calls)
-  local before after per=1 kind=decide
-  case $1 in seed | batch) kind=$1 ;; esac
-  [[ $1 == batch ]] && per=$BATCH
+  local before after per=1 kind=decide batch=$BATCH at
+  case $1 in seed | batch | copy) kind=$1 ;; copy1) kind=copy batch=1 ;; esac
+  [[ $1 == batch || $1 == copy ]] && per=$BATCH
+  at=$(date +%s%3N)
+  if [[ $kind == copy ]]; then # the users' logs, as the near cache's copies hold them: written before the CPU is read
+    "$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "${sha[$1]}" -args copy -setup -at "$at" -n "$REQUESTS" \
+      -clients "$CLIENTS" -pipeline "$PIPELINE" -batch "$batch" -prefix "rbcost:$1:$2" >/dev/null ||
+      { echo "bench-calls: $1's setup failed" >&2; exit 1; }
+  fi
   before=$(redis_masters_cpu "${addrs[@]}")
-  "$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "${sha[$1]}" -args "$kind" -n "$REQUESTS" -users "$USERS" \
-    -clients "$CLIENTS" -pipeline "$PIPELINE" -batch "$BATCH" -prefix "rbcost:$1:$2" >/dev/null ||
+  "$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "${sha[$1]}" -args "$kind" -at "$at" -n "$REQUESTS" -users "$USERS" \
+    -clients "$CLIENTS" -pipeline "$PIPELINE" -batch "$batch" -prefix "rbcost:$1:$2" >/dev/null ||
     { echo "bench-calls: $1 failed" >&2; exit 1; }
   after=$(redis_masters_cpu "${addrs[@]}")
   awk -v a="$before" -v b="$after" -v n="$((REQUESTS / per * per))" 'BEGIN {printf "%.2f", 1e6 * (b - a) / n}'
@@ -79,10 +91,10 @@ cleanup() { # drop what a failed run left of the benchmark's keys
 trap cleanup EXIT
 rows=()
 for r in $(seq "$ROUNDS"); do
-  for s in seed decide bare floor batch "${extra[@]}"; do
+  for s in seed decide bare floor batch copy copy1 "${extra[@]}"; do
     rows+=("$s $(call "$s" "$r")")
   done
-  echo "bench-calls round $r: ${rows[*]: -$((5 + ${#extra[@]}))}" >&2
+  echo "bench-calls round $r: ${rows[*]: -$((7 + ${#extra[@]}))}" >&2
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
 import statistics, sys
@@ -90,4 +102,4 @@ v = {}
 for line in sys.stdin:
     k, x = line.split()
     v.setdefault(k, []).append(float(x))
-print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch") + tuple(sys.argv[1:])))' "${extra[@]}"
+print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch", "copy", "copy1") + tuple(sys.argv[1:])))' "${extra[@]}"

@@ -12,7 +12,8 @@
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
 # decide.lua's floor (its GET and APPEND alone),
 # and decide.lua per decision when it decides 16 users in one call, as capper calls it
-# costs the Redis masters, medians of 3; once with the default 250,000 users, mostly first sends, and once with
+# costs the Redis masters, and decide.lua's mode 4 (a send the near cache allowed from its whole copy of the
+# log: GET, compare, APPEND) per call and at 16 per call, medians of 3; once with the default 250,000 users, mostly first sends, and once with
 # 50,000, six calls each: logs with a history) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
@@ -90,11 +91,13 @@ print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"]
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
 print("| GET and APPEND of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
 print("| decide.lua deciding 16 users of one node in one call (as capper calls it), per decision | %.1f us | - | - | - |" % call["batch"])
+print("| decide.lua recording a send the near cache's whole copy allowed (mode 4: GET, compare, APPEND), per call / per decision at 16 per call | %.1f / %.1f us | - | - | - |" % (call["copy1"], call["copy"]))
 print("| with a history (50k users, six calls each): seed / decide.lua / decide.lua 16 per call, per decision | %.1f / %.1f / %.1f us | - | - | - |" % (hist["seed"], hist["decide"], hist["batch"]))
 print()
 print("Redis per job (cache on) / seed per call     %5.2f   (goal <= 0.5)" % (c[5] / call["seed"]))
 print("decide.lua per call / seed per call          %5.2f   (goal <= 1.0)" % (call["decide"] / call["seed"]))
 print("decide.lua per decision, 16 per call / seed   %5.2f   (as capper calls it)" % (call["batch"] / call["seed"]))
+print("decide.lua mode 4 (a whole copy's send) / seed %5.2f per call, %.2f per decision at 16 per call" % (call["copy1"] / call["seed"], call["copy"] / call["seed"]))
 print("with a history: decide.lua / seed, per call   %5.2f   16 per call, per decision / seed %5.2f" % (hist["decide"] / hist["seed"], hist["batch"] / hist["seed"]))
 print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
 print("decide.lua per call / its floor per call     %5.2f   (what its logic adds to the commands it needs)" % (call["decide"] / call["floor"]))

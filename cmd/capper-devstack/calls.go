@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -37,6 +38,10 @@ var benchCaps = []capping.Cap{
 //	        start and limit of the same two windows
 //	batch   capper's call of capping/decide.lua for -batch users at once (as Decide sends a node's
 //	        requests)
+//	copy    capper's call of decide.lua for a send its near cache decided allowed from its whole copy
+//	        of the user's log (mode 4: one GET, the compare, one APPEND), -batch users per call, each
+//	        call's users new (users -n); -setup writes their logs first (a header and one send an hour
+//	        before -at), which bench-calls.sh runs outside what it measures
 //
 // Every key is PREFIX:{tag}:USER (one slot: a batch's keys must be on one node). The calls are made
 // before the first is sent, so what the run costs Redis is the calls alone. An error reply stops it: an
@@ -45,7 +50,9 @@ func calls(args []string) error {
 	fs := flag.NewFlagSet("calls", flag.ExitOnError)
 	addrs := fs.String("addrs", "127.0.0.1:7000", "comma-separated Redis Cluster nodes")
 	sha := fs.String("sha", "", "SHA1 of the script, loaded on every node (required)")
-	kind := fs.String("args", "decide", "the arguments: decide, seed or batch")
+	kind := fs.String("args", "decide", "the arguments: decide, seed, batch or copy")
+	setup := fs.Bool("setup", false, "with -args copy: write the users' logs (the copies) instead of calling")
+	at := fs.Int64("at", 0, "with -args copy: the calls' clock in ms (0: now); -setup and the calls must agree")
 	n := fs.Int("n", 300000, "calls to make (with -args batch: decisions; calls are n / batch)")
 	users := fs.Int("users", 250000, "random users the calls go to")
 	clients := fs.Int("clients", 32, "connections, each sending one pipeline at a time")
@@ -57,6 +64,9 @@ func calls(args []string) error {
 		return errors.New("calls: -sha is required; -n, -users, -clients, -pipeline and -batch must be positive")
 	}
 	now := time.Now()
+	if *at > 0 {
+		now = time.UnixMilli(*at)
+	}
 	rng := rand.New(rand.NewPCG(uint64(now.UnixNano()), 27))
 	key := func(u int) string { return *prefix + ":{tag}:" + strconv.Itoa(u) }
 	request := func(u int) capping.Request {
@@ -65,13 +75,40 @@ func calls(args []string) error {
 	}
 	ms := now.UnixMilli()
 	total := *n
-	if *kind == "batch" {
+	if *kind == "batch" || *kind == "copy" {
 		total = *n / *batch
+	}
+	// copyLog is user u's log as -setup writes it and a copy call expects it: its header (the TTL's end, a
+	// day beyond a week), then one send an hour before now.
+	copyLog := func(u int) string {
+		m := capping.Member("prev"+strconv.Itoa(u), "email", "", nil)
+		b := binary.BigEndian.AppendUint64(nil, uint64(ms+8*capping.Daily.Milliseconds()))
+		b = binary.BigEndian.AppendUint64(b, uint64(ms-time.Hour.Milliseconds()))
+		b = binary.BigEndian.AppendUint16(b, uint16(len(m)))
+		return string(append(b, m...))
 	}
 	cmds := make([][]any, total)
 	for i := range cmds {
 		u := rng.IntN(*users)
 		switch *kind {
+		case "copy":
+			keys, reqs, logs := make([]string, *batch), make([]capping.Request, *batch), make([]string, *batch)
+			for j := range reqs {
+				u = i**batch + j
+				keys[j], reqs[j], logs[j] = key(u), request(u), copyLog(u)
+			}
+			if *setup {
+				for j := range keys {
+					cmds = append(cmds, []any{"set", keys[j], logs[j], "px", 9 * capping.Daily.Milliseconds()})
+				}
+				continue
+			}
+			c, err := capping.CopyCall(keys, reqs, logs, now)
+			if err != nil {
+				return err
+			}
+			c[1] = *sha
+			cmds[i] = c
 		case "decide":
 			c, err := capping.ScriptCall([]string{key(u)}, []capping.Request{request(u)}, now)
 			if err != nil {
@@ -95,8 +132,11 @@ func calls(args []string) error {
 			c[1] = *sha
 			cmds[i] = c
 		default:
-			return fmt.Errorf("calls: -args %q: want decide, seed or batch", *kind)
+			return fmt.Errorf("calls: -args %q: want decide, seed, batch or copy", *kind)
 		}
+	}
+	if *setup {
+		cmds, total = cmds[total:], len(cmds)-total // the SETs, not the calls
 	}
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: splitList(*addrs), PoolSize: *clients})
 	defer rdb.Close()
@@ -118,9 +158,18 @@ func calls(args []string) error {
 				for _, c := range cmds[from:min(from+*pipeline, total)] {
 					p.Do(ctx, c...)
 				}
-				if _, err := p.Exec(ctx); err != nil {
+				res, err := p.Exec(ctx)
+				if err != nil {
 					errs <- fmt.Errorf("calls: %w", err)
 					return
+				}
+				if *kind == "copy" && !*setup { // each send appended to its copy's log: the path measured
+					for _, c := range res {
+						if v, _ := c.(*redis.Cmd).Slice(); len(v) == 0 || v[0] != "=" {
+							errs <- fmt.Errorf("calls: a copy call answered %q, want '=' per user (the log is the copy)", v)
+							return
+						}
+					}
 				}
 			}
 		}()
@@ -131,7 +180,7 @@ func calls(args []string) error {
 		return err
 	}
 	per := 1
-	if *kind == "batch" {
+	if (*kind == "batch" || *kind == "copy") && !*setup {
 		per = *batch
 	}
 	fmt.Printf("%.0f\n", float64(total*per)/time.Since(start).Seconds())

@@ -4,7 +4,7 @@
 //
 //	capper-devstack s3 -addr 127.0.0.1:9000 -buckets capper-segments
 //	capper-devstack kafka-setup -brokers 127.0.0.1:9092 -topics sends,... [secured flags]
-//	capper-devstack calls -sha SHA [-args decide|seed|batch -n N -users U -clients C -pipeline P]
+//	capper-devstack calls -sha SHA [-args decide|seed|batch|copy -setup -at MS -n N -users U -clients C -pipeline P]
 //	capper-devstack drop-keys -addrs A -prefix P
 //	capper-devstack drop-topics -brokers B -prefix P
 //
