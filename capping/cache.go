@@ -67,7 +67,7 @@ type cacheShard struct {
 // cacheEntry is a copy of one user's log, oldest first, at
 // arena[off:off+size] of its shard: n scores (8 bytes each, little-endian),
 // then each member after its length byte; or, when whole, the log itself as
-// Redis holds it (its header, then its n entries: see Raw copies).
+// Redis holds it (its header, then its n entries: see Whole copies).
 type cacheEntry struct {
 	user    uint32
 	live    bool
@@ -211,7 +211,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	return true
 }
 
-// Raw copies. A copy whose log the cache knows whole, byte for byte as Redis
+// Whole copies. A copy whose log the cache knows whole, byte for byte as Redis
 // holds it (header included: the log this process wrote as a new log, then
 // appended to), lets the worker decide an allowed send too: evaluate is the
 // script's decision, and the script's mode 4 records the send with one
@@ -245,9 +245,10 @@ func appendable(log []logItem, head []int64, r *Request, a *reqArgs) bool {
 	return true
 }
 
-// rawUntil returns until when a raw copy can take an appended send: its
-// header's TTL less the retention (then the script writes the log whole with
-// a new TTL), or 0 for what is not a raw copy of a log without marks.
+// rawUntil returns until when a whole copy (raw, the log's bytes) can take
+// an appended send: its header's TTL less the retention (then the script
+// writes the log whole with a new TTL), or 0 for bytes that are not a log
+// without marks.
 func rawUntil(raw string, a *reqArgs) int64 {
 	if len(raw) < 8 || (len(raw) >= 16 && int64(be64(raw, 8)) < 0) { // no header, or a mark first
 		return 0
@@ -342,7 +343,7 @@ func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
 // the log packs them: see parseReply) for r's user, unless the cache was
 // cleared since the decision's gen, or holds a newer copy. The copy expires
 // when the last of r's caps that are full after the decision passes again,
-// or, with raw (the log whole, see Raw copies), when it can no longer take
+// or, with raw (the log whole, see Whole copies), when it can no longer take
 // an appended send if that is later. hint is the slot plus one where the
 // user's copy was at the batch's lookup (0: none, or unknown): if that slot
 // still holds the user's copy, the index is not read (each user has at most
@@ -417,8 +418,9 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 }
 
 // put appends log (size bytes encoded, see cacheEntry), or raw when it is
-// not empty (the copy kept whole), to the arena and returns its offset; -1 when the arena would outgrow an int32 offset (a
-// shard never holds that much: the copy is not kept).
+// not empty (the copy kept whole), to the arena and returns its offset; -1
+// when the arena would outgrow an int32 offset (a shard never holds that
+// much: the copy is not kept).
 func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
 	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/4 {
 		sh.compact()
@@ -567,10 +569,6 @@ func (c *nearCache) stats() (entries, bytes int) {
 // appendedLog returns a's copy (expect) with a's send appended, as the
 // script's mode 4 appends it: the log after it, whole.
 func appendedLog(a *reqArgs) string {
-	b := make([]byte, 0, len(a.expect)+10+len(a.member))
-	b = append(b, a.expect...)
-	b = binary.BigEndian.AppendUint64(b, uint64(a.now))
-	b = binary.BigEndian.AppendUint16(b, uint16(len(a.member)))
-	b = append(b, a.member...)
+	b := appendEntry(append(make([]byte, 0, len(a.expect)+10+len(a.member)), a.expect...), a.now, a.member)
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }

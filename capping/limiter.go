@@ -143,7 +143,7 @@ type Limiter struct {
 	requests atomic.Uint64 // requests they carried
 
 	newLogs, newLogMisses   atomic.Uint64 // SET NX that recorded a new log, and that found one
-	copyAppends, copyMisses atomic.Uint64 // sends decided from a raw copy and appended (mode 4), and those whose log had changed
+	copyAppends, copyMisses atomic.Uint64 // sends decided from a whole copy and appended (mode 4), and those whose log had changed
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -1098,8 +1098,9 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 
 // parseReply checks the script's reply (one packed string, see decide.lua)
 // against the request's caps and returns its decision and the log entries
-// that follow it, as the log packs them (empty if none); it never panics on
-// a bad reply. member is the send's, to tell which shadow caps apply; counts
+// that follow it, as the log packs them (empty if none), and, when the
+// script sent the log whole (status + 128), that log (its header, then the
+// same entries); it never panics on a bad reply. member is the send's, to tell which shadow caps apply; counts
 // (of len(caps)) becomes the Decision's Counts, or nil.
 func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (d Decision, tail, whole string, err error) {
 	ncaps := len(caps)
@@ -1179,6 +1180,14 @@ func nextEntry(log string, p int) (member string, score int64, next int, ok bool
 		return "", 0, p, false
 	}
 	return log[p+10 : next], int64(be64(log, p)), next, true
+}
+
+// appendEntry appends an entry packed as decide.lua packs a log's (see
+// nextEntry, which reads it back).
+func appendEntry(b []byte, score int64, member string) []byte {
+	b = binary.BigEndian.AppendUint64(b, uint64(score))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(member)))
+	return append(b, member...)
 }
 
 func be16(s string, i int) uint16 { return uint16(s[i])<<8 | uint16(s[i+1]) }

@@ -57,10 +57,7 @@ func newLogEligible(r *Request, a *reqArgs) bool {
 // the script's save writes them, in buf (of capacity newLogLen(a) at least).
 func newLog(buf []byte, a *reqArgs) (value string, ttl int64) {
 	ttl = a.retention + min(a.retention/8, 3_600_000)
-	b := binary.BigEndian.AppendUint64(buf[:0], uint64(a.now+ttl))
-	b = binary.BigEndian.AppendUint64(b, uint64(a.now))
-	b = binary.BigEndian.AppendUint16(b, uint16(len(a.member)))
-	b = append(b, a.member...)
+	b := appendEntry(binary.BigEndian.AppendUint64(buf[:0], uint64(a.now+ttl)), a.now, a.member)
 	return unsafe.String(unsafe.SliceData(b), len(b)), ttl
 }
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/testenv"
 )
@@ -284,14 +286,7 @@ func TestNewLogsRacing(t *testing.T) {
 	rdb := testenv.ClusterClient(t)
 	prefix := testenv.Unique("newlograce")
 	const workers, users = 6, 200
-	lims := make([]*capping.Limiter, workers)
-	for w := range lims {
-		l, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		lims[w] = l
-	}
+	lims := limiters(t, rdb, workers, capping.Config{KeyPrefix: prefix})
 	one := capping.Cap{Name: "one", Window: capping.Daily, Limit: 1}
 	for _, redelivered := range []bool{false, true} {
 		allowed, dups := make([]int, users), make([]int, users)
@@ -349,6 +344,21 @@ func TestNewLogsRacing(t *testing.T) {
 	}
 }
 
+// limiters returns n Limiters of cfg on rdb: n workers, each with its own
+// new-log filter and near cache.
+func limiters(t *testing.T, rdb *redis.ClusterClient, n int, cfg capping.Config) []*capping.Limiter {
+	t.Helper()
+	lims := make([]*capping.Limiter, n)
+	for w := range lims {
+		l, err := capping.New(context.Background(), rdb, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lims[w] = l
+	}
+	return lims
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -367,14 +377,7 @@ func TestCopiesRacing(t *testing.T) {
 	prefix := testenv.Unique("copyrace")
 	const workers, users, rounds, limit = 4, 60, 8, 3
 	three := capping.Cap{Name: "three", Window: capping.Daily, Limit: limit}
-	lims := make([]*capping.Limiter, workers)
-	for w := range lims {
-		l, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, NearCache: 1000})
-		if err != nil {
-			t.Fatal(err)
-		}
-		lims[w] = l
-	}
+	lims := limiters(t, rdb, workers, capping.Config{KeyPrefix: prefix, NearCache: 1000})
 	var mu sync.Mutex
 	allowedJobs := map[string]bool{} // jobs answered allowed, anywhere
 	perUser := make([]map[string]bool, users)
