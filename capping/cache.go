@@ -129,7 +129,9 @@ func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 }
 
 // decideAll answers each request at idx from its user's copy when the
-// script would cap it: hit[i] reports that decs[i] holds the answer.
+// script would cap it: hit[i] reports that decs[i] holds the answer. (A send
+// the copy allows and the script can record with an append, a.expect set,
+// has its decision in decs[i] too, for Redis to confirm: see run.)
 // Otherwise (no copy, an expired one, or a send the copy would allow or finds
 // logged) the request is for Redis. It counts neither hits nor misses (the
 // caller may still send a hit to Redis). The requests are taken shard by shard, under one lock each, the
@@ -196,7 +198,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 		raw := unsafe.String(&sh.arena[e.off], int(e.size))
 		if int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a) {
 			a.expect = raw
-			a.verifiedDec, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // the request's counts: see run
+			*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the append: see run
 		}
 		return false
 	}

@@ -211,14 +211,21 @@ const (
 // one user inside the longest window collide with a probability of about
 // n²/2⁶⁵ for n logged sends.
 func Member(jobID, channel, campaign string, tags []string) string {
-	b := make([]byte, memberTags+2*len(tags))
-	binary.BigEndian.PutUint64(b, xxhash.Sum64String(jobID))
-	binary.BigEndian.PutUint16(b[memberChannel:], uint16(xxhash.Sum64String(channel)))
-	binary.BigEndian.PutUint32(b[memberCampaign:], uint32(xxhash.Sum64String(campaign)))
-	for i, t := range tags {
-		binary.BigEndian.PutUint16(b[memberTags+2*i:], uint16(xxhash.Sum64String(t)))
+	return string(appendMember(nil, jobID, channel, campaign, tags))
+}
+
+// memberLen is the length of a member with n tags.
+func memberLen(n int) int { return memberTags + 2*n }
+
+// appendMember appends the member of a send (see Member) to b.
+func appendMember(b []byte, jobID, channel, campaign string, tags []string) []byte {
+	b = binary.BigEndian.AppendUint64(b, xxhash.Sum64String(jobID))
+	b = binary.BigEndian.AppendUint16(b, uint16(xxhash.Sum64String(channel)))
+	b = binary.BigEndian.AppendUint32(b, uint32(xxhash.Sum64String(campaign)))
+	for _, t := range tags {
+		b = binary.BigEndian.AppendUint16(b, uint16(xxhash.Sum64String(t)))
 	}
-	return string(b)
+	return b
 }
 
 // digest2 and digest4 are a name's digests as Member writes them, for scopes.
@@ -287,6 +294,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		gen = cache.gen.Load()
 	}
 	fail := func(i int, err error) {
+		decs[i] = Decision{} // a failed request's is zero (a copy's decision may be there)
 		setErr(i, fmt.Errorf("capping: decide job %q for user %d: %w", reqs[i].JobID, reqs[i].UserID, err))
 		if cache != nil { // it may have been recorded: the copy is no longer the log
 			cache.drop(reqs[i].UserID)
@@ -335,13 +343,15 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				hits++
 				continue
 			}
-			decs[i] = Decision{}
 			if sent == nil {
 				sent = make(map[uint32]bool, len(reqs))
 				sc.sent = sent
 			}
 			if sent[reqs[i].UserID] {
 				b.args[i].expect = "" // the copy will not hold the earlier request's outcome
+			}
+			if b.args[i].expect == "" { // else the copy's decision, for an append (see decideAll)
+				decs[i] = Decision{}
 			}
 			sent[reqs[i].UserID] = true
 		}
@@ -395,7 +405,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 					raw = a.packed
 				case a.expect != "" && v == "=": // recorded by an APPEND to the copy's log
 					l.copyAppends.Add(1)
-					decs[i], raw = a.verifiedDec, appendedLog(a)
+					raw = appendedLog(a) // decs[i]: the copy's decision (see decideAll)
 					tail = raw[8:]
 				default:
 					if a.expect != "" {
@@ -481,11 +491,10 @@ type reqArgs struct {
 	all      []int // with orig, per cap of the request: the Decision's Counts (-1 where not decided)
 
 	// expect, set by the near cache, is the user's whole log as its copy
-	// holds it, from which the send was decided allowed (verified, in
-	// verifiedDec): the script appends the send if the log is still that
-	// (mode 4, see decide.lua), else decides it.
-	expect      string
-	verifiedDec Decision
+	// holds it, from which the send was decided allowed (that decision in
+	// the request's Decision until Redis answers): the script appends the
+	// send if the log is still that (mode 4, see decide.lua), else decides it.
+	expect string
 
 	// Set by send and pack for a call to Redis (the call points at them).
 	key, arbKey, prefKey string
@@ -584,6 +593,11 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 	for i := range reqs {
 		ncaps += len(reqs[i].Caps)
 	}
+	// The members, one after the other in arrays of their own (never
+	// reused: nothing may write where a member's string points) of 8 KiB, a
+	// small allocation (an array above 32 KiB is a large one, zeroed apart:
+	// more than the members' own allocations cost).
+	var members []byte
 	var intsBuf *[]int64
 	var origBuf *[]int
 	var argsBuf *[]reqArgs
@@ -609,7 +623,12 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 		if !r.SentAt.IsZero() {
 			a.at, a.now = r.SentAt, r.SentAt.UnixMilli()
 		}
-		a.member = Member(r.JobID, r.Channel, r.Campaign, r.Tags)
+		if need := memberLen(len(r.Tags)); cap(members)-len(members) < need {
+			members = make([]byte, 0, max(need, 8<<10))
+		}
+		m := len(members)
+		members = appendMember(members, r.JobID, r.Channel, r.Campaign, r.Tags)
+		a.member = unsafe.String(&members[m], len(members)-m)
 		a.caps = r.Caps
 		retention := r.Retention
 		for j := range r.Caps {
