@@ -39,6 +39,8 @@ type Config struct {
 	// CacheDir keeps the downloaded objects, so that a refresh re-reads the
 	// unchanged ones from local disk instead of downloading them or holding
 	// their bitmaps in memory. Defaults to a new temporary directory, removed by Close.
+	// One process at a time: New fails while another holds it, and removes
+	// the cached copies a killed process left (see cacheDir).
 	CacheDir string
 }
 
@@ -82,8 +84,8 @@ type Store struct {
 	current atomic.Pointer[Snapshot]
 	mu      sync.Mutex // serialises refreshes; guards cache
 	cache   map[string]cached
-	tempDir string // the cache directory New created, removed by Close
-	seq     int    // numbers the cached files
+	dir     *cacheDir
+	seq     int // numbers the cached files
 
 	refreshes  *prometheus.CounterVec
 	downloaded prometheus.Counter
@@ -108,15 +110,6 @@ func New(cfg Config) (*Store, error) {
 		cfg.Clock = time.Now
 	}
 	s := &Store{cfg: cfg, cache: map[string]cached{}}
-	if cfg.CacheDir == "" {
-		dir, err := os.MkdirTemp("", "capper-segments-")
-		if err != nil {
-			return nil, fmt.Errorf("segments: cache directory: %w", err)
-		}
-		s.cfg.CacheDir, s.tempDir = dir, dir
-	} else if err := os.MkdirAll(cfg.CacheDir, 0o755); err != nil {
-		return nil, fmt.Errorf("segments: cache directory: %w", err)
-	}
 	s.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_segments_refreshes_total", Help: "Segment snapshot refreshes by result (ok, unchanged, error).",
 	}, []string{"result"})
@@ -141,6 +134,11 @@ func New(cfg Config) (*Store, error) {
 			}
 		}
 	}
+	dir, err := openCacheDir(cfg.CacheDir, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	s.dir, s.cfg.CacheDir = dir, dir.path
 	return s, nil
 }
 
@@ -282,13 +280,9 @@ func (s *Store) report(snap *Snapshot, downloaded []string, bytes int64, took ti
 	}
 }
 
-// Close removes the cache directory New created. The current snapshot stays usable.
-func (s *Store) Close() error {
-	if s.tempDir == "" {
-		return nil
-	}
-	return os.RemoveAll(s.tempDir)
-}
+// Close removes the cache directory if New created it, or else the cached
+// copies in it, and releases it. The current snapshot stays usable.
+func (s *Store) Close() error { return s.dir.close() }
 
 func writeFileAtomic(path string, data []byte) error {
 	tmp := path + ".tmp"

@@ -192,6 +192,7 @@ type Segments struct {
 	RefreshInterval Duration `yaml:"refresh_interval"` // segments.Config.RefreshInterval (0 = its default).
 	StartupTimeout  Duration `yaml:"startup_timeout"`  // segments.Config.StartupTimeout (0 = its default).
 	// CacheDir keeps the downloaded objects; defaults to a temporary directory removed at exit.
+	// One process at a time (segments.Config.CacheDir).
 	CacheDir string `yaml:"cache_dir"`
 }
 
