@@ -809,9 +809,13 @@ func TestPreferences(t *testing.T) {
 	check("a second email: the user's own limit", send("e2", "email", []string{"marketing"}, true), false, "preference:channel:email", capping.Daily)
 	check("a push, VIP: past the daily cap of 1", send("p1", "push", []string{"marketing"}, true), true, "", 0)
 	check("a promotion: opted out", send("p2", "push", []string{"marketing", "promotional"}, true), false, "preference:tag:promotional", 0)
-	if st := lim.Stats(); st.CacheEntries != 0 {
-		t.Errorf("%d copies in the near cache, want none for a user with preferences", st.CacheEntries)
+	if d := send("p1", "push", []string{"marketing"}, true); !d.Duplicate {
+		t.Errorf("p1 again: %+v, want a duplicate", d)
 	}
+	if st := lim.Stats(); st.CacheEntries != 0 {
+		t.Errorf("%d copies in the near cache, want none for a user with preferences (a duplicate's reply included)", st.CacheEntries)
+	}
+	check("another push, VIP", send("p5", "push", []string{"marketing"}, true), true, "", 0)
 	e.clock.Set(base.Add(2 * time.Hour)) // no longer VIP
 	check("a push after the exemption", send("p4", "push", []string{"marketing"}, true), false, "daily", capping.Daily+time.Minute)
 	check("the same without preferences", send("p3", "push", []string{"marketing", "promotional"}, false), false, "daily", capping.Daily+time.Minute)

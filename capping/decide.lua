@@ -465,6 +465,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     else
       pref = nil
     end
+  elseif prefkey and record and maxlog > 0 then -- a duplicate reads none, but must not leave a copy of their log
+    has_prefs = redis.call('EXISTS', prefkey) == 1
   end
 
   -- Arbitration of the last slot (see the header): only for a send that every cap allows and that would
