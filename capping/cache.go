@@ -79,6 +79,7 @@ type cacheEntry struct {
 	off     int32
 	size    int32
 	whole   bool
+	prefs   bool // made by a request that read preferences: the user had none
 }
 
 // arenaCompactMin is the arena size below which its dead bytes are left.
@@ -188,6 +189,9 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	e := &sh.slots[slot]
 	if !e.live || a.now >= e.expires {
 		sh.remove(slot)
+		return false
+	}
+	if r.Preferences && !e.prefs { // the user may have preferences since: the script reads them
 		return false
 	}
 	e.ref = true
@@ -377,7 +381,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 	if raw != "" { // kept whole: its entries are read from it
 		size = len(raw)
 	}
-	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size), whole: raw != ""}
+	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size), whole: raw != "", prefs: r.Preferences}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {

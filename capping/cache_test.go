@@ -48,7 +48,10 @@ func capSets(day time.Time, campaign string) [][]capping.Cap {
 // allowed and capped jobs, count-only sends, clock jumps across windows and
 // days, and mid-stream "segment swaps" and "rules reloads" (users change cap
 // lists), half of them with the cache invalidated as the daemon does and half
-// without: the copies are exact either way within one process.
+// without: the copies are exact either way within one process. Half the
+// sends read the users' preferences, which some users have and which change
+// mid-stream (on both prefixes; SetPreference drops the copy, as the
+// daemon's preferences-cache group does).
 func TestNearCacheDecidesAsRedis(t *testing.T) {
 	rdb := testenv.ClusterClient(t)
 	clk := &clock{t: base}
@@ -71,9 +74,28 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	if testing.Short() {
 		batches = 100
 	}
+	setPref := func(u uint32, p capping.Preference, clear bool) {
+		for _, l := range []*capping.Limiter{cached, plain} {
+			if err := l.SetPreference(ctx, u, p, clear); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	prefs := func() []capping.Preference {
+		return []capping.Preference{
+			{Channel: "sms", Limit: 1, Window: capping.Daily},
+			{Tag: "promotional", OptOut: true},
+			{VIPUntil: clk.Now().Add(time.Duration(1+rng.IntN(3)) * time.Hour)},
+		}
+	}
+	for u := uint32(5); u <= users; u += 5 {
+		setPref(u, prefs()[rng.IntN(3)], false)
+	}
 	for b := 0; b < batches; b++ {
 		switch r := rng.Float64(); {
-		case r < 0.03: // a segment swap or a rules reload: some users change cap lists
+		case r < 0.015:
+			clk.Add(time.Duration(3*24+rng.IntN(48)) * time.Hour) // days: entries and marks age out of the retention
+		case r < 0.045: // a segment swap or a rules reload: some users change cap lists
 			for u := 1; u <= users; u++ {
 				if rng.Float64() < 0.3 {
 					set[u] = rng.IntN(3)
@@ -82,9 +104,9 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				cached.InvalidateCache()
 			}
-		case r < 0.015:
-			clk.Add(time.Duration(3*24+rng.IntN(48)) * time.Hour) // days: entries and marks age out of the retention
-		case r < 0.10:
+		case r < 0.065: // a user sets or clears a preference
+			setPref(uint32(1+rng.IntN(users)), prefs()[rng.IntN(3)], rng.IntN(3) == 0)
+		case r < 0.135:
 			clk.Add(time.Duration(rng.IntN(6*3600)) * time.Second) // hours: windows roll, days change
 		default:
 			clk.Add(time.Duration(rng.IntN(120_000)) * time.Millisecond)
@@ -103,13 +125,13 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			}
 			campaign := fmt.Sprint("c", rng.IntN(3))
 			r := capping.Request{UserID: u, JobID: fmt.Sprintf("j%d-%d", b, i), Channel: channels[rng.IntN(3)], Campaign: campaign,
-				Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour}
+				Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour, Preferences: rng.IntN(2) == 0}
 			if rng.IntN(2) == 0 {
 				r.Tags = append(r.Tags, "promotional")
 			}
 			switch f := rng.Float64(); {
 			case f < 0.05:
-				r.Tags[0] = "receipt" // count-only: recorded without a check
+				r.Tags[0], r.Preferences = "receipt", false // count-only: recorded without a check
 			case f < 0.09: // refused elsewhere (a budget, quiet hours): a mark in the log, which no copy counts
 				r.DuplicateOnly, r.Refused = true, "budget"
 				reqs[i] = r
