@@ -229,12 +229,13 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 // appendable reports whether the script, given the copy's log (log, with the
 // raw header checked by the caller), would record r's send (allowed by
 // evaluate: head) with one APPEND at a.now: the send is a plain one
-// (mode 1, no preferences, not a candidate), no entry has aged out or comes
-// after now, and no arbitrated cap would give the send its last slot. (The
-// caller checks that the header's TTL covers the retention: see save in
-// decide.lua.)
+// (mode 1, not a candidate), no entry has aged out or comes after now, and
+// no arbitrated cap would give the send its last slot. (The caller checks
+// that the header's TTL covers the retention: see save in decide.lua. A
+// request that reads preferences is appended only if the user still has
+// none: the script checks.)
 func appendable(log []logItem, head []int64, r *Request, a *reqArgs) bool {
-	if r.Preferences || r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() {
+	if r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() {
 		return false
 	}
 	if n := len(log); n > 0 && (log[0].score <= a.now-a.retention || log[n-1].score > a.now) {

@@ -31,9 +31,10 @@
 --                 log's latest; 0: look only, write nothing
 --                 4: the worker decided the send allowed from its copy of the log, ARGV[3], which it holds
 --                 to be the log whole (header and entries; no marks, none aged out, its TTL covering the
---                 retention, no entry after now): if the log is exactly that, the entry is appended (one
---                 GET, one APPEND, reply '=': what mode 1 would write and answer); otherwise the request
---                 is decided as in mode 1 (its caps are all there), so a copy gone stale costs nothing extra
+--                 retention, no entry after now): if the log is exactly that, and the user has no
+--                 preferences when prefs is 1, the entry is appended (one GET, an EXISTS with prefs, one
+--                 APPEND, reply '=': what mode 1 would write and answer); otherwise the request is decided
+--                 as in mode 1 (its caps are all there), so a copy gone stale costs nothing extra
 --   i8 retention  ms: entries this old are evicted, the key expires at least this long after a write
 --   I2 maxlog     most log entries to return (0: never) when, after this decision, a cap that blocks is
 --                 full (its count has reached its limit): the caller's near cache keeps that copy of the log
@@ -597,7 +598,7 @@ while i <= #ARGV do
   end
   local ok, reply = true, nil
   if mode == 4 then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
-    if redis.pcall('GET', key) == ARGV[i + 2] then
+    if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
       redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
       reply = '='
     else

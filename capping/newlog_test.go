@@ -129,24 +129,30 @@ func TestNewLogIsTheScriptsLog(t *testing.T) {
 	}
 }
 
+// twoWorkers returns two Limiters on one key prefix and clock: mine, with a
+// near cache, and another worker's, which decides by the script alone.
+func twoWorkers(t *testing.T, rdb *redis.ClusterClient, clk *clock, name string) (mine, other *capping.Limiter) {
+	t.Helper()
+	prefix := testenv.Unique(name)
+	mine, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err = capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, ScriptOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mine, other
+}
+
 // TestCopyAppendFindsTheLogChanged: a copy gone stale (another worker wrote
 // the user's log since) is never appended to: the script finds the log is
 // not the copy and decides the send in full, in the same call, against the
 // log as it is (here: capped by the other worker's send, which the copy
 // does not hold).
 func TestCopyAppendFindsTheLogChanged(t *testing.T) {
-	ctx := context.Background()
-	rdb := testenv.ClusterClient(t)
-	clk := &clock{t: base}
-	prefix := testenv.Unique("copystale")
-	mine, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, NearCache: 100})
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, ScriptOnly: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), &clock{t: base}
+	mine, other := twoWorkers(t, rdb, clk, "copystale")
 	two := capping.Cap{Name: "two", Window: capping.Daily, Limit: 2}
 	send := func(l *capping.Limiter, id string) capping.Decision {
 		t.Helper()
@@ -169,6 +175,48 @@ func TestCopyAppendFindsTheLogChanged(t *testing.T) {
 	}
 	if st2 := mine.Stats(); st2.CopyMisses != st.CopyMisses+1 || st2.CopyAppends != st.CopyAppends || st2.ScriptCalls != st.ScriptCalls+1 {
 		t.Fatalf("%+v: want one call that found the log changed and decided it", st2)
+	}
+	if n := testenv.LogLen(t, rdb, mine.Key(9)); n != 2 {
+		t.Fatalf("%d sends logged, want 2", n)
+	}
+}
+
+// TestCopyAppendReadsPreferences: a send that reads preferences, of a user
+// who has none, is recorded by an APPEND to the copy's log; once the user has
+// one (set by another worker: this one's copy is not dropped yet), the script
+// finds it and decides in full, so the preference applies.
+func TestCopyAppendReadsPreferences(t *testing.T) {
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), &clock{t: base}
+	mine, other := twoWorkers(t, rdb, clk, "copyprefs")
+	three := capping.Cap{Name: "three", Window: capping.Daily, Limit: 3}
+	send := func(id string) capping.Decision {
+		t.Helper()
+		clk.Add(time.Second)
+		d, err := mine.Decide(ctx, []capping.Request{{UserID: 9, JobID: id, Channel: "email", Caps: []capping.Cap{three}, Preferences: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
+	}
+	if d := send("a"); !d.Allowed {
+		t.Fatalf("first send: %+v", d)
+	}
+	st := mine.Stats()
+	if d := send("b"); !d.Allowed || d.Counts[0] != 1 {
+		t.Fatalf("second send: %+v, want allowed with 1 counted", d)
+	}
+	if st2 := mine.Stats(); st2.CopyAppends != st.CopyAppends+1 || st2.CopyMisses != st.CopyMisses {
+		t.Fatalf("%+v: want the second send appended to the copy's log", st2)
+	}
+	if err := other.SetPreference(ctx, 9, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
+		t.Fatal(err)
+	}
+	st = mine.Stats()
+	if d := send("c"); d.Allowed || d.Cap != "preference:channel:email" {
+		t.Fatalf("a send after the user opted out of email: %+v, want refused by the preference", d)
+	}
+	if st2 := mine.Stats(); st2.CopyMisses != st.CopyMisses+1 || st2.CopyAppends != st.CopyAppends {
+		t.Fatalf("%+v: want one call that found the preference and decided in full", st2)
 	}
 	if n := testenv.LogLen(t, rdb, mine.Key(9)); n != 2 {
 		t.Fatalf("%d sends logged, want 2", n)
