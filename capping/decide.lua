@@ -35,6 +35,11 @@
 --                 preferences when prefs is 1, the entry is appended (one GET, an EXISTS with prefs, one
 --                 APPEND, reply '=': what mode 1 would write and answer); otherwise the request is decided
 --                 as in mode 1 (its caps are all there), so a copy gone stale costs nothing extra
+--                 5: the worker found the send allowed by every cap if the user has no log, a send that
+--                 reads preferences (the others are written by a SET NX, no script): if the user has no
+--                 log, and no preferences, ARGV[3] is written as the new log (its header, then the entry:
+--                 what mode 1 would write; its TTL from the header's expiry), reply '='; otherwise the
+--                 request is decided as in mode 1
 --   i8 retention  ms: entries this old are evicted, the key expires at least this long after a write
 --   I2 maxlog     most log entries to return (0: never) when, after this decision, a cap that blocks is
 --                 full (its count has reached its limit): the caller's near cache keeps that copy of the log
@@ -54,7 +59,8 @@
 --   B  + bytes    the scope's campaign: 4-byte digest, its length first (0: any campaign)
 --                 (one struct.unpack reads a cap whole; a cap of every send is 26 bytes)
 -- ARGV[1]  member of this send
--- ARGV[3]  in mode 3, the refusal's name; in mode 4, the worker's copy of the log; otherwise empty
+-- ARGV[3]  in mode 3, the refusal's name; in mode 4, the worker's copy of the log; in mode 5, the new log;
+--          otherwise empty
 -- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
 --          member -> "priority:registered_ms:window_end_ms"
@@ -94,7 +100,8 @@
 --             header, then its entries), when it holds no marks and nothing aged out; else, when a cap that
 --             blocks is full after this decision, the log's entries after it (this send included when
 --             recorded; no marks), oldest first, packed as the log packs them; else empty
---   A request of mode 4 whose log is the worker's copy is answered '=' alone (recorded, as decided).
+--   A request of mode 4 whose log is the worker's copy, or of mode 5 written as a new log, is answered '='
+--   alone (recorded, as decided).
 --
 -- Cost: one GET of the log serves the duplicate check (one string.find) and every cap; a recorded send is
 -- one APPEND, or one SET PX of the whole log when its TTL needs refreshing, entries aged out or the send goes
@@ -600,6 +607,13 @@ while i <= #ARGV do
   if mode == 4 then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
     if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
       redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
+      reply = '='
+    else
+      mode = 1
+    end
+  elseif mode == 5 then -- a new log, if the user has none and no preferences
+    if redis.call('EXISTS', key) == 0 and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
+      redis.call('SET', key, ARGV[i + 2], 'PX', struct.unpack('>i8', ARGV[i + 2]) - now)
       reply = '='
     else
       mode = 1

@@ -383,10 +383,11 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			}
 			v, err := b.results[i].v, b.results[i].err
 			setNX := b.fresh != nil && b.fresh[i]
+			inScript := setNX && reqs[i].Preferences // mode 5: written ('='), or else decided in full
 			if setNX {
 				b.fresh[i] = false // from now on, the script's
 				l.seen.add(reqs[i].UserID)
-				if errors.Is(err, redis.Nil) || (err != nil && redirected(err)) {
+				if !inScript && (errors.Is(err, redis.Nil) || (err != nil && redirected(err))) {
 					if errors.Is(err, redis.Nil) {
 						l.newLogMisses.Add(1)
 					} else {
@@ -399,10 +400,14 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			if err == nil {
 				var tail, raw string // the log after the decision: its entries, and whole when known (see install)
 				switch a := &b.args[i]; {
-				case setNX:
+				case setNX && !inScript:
 					l.newLogs.Add(1)
-					decs[i], tail, err = b.newLogDecision(i, now)
+					decs[i], tail, err = b.newLogDecision(i, now, a.packed)
 					raw = a.packed
+				case inScript && v == "=":
+					l.newLogs.Add(1)
+					decs[i], tail, err = b.newLogDecision(i, now, a.named)
+					raw = a.named
 				case a.expect != "" && v == "=": // recorded by an APPEND to the copy's log
 					l.copyAppends.Add(1)
 					raw = appendedLog(a) // decs[i]: the copy's decision (see decideAll)
@@ -410,6 +415,9 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 				default:
 					if a.expect != "" {
 						l.copyMisses.Add(1)
+					}
+					if inScript {
+						l.newLogMisses.Add(1)
 					}
 					decs[i], tail, raw, err = parseReply(v, a.caps, a.member, now, a.counts)
 				}
@@ -705,8 +713,9 @@ type Stats struct {
 	// requests sent to Redis, once each however often they were tried.
 	ScriptCalls, Requests uint64
 	// NewLogs counts the sends recorded as their user's new log (one SET NX,
-	// no script call: see Config.ScriptOnly); NewLogMisses the SET NX that
-	// found the user had a log (the script decided them).
+	// no script call: see Config.ScriptOnly; a send that reads preferences in
+	// the script's mode 5); NewLogMisses those that found the user had a log
+	// (or, in mode 5, preferences): the script decided them.
 	NewLogs, NewLogMisses uint64
 	// CopyAppends counts the sends the near cache decided allowed from its
 	// copy of the whole log and the script recorded with one APPEND, the log
@@ -814,9 +823,11 @@ func (b *batch) send(ctx context.Context, pending []int) {
 	b.sets = b.sets[:0]
 	bytes := 0
 	for _, i := range pending {
-		if b.fresh != nil && b.fresh[i] {
+		fresh := b.fresh != nil && b.fresh[i]
+		if fresh {
 			bytes += newLogLen(&b.args[i])
-		} else {
+		}
+		if !fresh || b.reqs[i].Preferences {
 			bytes += packedLen(&b.args[i])
 		}
 	}
@@ -846,22 +857,27 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			o = &open{p: nd.Pipeline()}
 			pipes[k] = o
 		}
+		// A new log: by SET NX, or (a send that reads preferences) by the script's mode 5, fresh.
+		var fresh string
 		if b.fresh != nil && b.fresh[i] { // one SET NX PX of the log the script would write
 			m := newLogLen(a)
 			var ttl int64
-			a.packed, ttl = newLog(packed[:0:m], a)
+			fresh, ttl = newLog(packed[:0:m], a)
 			packed = packed[m:]
-			cmd := redis.NewStatusCmd(ctx, "set", &a.key, &a.packed, "nx", "px", ttl)
-			_ = o.p.Process(ctx, cmd)
-			b.sets = append(b.sets, set{cmd, i})
-			continue
+			if !r.Preferences {
+				a.packed = fresh
+				cmd := redis.NewStatusCmd(ctx, "set", &a.key, &a.packed, "nx", "px", ttl)
+				_ = o.p.Process(ctx, cmd)
+				b.sets = append(b.sets, set{cmd, i})
+				continue
+			}
 		}
 		record, maxLog := b.record, b.maxLog
 		if r.DuplicateOnly {
 			record, maxLog = false, 0
 		}
 		m := packedLen(a)
-		pack(packed[:0:m], r, a, record, maxLog)
+		pack(packed[:0:m], r, a, record, maxLog, fresh)
 		packed = packed[m:]
 		if b.alone[i] {
 			flush(o)
@@ -1075,8 +1091,9 @@ func packedLen(a *reqArgs) int {
 
 // pack fills a's other keys (from a.key) and packs r's values for decide.lua
 // (its ARGV[2]) into buf, of capacity packedLen(a) at least and not written
-// again until the call is sent: a.packed points into it.
-func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
+// again until the call is sent: a.packed points into it. fresh, when not
+// empty, is the new log to write in mode 5 (see newlog.go).
+func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh string) {
 	if r.Arbitration > 0 {
 		a.arbKey = a.key + ":arb"
 	}
@@ -1090,6 +1107,8 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int) {
 		mode = 3
 	case record && a.expect != "":
 		mode, a.named = 4, a.expect
+	case record && fresh != "":
+		mode, a.named = 5, fresh
 	case record && !r.SentAt.IsZero():
 		mode = 2
 	case record:
@@ -1309,7 +1328,7 @@ func callOfScript(keys []string, reqs []Request, logs []string, now time.Time) (
 		if logs != nil {
 			args[i].expect = logs[i]
 		}
-		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, 0)
+		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, 0, "")
 	}
 	v := callArgs(false, reqs, args, idx)
 	for i, x := range v { // the values themselves: args and reqs are this call's

@@ -20,9 +20,13 @@ import (
 // in the script (`make bench-cost`), and first sends are most of a blast's
 // writes (a quarter of bench-cost's jobs). Config.ScriptOnly turns it off.
 //
+// A send that reads the user's preferences goes to the script instead, in
+// its mode 5: the same log written with SET PX if the user has neither a log
+// nor preferences (two EXISTS), or else decided in full in the same call.
+//
 // A request goes this way only when nothing else could change its answer:
-// it records (Decide), has no preferences to read, is not a refusal, a
-// duplicate check or an arbitration candidate coming back, every blocking cap
+// it records (Decide), is not a refusal, a duplicate check or an
+// arbitration candidate coming back, every blocking cap
 // it is decided against has a limit of 1 or more, and none at 1 is
 // arbitrated (its last slot would be registered, not taken); it is its user's
 // only request sent to Redis in the batch (a user's requests are decided in
@@ -37,7 +41,7 @@ import (
 // newLogEligible reports whether r's send, with args a, is decided the same
 // by a SET NX of a new log as by the script when the user has no log.
 func newLogEligible(r *Request, a *reqArgs) bool {
-	if r.Preferences || r.DuplicateOnly || r.Refused != "" || r.Candidate {
+	if r.DuplicateOnly || r.Refused != "" || r.Candidate {
 		return false
 	}
 	for i := range a.caps {
@@ -157,10 +161,10 @@ func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc 
 	return fresh
 }
 
-// newLogDecision is the decision of request i, recorded as a new log: allowed
-// at its time, every count 0, and, with the near cache, the log's entries
-// (the send alone) for its copy, kept whole (see install).
-func (b *batch) newLogDecision(i int, now time.Time) (Decision, string, error) {
+// newLogDecision is the decision of request i, recorded as the new log log:
+// allowed at its time, every count 0, and, with the near cache, the log's
+// entries (the send alone) for its copy, kept whole (see install).
+func (b *batch) newLogDecision(i int, now time.Time, log string) (Decision, string, error) {
 	a := &b.args[i]
 	var buf [3 + maxCaps]int64
 	ints := buf[:0]
@@ -173,5 +177,5 @@ func (b *batch) newLogDecision(i int, now time.Time) (Decision, string, error) {
 	if err != nil || b.maxLog == 0 {
 		return d, "", err
 	}
-	return d, a.packed[8:], nil // the value without its header: the cache keeps it whole (see install)
+	return d, log[8:], nil // the value without its header: the cache keeps it whole (see install)
 }

@@ -277,10 +277,6 @@ func TestNewLogFindsALog(t *testing.T) {
 // (which must see the first).
 func TestNewLogOnlyWhereNothingElseDecides(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
-	if err := e.lim.SetPreference(ctx, 23, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
-		t.Fatal(err)
-	}
 	never := capping.Cap{Name: "never", Window: time.Hour, Limit: 0}
 	arbitrated1 := capping.Cap{Name: "arb", Window: capping.Daily, Limit: 1, Arbitrated: true}
 	twice := job(24, "email", daily3)
@@ -288,7 +284,6 @@ func TestNewLogOnlyWhereNothingElseDecides(t *testing.T) {
 		job(20, "email", never),
 		{UserID: 21, JobID: "a", Channel: "email", Caps: []capping.Cap{arbitrated1}, Arbitration: time.Minute},
 		{UserID: 22, JobID: "r", Channel: "email", DuplicateOnly: true, Refused: "budget", Retention: time.Hour},
-		{UserID: 23, JobID: "p", Channel: "email", Caps: []capping.Cap{daily3}, Preferences: true},
 		{UserID: 25, JobID: "d", Channel: "email", DuplicateOnly: true},
 		twice, job(24, "email", daily3),
 	}
@@ -300,12 +295,10 @@ func TestNewLogOnlyWhereNothingElseDecides(t *testing.T) {
 		t.Errorf("an arbitrated last slot: %+v, want a candidate", ds[1])
 	case ds[2].Allowed || ds[2].Duplicate:
 		t.Errorf("a refusal: %+v, want marked", ds[2])
-	case ds[3].Allowed || ds[3].Cap != "preference:channel:email":
-		t.Errorf("an opted-out channel: %+v, want capped by the preference", ds[3])
-	case ds[4].Allowed || ds[4].Duplicate:
-		t.Errorf("a duplicate check of a job never sent: %+v", ds[4])
-	case !ds[5].Allowed || ds[5].Counts[0] != 0 || !ds[6].Allowed || ds[6].Counts[0] != 1:
-		t.Errorf("a user's two sends: %+v, %+v, want both allowed, the second counting the first", ds[5], ds[6])
+	case ds[3].Allowed || ds[3].Duplicate:
+		t.Errorf("a duplicate check of a job never sent: %+v", ds[3])
+	case !ds[4].Allowed || ds[4].Counts[0] != 0 || !ds[5].Allowed || ds[5].Counts[0] != 1:
+		t.Errorf("a user's two sends: %+v, %+v, want both allowed, the second counting the first", ds[4], ds[5])
 	}
 	if st := e.lim.Stats(); st.NewLogs != 0 || st.NewLogMisses != 0 {
 		t.Errorf("%+v: want none as a new log", st)
@@ -322,6 +315,59 @@ func TestNewLogOnlyWhereNothingElseDecides(t *testing.T) {
 	// refused job is refused again, by the script.
 	if d := e.decide(t, capping.Request{UserID: 22, JobID: "r", Channel: "email", Caps: []capping.Cap{daily3}}); !d[0].RefusedBefore {
 		t.Errorf("the refused job sent again: %+v, want refused before", d[0])
+	}
+}
+
+// TestNewLogReadsPreferences: a first send that reads preferences goes as
+// the script's mode 5, one call for the batch: the user's new log written as
+// the script alone writes it if the user has no preferences, and decided in
+// full (refused, here) if the user has one.
+func TestNewLogReadsPreferences(t *testing.T) {
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), &clock{t: base}
+	mine, _ := twoWorkers(t, rdb, clk, "newlogprefs")
+	ref, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: testenv.Unique("newlogprefsref"), Clock: clk.Now, ScriptOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []*capping.Limiter{mine, ref} {
+		if err := l.SetPreference(ctx, 23, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reqs := []capping.Request{
+		{UserID: 30, JobID: "a", Channel: "email", Caps: []capping.Cap{daily3}, Preferences: true},
+		{UserID: 23, JobID: "p", Channel: "email", Caps: []capping.Cap{daily3}, Preferences: true},
+	}
+	st := mine.Stats()
+	got, err := mine.Decide(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := ref.Decide(ctx, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range reqs {
+		if d := diff(got[i], want[i]); d != "" {
+			t.Errorf("request %d (user %d): %s", i, reqs[i].UserID, d)
+		}
+	}
+	if !got[0].Allowed || got[1].Allowed || got[1].Cap != "preference:channel:email" {
+		t.Errorf("decisions %+v, want the first allowed, the opted-out one refused by its preference", got)
+	}
+	if st2 := mine.Stats(); st2.NewLogs != st.NewLogs+1 || st2.NewLogMisses != st.NewLogMisses+1 || st2.ScriptCalls != st.ScriptCalls+1 {
+		t.Errorf("%+v: want one new log and one that found a preference, in one script call", st2)
+	}
+	for _, u := range []uint32{30, 23} {
+		a, errA := rdb.Get(ctx, mine.Key(u)).Result()
+		b, errB := rdb.Get(ctx, ref.Key(u)).Result()
+		if a != b || (errA == nil) != (errB == nil) {
+			t.Errorf("user %d's log: %x (%v), by the script alone %x (%v)", u, a, errA, b, errB)
+		}
+		// Written moments apart in Redis's time: the same TTL within a minute (a TTL in the wrong unit is hours off).
+		if pa, pb := rdb.PTTL(ctx, mine.Key(u)).Val(), rdb.PTTL(ctx, ref.Key(u)).Val(); (pa - pb).Abs() > time.Minute {
+			t.Errorf("user %d's log expires in %v, by the script alone in %v", u, pa, pb)
+		}
 	}
 }
 

@@ -71,7 +71,7 @@ func TestScriptArgs(t *testing.T) {
 	ta := newArgs(two, now, 0, nil, nil)
 	ta[0].key, ta[1].key = "fc:{7}", "fc:{8}"
 	for i := range two {
-		pack(make([]byte, 0, packedLen(&ta[i])), &two[i], &ta[i], true, 0)
+		pack(make([]byte, 0, packedLen(&ta[i])), &two[i], &ta[i], true, 0, "")
 	}
 	got := callArgs(false, two, ta, []int{0, 1})
 	str := func(v any) string { return *v.(*string) }
@@ -96,7 +96,7 @@ type scriptCall struct {
 // callOf is the call of r alone for user 7.
 func callOf(r *Request, a *reqArgs, record bool, maxLog int) scriptCall {
 	a.key = "fc:{7}"
-	pack(make([]byte, 0, packedLen(a)), r, a, record, maxLog)
+	pack(make([]byte, 0, packedLen(a)), r, a, record, maxLog, "")
 	args := callArgs(false, []Request{*r}, []reqArgs{*a}, []int{0})
 	if len(args) != 4+3+keyCount(r) {
 		panic(fmt.Sprintf("callArgs made %d values, want %d", len(args), 4+3+keyCount(r)))
