@@ -89,7 +89,11 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 		}
 	}
 	for u := uint32(5); u <= users; u += 5 {
-		setPref(u, prefs()[rng.IntN(3)], false)
+		p := prefs()[rng.IntN(3)]
+		if u%10 == 5 {
+			p = capping.Preference{Tag: "marketing", OptOut: true} // every send of theirs that reads it is refused
+		}
+		setPref(u, p, false)
 	}
 	for b := 0; b < batches; b++ {
 		switch r := rng.Float64(); {
