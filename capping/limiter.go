@@ -857,9 +857,10 @@ func (b *batch) send(ctx context.Context, pending []int) {
 			o = &open{p: nd.Pipeline()}
 			pipes[k] = o
 		}
-		// A new log: by SET NX, or (a send that reads preferences) by the script's mode 5, fresh.
+		// A new log, the bytes the script would write: by SET NX PX, or (a send
+		// that reads preferences) by the script's mode 5, fresh.
 		var fresh string
-		if b.fresh != nil && b.fresh[i] { // one SET NX PX of the log the script would write
+		if b.fresh != nil && b.fresh[i] {
 			m := newLogLen(a)
 			var ttl int64
 			fresh, ttl = newLog(packed[:0:m], a)
