@@ -816,6 +816,18 @@ func TestPreferences(t *testing.T) {
 		t.Errorf("%d copies in the near cache, want none for a user with preferences (a duplicate's reply included)", st.CacheEntries)
 	}
 	check("another push, VIP", send("p5", "push", []string{"marketing"}, true), true, "", 0)
+	// A cap's last slot is not arbitrated for a VIP user: the cap does not apply.
+	arbitrated := capping.Cap{Name: "arb", Window: capping.Daily, Limit: 9, Arbitrated: true}
+	for n := range 9 {
+		ds, err := lim.Decide(ctx, []capping.Request{{UserID: 51, JobID: fmt.Sprint("arb", n), Channel: "push", Tags: []string{"marketing"},
+			Caps: []capping.Cap{arbitrated}, Arbitration: time.Minute, Preferences: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := ds[0]; !d.Allowed || d.Candidate {
+			t.Errorf("VIP send %d under an arbitrated cap of 9 (%d counted): allowed %v candidate %v, want allowed outright", n, d.Counts[0], d.Allowed, d.Candidate)
+		}
+	}
 	e.clock.Set(base.Add(2 * time.Hour)) // no longer VIP
 	check("a push after the exemption", send("p4", "push", []string{"marketing"}, true), false, "daily", capping.Daily+time.Minute)
 	check("the same without preferences", send("p3", "push", []string{"marketing", "promotional"}, false), false, "daily", capping.Daily+time.Minute)

@@ -423,7 +423,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     has_prefs = #p > 0
     for j = 1, #p, 2 do
       if p[j] == 'vip' and tonumber(p[j + 1]) > now then
-        status, hit, retry_at, never = 1, 0, 0, false -- the rules' caps do not apply
+        status, hit, retry_at, never, last = 1, 0, 0, false, nil -- the rules' caps do not apply, nor their arbitration
       end
     end
     local p_at, p_never = 0, false
