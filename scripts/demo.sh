@@ -23,6 +23,8 @@ PREPRODUCE=${DEMO_PREPRODUCE:-0}    # 1: produce the blast before the worker sta
 CONFIG=${DEMO_CONFIG:-config.example.yaml}
 EXTRA_WORKERS=${DEMO_EXTRA_WORKERS:-0} # more replicas in the group (metrics on the next ports); the figures are the first's
 LOADGEN_ARGS=${DEMO_LOADGEN_ARGS:-}   # more capper loadgen flags, e.g. "--rate 150 --channels sms" (bench-budget.sh)
+PREFS_SHARE=${DEMO_PREFS_SHARE:-}    # users' own preferences: the run's preferences topic, and this share of the
+                                     # users with one (a limit, an opt-out or VIP) before the blast
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 # DEMO_KEEP_KEYS=1 keeps the run's Redis keys (dropped at the end otherwise, see cleanup)
 # DEMO_KEEP_TOPICS=1 keeps the run's topics (deleted at the end otherwise, see cleanup)
@@ -82,6 +84,11 @@ export CAPPER_KAFKA_TOPICS_HELD=$run.sends.held CAPPER_KAFKA_TOPICS_DELAY_PREFIX
 export CAPPER_REDIS_ADDRS=$CAPPER_TEST_REDIS_ADDRS CAPPER_REDIS_KEY_PREFIX=$run
 export CAPPER_SEGMENTS_SOURCE="s3://$CAPPER_TEST_S3_BUCKET/$run" CAPPER_METRICS_ADDR=$METRICS
 export CAPPER_LOG_LEVEL=${CAPPER_LOG_LEVEL:-warn}
+if [[ -n $PREFS_SHARE ]]; then
+  ((PREPRODUCE)) && { echo "demo: DEMO_PREFS_SHARE needs the worker running before loadgen (not DEMO_PREPRODUCE)" >&2; exit 2; }
+  export CAPPER_KAFKA_TOPICS_PREFERENCES=$run.sends.prefs
+  LOADGEN_ARGS="$LOADGEN_ARGS --prefs-share $PREFS_SHARE"
+fi
 
 say "segments for users 1..$USERS: new, active, dormant (the rest get the default caps)"
 mkdir -p "$work/segments"

@@ -3,6 +3,7 @@ package main_test
 import (
 	"encoding/json"
 	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -10,15 +11,16 @@ import (
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-// TestDemoScript runs the README's demo command on a small blast against the
-// running stack and checks its report.
-func TestDemoScript(t *testing.T) {
+// demo runs scripts/demo.sh with env against the running stack and returns
+// its report (the JSON last line) and output.
+func demo(t *testing.T, env ...string) (loadtest.Result, string) {
+	t.Helper()
 	testenv.KafkaBrokers(t)
 	testenv.RedisAddrs(t)
 	testenv.S3(t)
 	testenv.StackDir(t)
 	cmd := exec.Command("../../scripts/demo.sh")
-	cmd.Env = append(cmd.Environ(), "DEMO_JOBS=4000", "DEMO_USERS=1000", "DEMO_METRICS_ADDR=127.0.0.1:9465")
+	cmd.Env = append(cmd.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("demo.sh: %v\n%s", err, out)
@@ -35,6 +37,13 @@ func TestDemoScript(t *testing.T) {
 	if err := json.Unmarshal([]byte(last), &r); err != nil {
 		t.Fatalf("no JSON report line (%v) in:\n%s", err, out)
 	}
+	return r, string(out)
+}
+
+// TestDemoScript runs the README's demo command on a small blast against the
+// running stack and checks its report.
+func TestDemoScript(t *testing.T) {
+	r, out := demo(t, "DEMO_JOBS=4000", "DEMO_USERS=1000", "DEMO_METRICS_ADDR=127.0.0.1:9465")
 	if r.Jobs != 4000 || r.Unaccounted != 0 || r.Violations != 0 {
 		t.Fatalf("report %+v, want 4000 jobs, none unaccounted, no violations\n%s", r, out)
 	}
@@ -44,5 +53,25 @@ func TestDemoScript(t *testing.T) {
 	// Held jobs wait for their slot (about a day): they have a held record, no final output yet.
 	if total := r.Allowed + r.Duplicates + r.Exempt + r.Capped + r.DLQ + r.Held; total < r.Jobs {
 		t.Fatalf("%d final outputs and held records for %d jobs", total, r.Jobs)
+	}
+}
+
+// TestDemoWithPreferences: a blast where 30% of the users have a preference
+// (at most one email a day, no promotions, or VIP for a day), applied before
+// it, with the near cache on and the blast's redeliveries and count-only
+// sends: the report holds every allowed send to the user's own preferences,
+// and no VIP user's job is capped or held by the rules' caps.
+func TestDemoWithPreferences(t *testing.T) {
+	r, out := demo(t, "DEMO_JOBS=6000", "DEMO_USERS=600", "DEMO_PREFS_SHARE=0.3", "DEMO_METRICS_ADDR=127.0.0.1:9466")
+	if r.Jobs != 6000 || r.Unaccounted != 0 || r.Violations != 0 {
+		t.Fatalf("report %+v, want 6000 jobs, none unaccounted, no violations\n%s", r, out)
+	}
+	for _, want := range []string{"preference:tag:promotional", "preference:channel:email"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks sends capped by %q: preferences not exercised\n%s", want, out)
+		}
+	}
+	if m := regexp.MustCompile(`([0-9.]+) near cache hits/job`).FindStringSubmatch(out); m == nil || m[1] == "0.000" {
+		t.Errorf("near cache hits per job: %v, want some\n%s", m, out)
 	}
 }

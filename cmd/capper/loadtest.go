@@ -39,13 +39,13 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
 	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
 	externalShare := fs.Float64("external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
-	prefsShare := fs.Float64("prefs-share", 0, "give this share of the users a preference (at most one email a day, or no promotions) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
+	prefsShare := fs.Float64("prefs-share", 0, "give this share of the users a preference (at most one email a day, no promotions, or VIP for a day) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
 	feedbackShare := fs.Float64("feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	channels := fs.String("channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
 	rate := fs.Int("rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
 	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
-	partitions := fs.Int("create-topics", 0, "create the input and output topics with this many partitions when missing (0: do not)")
+	partitions := fs.Int("create-topics", 0, "create the input, output and configured event topics with this many partitions when missing (0: do not)")
 	if err := parseFlags(fs, "capper loadgen --config FILE --manifest FILE [flags]", args, stdout, stderr); err != nil {
 		return err
 	}
@@ -73,6 +73,11 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	ts := cfg.Kafka.Topics
 	if *partitions > 0 {
 		topics := []string{ts.Input, ts.Allowed, ts.Capped, ts.DLQ}
+		for _, t := range []string{ts.External, ts.Feedback, ts.Preferences} { // the event topics configured
+			if t != "" {
+				topics = append(topics, t)
+			}
+		}
 		wheel, err := cfg.Wheel()
 		if err != nil {
 			return err
@@ -177,7 +182,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // that every send of the blast is decided with them: the report holds each
 // from the moment it was seen applied.
 func producePreferences(ctx context.Context, cfg *config.Config, transport *kafka.Transport, users int, share float64, seed uint64, stderr io.Writer) ([]loadtest.Event, error) {
-	msgs, evs := loadtest.GeneratePreferences(users, share, seed)
+	msgs, evs := loadtest.GeneratePreferences(users, share, seed, time.Now())
 	w := daemon.NewWriter(cfg.Kafka, transport, cfg.Kafka.Topics.Preferences, 5000, daemon.NewLogger("warn", os.Stderr))
 	err := loadtest.Produce(ctx, w, msgs, 5000, nil)
 	w.Close()

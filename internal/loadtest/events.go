@@ -30,32 +30,46 @@ const (
 	EventExternal = "external"
 	EventFeedback = "feedback"
 	// EventPreference: ID is the field ("c:<channel>" or "t:<tag>"), Status
-	// "<limit>:<window_ms>" (limit 0: opted out), ProducedAt when loadgen saw
-	// it applied in Redis (every send decided later is held to it).
+	// "<limit>:<window_ms>" (limit 0: opted out); or ID "vip", Status the
+	// exemption's end (ms since the epoch). ProducedAt is when loadgen saw it
+	// applied in Redis (every send decided later is held to it).
 	EventPreference = "preference"
 )
 
-// Pref is a user's own limit as the report reads it from the events manifest.
+// Pref is a user's own limit, or VIP exemption, as the report reads it from
+// the events manifest.
 type Pref struct {
 	Channel, Tag string
 	Limit        int // 0: opted out
 	Window       time.Duration
+	VIPUntil     time.Time // not zero: the rules' caps do not apply until then (Channel and Tag empty)
 	From         time.Time // applied by then
 }
 
-// GeneratePreferences gives a share of the users 1..users a preference: at
-// most one email a day, or no promotions at all (events.Preference JSON).
-func GeneratePreferences(users int, share float64, seed uint64) (msgs []kafka.Message, evs []Event) {
+// vipAt reports whether p exempts the user from the rules' caps at t.
+func (p *Pref) vipAt(t time.Time) bool {
+	return !p.VIPUntil.IsZero() && !t.Before(p.From) && t.Before(p.VIPUntil)
+}
+
+// GeneratePreferences gives a share of the users 1..users a preference
+// (events.Preference JSON): at most one email a day, no promotions at all,
+// or a VIP exemption from the rules' caps for a day from now.
+func GeneratePreferences(users int, share float64, seed uint64, now time.Time) (msgs []kafka.Message, evs []Event) {
 	rng := rand.New(rand.NewPCG(seed, 19))
+	vipUntil := now.Add(24 * time.Hour).Truncate(time.Millisecond)
 	for u := 1; u <= users; u++ {
 		if rng.Float64() >= share {
 			continue
 		}
 		ev := map[string]any{"user_id": u, "channel": "email", "limit": 1, "window": "24h"}
 		e := Event{Kind: EventPreference, ID: "c:email", UserID: uint32(u), Status: "1:86400000"}
-		if rng.IntN(2) == 0 {
+		switch rng.IntN(3) {
+		case 0:
 			ev = map[string]any{"user_id": u, "tag": "promotional", "opt_out": true}
 			e.ID, e.Status = "t:promotional", "0:0"
+		case 1:
+			ev = map[string]any{"user_id": u, "vip_until": vipUntil.Format(time.RFC3339Nano)}
+			e.ID, e.Status = "vip", strconv.FormatInt(vipUntil.UnixMilli(), 10)
 		}
 		v, _ := json.Marshal(ev)
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(u)), Value: v, Headers: []kafka.Header{{Key: HeaderID, Value: []byte(fmt.Sprint("pref-", u))}}})
@@ -69,6 +83,12 @@ func Prefs(evs []Event) map[uint32][]Pref {
 	out := map[uint32][]Pref{}
 	for _, e := range evs {
 		if e.Kind != EventPreference || len(e.ID) < 3 {
+			continue
+		}
+		if e.ID == "vip" {
+			if ms, err := strconv.ParseInt(e.Status, 10, 64); err == nil {
+				out[e.UserID] = append(out[e.UserID], Pref{VIPUntil: time.UnixMilli(ms), From: e.ProducedAt})
+			}
 			continue
 		}
 		var limit int

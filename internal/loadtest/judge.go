@@ -9,6 +9,7 @@ package loadtest
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -25,6 +26,7 @@ type judge struct {
 	zone      *time.Location
 	weekStart time.Weekday
 	budgets   []jbudget
+	ruleCaps  map[string]bool // every cap's name, of every segment and the default
 	// priorities by campaign, tag and category (rules.priorities)
 	prioCampaign, prioTag, prioCategory map[string]int
 }
@@ -74,6 +76,12 @@ func newJudge(c rules.Config) (*judge, error) {
 	for _, s := range c.Segments {
 		if j.segments[s.Name], err = jcaps(s.Caps); err != nil {
 			return nil, err
+		}
+	}
+	j.ruleCaps = map[string]bool{}
+	for _, cs := range append(slices.Collect(maps.Values(j.segments)), j.def) {
+		for _, cp := range cs {
+			j.ruleCaps[cp.name] = true
 		}
 	}
 	exempt := c.ExemptCategories

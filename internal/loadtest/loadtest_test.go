@@ -554,3 +554,50 @@ func TestCheckPreferences(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckVIP: while a user's VIP exemption holds, sends beyond the rules'
+// caps are not violations, and a job capped or held by a rules cap is; a
+// job refused by the user's own preference, or capped before the exemption
+// was applied, is not.
+func TestCheckVIP(t *testing.T) {
+	prefs := loadtest.Prefs([]loadtest.Event{
+		{Kind: loadtest.EventPreference, ID: "vip", UserID: 8, Status: fmt.Sprint(t0.Add(time.Hour).UnixMilli()), ProducedAt: t0},
+		{Kind: loadtest.EventPreference, ID: "t:promotional", UserID: 8, Status: "0:0", ProducedAt: t0},
+	})
+	if len(prefs[8]) != 2 || !prefs[8][0].VIPUntil.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("preferences read from the events: %+v", prefs)
+	}
+	p := loadtest.Policy{Rules: rules.Config{DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(1)}}},
+		Segment: func(uint32) (string, bool) { return "", false }, Preferences: prefs}
+	type out struct {
+		role, cap string
+		at        time.Duration
+	}
+	for _, c := range []struct {
+		name string
+		outs []out
+		bad  string // in the problem, "" for none
+	}{
+		{"two sends while VIP", []out{{"allowed", "", time.Minute}, {"allowed", "", 2 * time.Minute}}, ""},
+		{"two sends, the second after the exemption", []out{{"allowed", "", time.Minute}, {"allowed", "", 61 * time.Minute}}, "which allows 1"},
+		{"two sends before it was applied", []out{{"allowed", "", -2 * time.Minute}, {"allowed", "", -time.Minute}}, "which allows 1"},
+		{"capped by the rules while VIP", []out{{"allowed", "", time.Minute}, {"capped", "daily", 2 * time.Minute}}, "while the user was VIP"},
+		{"held by the rules while VIP", []out{{"allowed", "", time.Minute}, {"held", "daily", 2 * time.Minute}}, "while the user was VIP"},
+		{"refused by its own preference while VIP", []out{{"capped", "preference:tag:promotional", time.Minute}}, ""},
+		{"capped by the rules before it was applied", []out{{"allowed", "", -2 * time.Minute}, {"capped", "daily", -time.Minute}}, ""},
+	} {
+		var sent []loadtest.Sent
+		var outs []loadtest.Output
+		for i, o := range c.outs {
+			id := fmt.Sprint("m", i)
+			sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 8, Channel: "email", Kind: loadtest.KindJob})
+			outs = append(outs, loadtest.Output{Role: o.role, ID: id, Time: t0.Add(o.at),
+				Output: consumer.Output{Decision: o.role, Cap: o.cap, DecidedAt: t0.Add(o.at), DueAt: t0.Add(2 * time.Hour)}})
+		}
+		r := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
+		problems := strings.Join(r.Problems, "\n")
+		if (c.bad == "") != (r.Violations == 0) || !strings.Contains(problems, c.bad) {
+			t.Errorf("%s: violations %d (%s), want a violation saying %q", c.name, r.Violations, problems, c.bad)
+		}
+	}
+}

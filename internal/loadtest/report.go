@@ -147,6 +147,11 @@ type Policy struct {
 //     cap. Shadow caps never block. A send whose delivery failed stops counting
 //     when its feedback was produced (Policy.GivenBack); external sends are
 //     not counted (when a worker recorded one cannot be known from outside).
+//   - A user's own preferences (Policy.Preferences) bind from when they were
+//     applied: no allowed send beyond a limit or of an opted-out channel or
+//     tag; and while a VIP exemption holds, the rules' caps neither bind the
+//     user's sends nor cap or hold any of them (a capped output or a hold
+//     naming a rules cap is a violation).
 func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c := newChecker(sent, p)
 	j, err := newJudge(p.Rules)
@@ -164,6 +169,7 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c.unaccounted(now)
 	c.arbitrations()
 	c.caps()
+	c.vipStops()
 	c.budgets()
 	c.finish()
 	return c.r
@@ -182,10 +188,17 @@ type checker struct {
 	heldDue     map[string]time.Time             // job id -> the latest due time of its holds
 	windows     map[uint32]map[time.Time][]*Sent // user -> arbitration window's end -> its candidates
 	arbitrated  map[string]string                // job id -> won or lost, from its final output
+	stops       map[uint32][]stop                // VIP users -> their capped outputs and holds
 	lat         []float64
 	releaseLag  []float64
 	first, last time.Time
 	produced    time.Time // the newest produce stamp: when the demand ended
+}
+
+// stop is a capped output or a hold of a job.
+type stop struct {
+	job, cap, role string
+	at             time.Time
 }
 
 type sentSend struct {
@@ -199,7 +212,7 @@ func newChecker(sent []Sent, p Policy) *checker {
 		r: Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
 		p: p, sent: sent, seq: make(map[string]int32, len(sent)), seen: make([]bool, len(sent)),
 		jobRoles: make(map[string]roleSet, len(sent)), allowed: map[uint32]map[string]sentSend{}, heldDue: map[string]time.Time{},
-		windows: map[uint32]map[time.Time][]*Sent{}, arbitrated: map[string]string{},
+		windows: map[uint32]map[time.Time][]*Sent{}, arbitrated: map[string]string{}, stops: map[uint32][]stop{},
 	}
 	for i := range sent {
 		c.seq[sent[i].ID] = int32(i)
@@ -295,6 +308,9 @@ func (c *checker) account(o *Output) {
 	}
 	s := &c.sent[i]
 	c.seen[i] = true
+	if (o.Role == RoleCapped || o.Role == RoleHeld) && o.Cap != "" && c.vip(s.UserID) {
+		c.stops[s.UserID] = append(c.stops[s.UserID], stop{job: s.JobID, cap: o.Cap, role: o.Role, at: o.at()})
+	}
 	if o.Role == RoleHeld {
 		if s.Kind == KindMalformed {
 			c.r.Violations++
@@ -403,7 +419,7 @@ func (c *checker) caps() {
 		caps := c.j.caps(segment, inSegment)
 		violated := map[string]bool{}
 		for i, s := range sends {
-			if c.j.countOnly[category(s.sent)] {
+			if c.j.countOnly[category(s.sent)] || c.vipAt(u, s.t) {
 				continue
 			}
 			zone := c.j.zoneOf(s.sent)
@@ -445,6 +461,9 @@ func (c *checker) caps() {
 // count-only send (recorded without a check), nor an exempt one.
 func (c *checker) preferences(u uint32, sends []sentSend) {
 	for _, p := range c.p.Preferences[u] {
+		if !p.VIPUntil.IsZero() {
+			continue // an exemption: see caps and vipStops
+		}
 		match := func(s *Sent) bool {
 			if p.Channel != "" {
 				return s.Channel == p.Channel
@@ -469,6 +488,40 @@ func (c *checker) preferences(u uint32, sends []sentSend) {
 				c.r.problem("user %d: send %s at %s went beyond the user's own preference %+v (%d earlier sends of it in its window)",
 					u, s.sent.JobID, s.t.Format(time.RFC3339Nano), p, before)
 				break
+			}
+		}
+	}
+}
+
+// vip reports whether user u has a VIP exemption (at any time).
+func (c *checker) vip(u uint32) bool {
+	return slices.ContainsFunc(c.p.Preferences[u], func(p Pref) bool { return !p.VIPUntil.IsZero() })
+}
+
+// vipAt reports whether a VIP exemption of user u holds at t.
+func (c *checker) vipAt(u uint32, t time.Time) bool {
+	for i := range c.p.Preferences[u] {
+		if c.p.Preferences[u][i].vipAt(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// vipStops checks that no job of a user was capped or held by a rules cap
+// while the user's VIP exemption held: those caps do not apply to the user
+// then (its own preferences, budgets and quiet hours still do).
+func (c *checker) vipStops() {
+	users := make([]uint32, 0, len(c.stops))
+	for u := range c.stops {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	for _, u := range users {
+		for _, st := range c.stops[u] {
+			if c.j.ruleCaps[st.cap] && c.vipAt(u, st.at) {
+				c.r.Violations++
+				c.r.problem("user %d: job %s %s by the rules' cap %q at %s, while the user was VIP", u, st.job, st.role, st.cap, st.at.Format(time.RFC3339Nano))
 			}
 		}
 	}
