@@ -410,7 +410,7 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, b.MaxAny, b.Window)
 	}
-	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)
+	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, preferences and VIP exemptions, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  problem: %s\n", p)
 	}
