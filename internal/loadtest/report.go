@@ -169,7 +169,6 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c.unaccounted(now)
 	c.arbitrations()
 	c.caps()
-	c.vipStops()
 	c.budgets()
 	c.finish()
 	return c.r
@@ -188,17 +187,10 @@ type checker struct {
 	heldDue     map[string]time.Time             // job id -> the latest due time of its holds
 	windows     map[uint32]map[time.Time][]*Sent // user -> arbitration window's end -> its candidates
 	arbitrated  map[string]string                // job id -> won or lost, from its final output
-	stops       map[uint32][]stop                // VIP users -> their capped outputs and holds
 	lat         []float64
 	releaseLag  []float64
 	first, last time.Time
 	produced    time.Time // the newest produce stamp: when the demand ended
-}
-
-// stop is a capped output or a hold of a job.
-type stop struct {
-	job, cap, role string
-	at             time.Time
 }
 
 type sentSend struct {
@@ -212,7 +204,7 @@ func newChecker(sent []Sent, p Policy) *checker {
 		r: Result{Jobs: len(sent), ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
 		p: p, sent: sent, seq: make(map[string]int32, len(sent)), seen: make([]bool, len(sent)),
 		jobRoles: make(map[string]roleSet, len(sent)), allowed: map[uint32]map[string]sentSend{}, heldDue: map[string]time.Time{},
-		windows: map[uint32]map[time.Time][]*Sent{}, arbitrated: map[string]string{}, stops: map[uint32][]stop{},
+		windows: map[uint32]map[time.Time][]*Sent{}, arbitrated: map[string]string{},
 	}
 	for i := range sent {
 		c.seq[sent[i].ID] = int32(i)
@@ -308,8 +300,11 @@ func (c *checker) account(o *Output) {
 	}
 	s := &c.sent[i]
 	c.seen[i] = true
-	if (o.Role == RoleCapped || o.Role == RoleHeld) && o.Cap != "" && c.vip(s.UserID) {
-		c.stops[s.UserID] = append(c.stops[s.UserID], stop{job: s.JobID, cap: o.Cap, role: o.Role, at: o.at()})
+	// While a user is VIP, the rules' caps do not apply: none may cap or hold a job of theirs (the user's
+	// own preferences, budgets and quiet hours still may).
+	if (o.Role == RoleCapped || o.Role == RoleHeld) && c.j.ruleCaps[o.Cap] && c.vipAt(s.UserID, o.at()) {
+		c.r.Violations++
+		c.r.problem("user %d: job %s %s by the rules' cap %q at %s, while the user was VIP", s.UserID, s.JobID, o.Role, o.Cap, o.at().Format(time.RFC3339Nano))
 	}
 	if o.Role == RoleHeld {
 		if s.Kind == KindMalformed {
@@ -462,7 +457,7 @@ func (c *checker) caps() {
 func (c *checker) preferences(u uint32, sends []sentSend) {
 	for _, p := range c.p.Preferences[u] {
 		if !p.VIPUntil.IsZero() {
-			continue // an exemption: see caps and vipStops
+			continue // an exemption: see caps and account
 		}
 		match := func(s *Sent) bool {
 			if p.Channel != "" {
@@ -493,11 +488,6 @@ func (c *checker) preferences(u uint32, sends []sentSend) {
 	}
 }
 
-// vip reports whether user u has a VIP exemption (at any time).
-func (c *checker) vip(u uint32) bool {
-	return slices.ContainsFunc(c.p.Preferences[u], func(p Pref) bool { return !p.VIPUntil.IsZero() })
-}
-
 // vipAt reports whether a VIP exemption of user u holds at t.
 func (c *checker) vipAt(u uint32, t time.Time) bool {
 	for i := range c.p.Preferences[u] {
@@ -506,25 +496,6 @@ func (c *checker) vipAt(u uint32, t time.Time) bool {
 		}
 	}
 	return false
-}
-
-// vipStops checks that no job of a user was capped or held by a rules cap
-// while the user's VIP exemption held: those caps do not apply to the user
-// then (its own preferences, budgets and quiet hours still do).
-func (c *checker) vipStops() {
-	users := make([]uint32, 0, len(c.stops))
-	for u := range c.stops {
-		users = append(users, u)
-	}
-	slices.Sort(users)
-	for _, u := range users {
-		for _, st := range c.stops[u] {
-			if c.j.ruleCaps[st.cap] && c.vipAt(u, st.at) {
-				c.r.Violations++
-				c.r.problem("user %d: job %s %s by the rules' cap %q at %s, while the user was VIP", u, st.job, st.role, st.cap, st.at.Format(time.RFC3339Nano))
-			}
-		}
-	}
 }
 
 // arbitrations checks every arbitration window of a cap's last slot: no
