@@ -2,8 +2,11 @@ package consumer
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"sync"
 	"testing"
+	"unsafe"
 )
 
 // scanSeeds are messages the fast path takes and messages it must leave to
@@ -52,4 +55,33 @@ func TestScanJobTakesTheUsualMessages(t *testing.T) {
 			t.Errorf("fast path left %s to encoding/json", s)
 		}
 	}
+}
+
+// TestInternReturnsTheString: intern's cache answers with the string it was
+// given, whichever strings share its slots (more of them than the cache has
+// slots, each asked twice), one copy per string, from goroutines at once.
+func TestInternReturnsTheString(t *testing.T) {
+	n := 4 * len(internCache)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := range 2 {
+				for i := range n {
+					want := fmt.Sprintf("campaign-%d", (i+g*n/4)%n)
+					got := intern([]byte(want))
+					if got != want {
+						t.Errorf("round %d: intern(%q) = %q", round, want, got)
+						return
+					}
+					if again := intern([]byte(want)); unsafe.StringData(again) != unsafe.StringData(got) {
+						t.Errorf("intern(%q) returned two copies", want)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
