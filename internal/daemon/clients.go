@@ -179,7 +179,7 @@ func NewWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 		BatchTimeout: 2 * time.Millisecond,
 		MaxAttempts:  3,
 		WriteTimeout: 10 * time.Second,
-		Transport:    transport,
+		Transport:    newPartitionCounts(transport),
 		Logger:       kafkaLogger(logger, slog.LevelDebug),
 		ErrorLogger:  kafkaLogger(logger, slog.LevelWarn),
 	}
