@@ -10,6 +10,10 @@
 #   floor   scripts/lua/floor.lua: GET and APPEND (SET PX for a new log) and nothing else, with decide.lua's
 #           arguments: the commands decide.lua cannot do without on a new user's first send (decide less floor
 #           is what its logic costs)
+#   newkey  scripts/lua/newkey.lua: a new log written whole with its TTL (SET PX) and nothing else, with
+#           decide.lua's arguments: what a first send costs any sliding log whose keys expire
+#   seedttl scripts/lua/seed.lua given a TTL: the seed with a PEXPIRE of its key after each call, the seed's
+#           design as a deployment must run it (its sorted sets never expire)
 #   batch   decide.lua deciding BATCH users (default 16) in one call, as capper sends a node's requests (its
 #           allow-cross-slot-keys flag; every key on one node): reported per user, not per call
 #   copy    decide.lua recording BATCH sends in one call that the near cache decided allowed from its whole
@@ -17,7 +21,7 @@
 #           CPU is read (capper-devstack calls -setup): per user, as batch
 #   copy1   the same, one user per call: per call
 # Alternates ROUNDS times (default 3) and prints one line: "seed S decide D bare B floor F batch N copy C
-# copy1 C1" (medians, us per call; batch and copy: per user).
+# copy1 C1 newkey K seedttl T" (medians, us per call; batch and copy: per user).
 # Scripts given as arguments (scripts/bench-calls.sh FILE.lua ...) are measured too, each with decide.lua's
 # arguments and named by its file's base name after the others: a variant of decide.lua (cut short after a
 # step, or reworked) is measured side by side with the script in the same rounds.
@@ -47,7 +51,9 @@ load() { # load FILE -> sha, loaded on every node
 }
 driver=$(mktemp -d)/capper-devstack
 go build -o "$driver" ./cmd/capper-devstack
-declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua))
+declare -A sha=([seed]=$(load scripts/lua/seed.lua) [decide]=$(load capping/decide.lua) [bare]=$(load scripts/lua/bare.lua) [floor]=$(load scripts/lua/floor.lua)
+  [newkey]=$(load scripts/lua/newkey.lua))
+sha[seedttl]=${sha[seed]}
 sha[batch]=${sha[decide]}
 sha[copy]=${sha[decide]}
 sha[copy1]=${sha[decide]}
@@ -61,7 +67,7 @@ done
 call() { # call NAME ROUND: REQUESTS decisions on keys of their own, prints the masters' us of CPU per call
   # (batch: per decision, REQUESTS / BATCH calls)
   local before after per=1 kind=decide batch=$BATCH at
-  case $1 in seed | batch | copy) kind=$1 ;; copy1) kind=copy batch=1 ;; esac
+  case $1 in seed | seedttl | batch | copy) kind=$1 ;; copy1) kind=copy batch=1 ;; esac
   [[ $1 == batch || $1 == copy ]] && per=$BATCH
   at=$(date +%s%3N)
   if [[ $kind == copy ]]; then # the users' logs, as the near cache's copies hold them: written before the CPU is read
@@ -91,10 +97,10 @@ cleanup() { # drop what a failed run left of the benchmark's keys
 trap cleanup EXIT
 rows=()
 for r in $(seq "$ROUNDS"); do
-  for s in seed decide bare floor batch copy copy1 "${extra[@]}"; do
+  for s in seed decide bare floor batch copy copy1 newkey seedttl "${extra[@]}"; do
     rows+=("$s $(call "$s" "$r")")
   done
-  echo "bench-calls round $r: ${rows[*]: -$((7 + ${#extra[@]}))}" >&2
+  echo "bench-calls round $r: ${rows[*]: -$((9 + ${#extra[@]}))}" >&2
 done
 printf '%s\n' "${rows[@]}" | python3 -c '
 import statistics, sys
@@ -102,4 +108,4 @@ v = {}
 for line in sys.stdin:
     k, x = line.split()
     v.setdefault(k, []).append(float(x))
-print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch", "copy", "copy1") + tuple(sys.argv[1:])))' "${extra[@]}"
+print(" ".join("%s %.2f" % (k, statistics.median(v[k])) for k in ("seed", "decide", "bare", "floor", "batch", "copy", "copy1", "newkey", "seedttl") + tuple(sys.argv[1:])))' "${extra[@]}"

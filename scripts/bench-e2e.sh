@@ -10,7 +10,7 @@
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
 # then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
-# decide.lua's floor (its GET and APPEND alone),
+# decide.lua's floor (its GET and APPEND alone), of a new log's SET PX alone and of the seed with a TTL on its key,
 # and decide.lua per decision when it decides 16 users in one call, as capper calls it
 # costs the Redis masters, and decide.lua's mode 4 (a send the near cache allowed from its whole copy of the
 # log: GET, compare, APPEND) per call and at 16 per call, medians of 3; once with the default 250,000 users, mostly first sends, and once with
@@ -93,6 +93,8 @@ print("| GET and APPEND of the log in a script (decide.lua's floor), per call | 
 print("| decide.lua deciding 16 users of one node in one call (as capper calls it), per decision | %.1f us | - | - | - |" % call["batch"])
 print("| decide.lua recording a send the near cache's whole copy allowed (mode 4: GET, compare, APPEND), per call / per decision at 16 per call | %.1f / %.1f us | - | - | - |" % (call["copy1"], call["copy"]))
 print("| with a history (50k users, six calls each): seed / decide.lua / decide.lua 16 per call, per decision | %.1f / %.1f / %.1f us | - | - | - |" % (hist["seed"], hist["decide"], hist["batch"]))
+print("| a new log's SET PX alone (what any sliding log whose keys expire pays for a first send), per call; with a history | %.1f / %.1f us | - | - | - |" % (call["newkey"], hist["newkey"]))
+print("| the seed with a PEXPIRE of its key (its sorted sets never expire), per call; with a history | %.1f / %.1f us | - | - | - |" % (call["seedttl"], hist["seedttl"]))
 print()
 print("Redis per job (cache on) / seed per call     %5.2f   (goal <= 0.5)" % (c[5] / call["seed"]))
 print("decide.lua per call / seed per call          %5.2f   (goal <= 1.0)" % (call["decide"] / call["seed"]))
@@ -101,6 +103,9 @@ print("decide.lua mode 4 (a whole copy's send) / seed %5.2f per call, %.2f per d
 print("with a history: decide.lua / seed, per call   %5.2f   16 per call, per decision / seed %5.2f" % (hist["decide"] / hist["seed"], hist["batch"] / hist["seed"]))
 print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
 print("decide.lua per call / its floor per call     %5.2f   (what its logic adds to the commands it needs)" % (call["decide"] / call["floor"]))
+print("floor / seed, per call                       %5.2f   with a history %.2f (below 1.0 leaves decide.lua's logic room under the seed)" % (call["floor"] / call["seed"], hist["floor"] / hist["seed"]))
+print("a new log's SET PX alone / seed, per call    %5.2f   (a key with a TTL, nothing else)" % (call["newkey"] / call["seed"]))
+print("decide.lua / the seed with a TTL, per call   %5.2f   with a history %.2f; 16 per call, per decision %.2f" % (call["decide"] / call["seedttl"], hist["decide"] / hist["seedttl"], call["batch"] / call["seedttl"]))
 print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[1] / p[1]))
 print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 60%%)" % (100 * c[0] / p[0]))
 print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))

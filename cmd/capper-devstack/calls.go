@@ -36,6 +36,7 @@ var benchCaps = []capping.Cap{
 //	        measured against decide.lua (a bare call, its floor, a variant) gets the same
 //	seed    the seed's sliding log (scripts/lua/seed.lua): the member, the eviction time, then the
 //	        start and limit of the same two windows
+//	seedttl the same, then a TTL of the longest window, which seed.lua sets with a PEXPIRE
 //	batch   capper's call of capping/decide.lua for -batch users at once (as Decide sends a node's
 //	        requests)
 //	copy    capper's call of decide.lua for a send its near cache decided allowed from its whole copy
@@ -50,7 +51,7 @@ func calls(args []string) error {
 	fs := flag.NewFlagSet("calls", flag.ExitOnError)
 	addrs := fs.String("addrs", "127.0.0.1:7000", "comma-separated Redis Cluster nodes")
 	sha := fs.String("sha", "", "SHA1 of the script, loaded on every node (required)")
-	kind := fs.String("args", "decide", "the arguments: decide, seed, batch or copy")
+	kind := fs.String("args", "decide", "the arguments: decide, seed, seedttl, batch or copy")
 	setup := fs.Bool("setup", false, "with -args copy: write the users' logs (the copies) instead of calling")
 	at := fs.Int64("at", 0, "with -args copy: the calls' clock in ms (0: now); -setup and the calls must agree")
 	n := fs.Int("n", 300000, "calls to make (with -args batch: decisions; calls are n / batch)")
@@ -116,9 +117,12 @@ func calls(args []string) error {
 			}
 			c[1] = *sha
 			cmds[i] = c
-		case "seed":
+		case "seed", "seedttl":
 			cmds[i] = []any{"evalsha", *sha, 1, key(u), ms, "m" + strconv.Itoa(u), ms - capping.Weekly.Milliseconds(),
 				ms - capping.Daily.Milliseconds() + 1, 1 << 30, ms - capping.Weekly.Milliseconds() + 1, 1 << 30}
+			if *kind == "seedttl" { // the TTL a deployment would give its keys: the longest window
+				cmds[i] = append(cmds[i], capping.Weekly.Milliseconds())
+			}
 		case "batch":
 			keys, reqs := make([]string, *batch), make([]capping.Request, *batch)
 			for j := range reqs {
@@ -132,7 +136,7 @@ func calls(args []string) error {
 			c[1] = *sha
 			cmds[i] = c
 		default:
-			return fmt.Errorf("calls: -args %q: want decide, seed, batch or copy", *kind)
+			return fmt.Errorf("calls: -args %q: want decide, seed, seedttl, batch or copy", *kind)
 		}
 	}
 	if *setup {
