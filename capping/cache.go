@@ -68,19 +68,34 @@ type cacheShard struct {
 // arena[off:off+size] of its shard: n scores (8 bytes each, little-endian),
 // then each member after its length byte; or, when whole, the log itself as
 // Redis holds it (its header, then its n entries: see Whole copies).
+//
+// An entry is 32 bytes, so that no slot straddles two cache lines (at 48
+// bytes every other slot did, and its lookup read two lines from memory).
 type cacheEntry struct {
-	user    uint32
-	live    bool
-	ref     bool  // looked up since the clock hand last passed
-	n       int32 // entries
 	expires int64 // ms: no cap of the decision that made it is full after this
 	latest  int64 // the log's latest score, and how many entries have it:
-	nLatest int32 // the copy's version (a log only grows, at its end)
+	user    uint32
 	off     int32
-	size    int32
+	size    uint16 // bytes in the arena: at most cacheMaxBytes
+	n       uint8  // entries: at most cacheMaxLog
+	nLatest uint8  // the copy's version (a log only grows, at its end)
+	live    bool
+	ref     bool // looked up since the clock hand last passed
 	whole   bool
 	prefs   bool // made by a request that read preferences: the user had none
 }
+
+// cacheMaxBytes bounds a copy's bytes in the arena: a whole log of
+// cacheMaxLog entries with members of 255 bytes (the longest a copy keeps).
+const cacheMaxBytes = 8 + cacheMaxLog*(8+2+255)
+
+// A cacheEntry's fields hold what they must, and it stays 32 bytes.
+var (
+	_ = uint16(cacheMaxBytes)
+	_ = uint8(cacheMaxLog)
+	_ [32 - unsafe.Sizeof(cacheEntry{})]byte
+	_ [unsafe.Sizeof(cacheEntry{}) - 32]byte
+)
 
 // arenaCompactMin is the arena size below which its dead bytes are left.
 const arenaCompactMin = 64 << 10
@@ -119,7 +134,7 @@ func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 		}
 		return buf
 	}
-	data := sh.arena[e.off : e.off+e.size]
+	data := sh.arena[e.off : e.off+int32(e.size)]
 	p := 8 * int(e.n)
 	for i := 0; i < int(e.n); i++ {
 		n := int(data[p])
@@ -382,7 +397,11 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 	if raw != "" { // kept whole: its entries are read from it
 		size = len(raw)
 	}
-	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: int32(n), size: int32(size), whole: raw != "", prefs: r.Preferences}
+	if size > cacheMaxBytes { // cannot be: the entries are at most cacheMaxLog, their members 255 bytes
+		c.drop(r.UserID)
+		return
+	}
+	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: uint8(n), size: uint16(size), whole: raw != "", prefs: r.Preferences}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
@@ -464,7 +483,7 @@ func (sh *cacheShard) compact() {
 			continue
 		}
 		off := len(arena)
-		arena = append(arena, sh.arena[e.off:e.off+e.size]...)
+		arena = append(arena, sh.arena[e.off:e.off+int32(e.size)]...)
 		e.off = int32(off)
 	}
 	sh.arena, sh.dead = arena, 0
