@@ -548,9 +548,10 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 
 // script runs budget.lua once, outside any pipeline: go-redis's Script.Run
 // sends EVALSHA and, on NOSCRIPT (a promoted replica, a restarted node), EVAL
-// with the body, which caches it again. capping loads its script by hand
-// instead because its calls are pipelined, and a NOSCRIPT inside a pipeline
-// is not retried for it.
+// with the body, which caches it again. capping calls decide.lua as a
+// function library instead (FCALL), which it loads by hand where a node lost
+// it: its calls are pipelined, and an error inside a pipeline is not retried
+// for it.
 func (b *Budgets) script(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) ([]int64, error) {
 	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()

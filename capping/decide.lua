@@ -592,45 +592,53 @@ end
 -- (the whole call is). A request is ARGV[i..]: its packed values, member, refusal's name, then its 1 to 3
 -- keys (its packed values say which). A request that fails (a key of another node's slot, of another type,
 -- a runtime error) is answered with its error, the others with their replies.
-local out, i = {}, 1
-while i <= #ARGV do
-  local packed = ARGV[i]
-  local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
-  local key, arbkey, prefkey, j = ARGV[i + 3], nil, nil, i + 4
-  if window > 0 then
-    arbkey, j = ARGV[j], j + 1
-  end
-  if prefs == 1 then
-    prefkey, j = ARGV[j], j + 1
-  end
-  local ok, reply = true, nil
-  if mode == 4 then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
-    if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
-      redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
-      reply = '='
-    else
-      mode = 1
+local function run(KEYS, ARGV)
+  local out, i = {}, 1
+  while i <= #ARGV do
+    local packed = ARGV[i]
+    local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
+    local key, arbkey, prefkey, j = ARGV[i + 3], nil, nil, i + 4
+    if window > 0 then
+      arbkey, j = ARGV[j], j + 1
     end
-  elseif mode == 5 then -- a new log, if the user has none and no preferences
-    if redis.call('EXISTS', key) == 0 and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
-      redis.call('SET', key, ARGV[i + 2], 'PX', struct.unpack('>i8', ARGV[i + 2]) - now)
-      reply = '='
-    else
-      mode = 1
+    if prefs == 1 then
+      prefkey, j = ARGV[j], j + 1
     end
-  end
-  if not reply then
-    ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
-      window, priority, first)
-  end
-  if not ok then
-    local msg = type(reply) == 'table' and reply.err or tostring(reply)
-    if string.find(msg, 'data string too short', 1, true) then -- struct.unpack ran past the end of the log
-      msg = 'ERR ' .. key .. ' is not a log capper wrote (' .. msg .. ')'
+    local ok, reply = true, nil
+    if mode == 4 then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
+      if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
+        redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
+        reply = '='
+      else
+        mode = 1
+      end
+    elseif mode == 5 then -- a new log, if the user has none and no preferences
+      if redis.call('EXISTS', key) == 0 and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
+        redis.call('SET', key, ARGV[i + 2], 'PX', struct.unpack('>i8', ARGV[i + 2]) - now)
+        reply = '='
+      else
+        mode = 1
+      end
     end
-    reply = redis.error_reply(msg)
+    if not reply then
+      ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
+        window, priority, first)
+    end
+    if not ok then
+      local msg = type(reply) == 'table' and reply.err or tostring(reply)
+      if string.find(msg, 'data string too short', 1, true) then -- struct.unpack ran past the end of the log
+        msg = 'ERR ' .. key .. ' is not a log capper wrote (' .. msg .. ')'
+      end
+      reply = redis.error_reply(msg)
+    end
+    out[#out + 1] = reply
+    i = j
   end
-  out[#out + 1] = reply
-  i = j
+  return out
 end
-return out
+
+-- Called with EVAL or EVALSHA, the chunk runs from the top on every call, its local functions made anew;
+-- capper loads it as a Redis 7 function library instead (capping.decideLibrary puts a
+-- redis.register_function of run in place of the line below), whose functions are made once, when the
+-- library loads, and are kept and replicated by the node.
+return run(KEYS, ARGV)

@@ -42,8 +42,9 @@
 // users on other nodes. When a node cannot be reached or redirects, the
 // Limiter asks the cluster client to reload the slot map at once, so a replica
 // promoted after a crash is used from the next attempt on; a node that answers
-// NOSCRIPT (a promoted replica or a restarted node) gets the script loaded and
-// only its requests are retried.
+// "Function not found" (a node restarted without persistence, a FUNCTION
+// FLUSH) gets decide.lua's function library loaded and only its requests are
+// retried.
 //
 // Redis replicates asynchronously: a master can acknowledge a recorded send
 // and crash before its replica has it, and the promoted replica then no longer

@@ -21,18 +21,43 @@ import (
 //go:embed decide.lua
 var decideSource string
 
-// decideScript is decide.lua; EVALSHA calls it by its SHA1 (decideScript.Hash()).
+// decideScript is decide.lua as a script: EVAL sends it whole, when a node
+// keeps losing the function library (see Decide).
 var decideScript = redis.NewScript(decideSource)
+
+// decideLibrary is decide.lua as a Redis 7 function library, loaded on every
+// master with FUNCTION LOAD, and decideFunction the name FCALL calls it by.
+// A script's chunk runs from the top on every EVALSHA, making its local
+// functions anew (0.5 to 0.8 us a call); a library's run once, when it loads.
+// Both names carry the script's SHA1, so that workers of two versions share a
+// cluster during a rolling upgrade, each calling its own.
+var decideFunction, decideLibraryName, decideLibrary = functionLibrary(decideSource, decideScript.Hash())
+
+// functionLibrary makes the library of a script whose first line declares its
+// flags and whose last calls run(KEYS, ARGV): the same chunk, with its flags
+// on the registration, which takes the place of the last line.
+func functionLibrary(src, sha string) (function, library, code string) {
+	const flags, last = "#!lua flags=allow-cross-slot-keys\n", "return run(KEYS, ARGV)\n"
+	if !strings.HasPrefix(src, flags) || !strings.HasSuffix(src, last) {
+		panic("capping: decide.lua must start with " + flags + " and end with " + last)
+	}
+	v := sha[:16]
+	function, library = "capper_decide_"+v, "capper_"+v
+	code = "#!lua name=" + library + "\n" + strings.TrimSuffix(strings.TrimPrefix(src, flags), last) +
+		"redis.register_function{function_name = '" + function + "', callback = run, flags = {'allow-cross-slot-keys'}}\n"
+	return function, library, code
+}
 
 // Client is what a Limiter needs of Redis: a *redis.ClusterClient, or a
 // *redis.Client for a single node. With a cluster client the Limiter groups
 // each batch by the master that owns each user itself (so that a WAIT can
-// follow the scripts on the same connection), reloads the cluster topology as
-// soon as a node fails or redirects, and loads the script on a node that
-// answers NOSCRIPT (a promoted replica, a restarted node).
+// follow the calls on the same connection), reloads the cluster topology as
+// soon as a node fails or redirects, and loads the function library on a node
+// that does not have it (a node restarted without persistence, a FUNCTION
+// FLUSH).
 type Client interface {
 	Pipeline() redis.Pipeliner
-	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+	FunctionLoadReplace(ctx context.Context, code string) *redis.StringCmd
 }
 
 // node is one Redis server a pipeline goes to: a cluster master's client, or
@@ -56,8 +81,9 @@ type Config struct {
 	// the replica WAIT included. Defaults to 3s; a negative value means no
 	// timeout beyond the context's.
 	Timeout time.Duration
-	// ScriptReloads is how many times one call reloads the script after NOSCRIPT
-	// (a failover, restart or SCRIPT FLUSH) and retries the failed requests;
+	// ScriptReloads is how many times one call loads the function library
+	// again on a node that answers "Function not found" (a node restarted
+	// without persistence, a FUNCTION FLUSH) and retries the failed requests;
 	// from the second retry on the script's body is sent (EVAL). Defaults to 3.
 	ScriptReloads int
 	// Pipelines splits a batch into up to this many pipelines by user, sent
@@ -144,6 +170,7 @@ type Limiter struct {
 
 	newLogs, newLogMisses   atomic.Uint64 // SET NX that recorded a new log, and that found one
 	copyAppends, copyMisses atomic.Uint64 // sends decided from a whole copy and appended (mode 4), and those whose log had changed
+	functionLoads           atomic.Uint64 // loads of the function library on a node that answered "Function not found"
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -159,34 +186,39 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 	if !cfg.ScriptOnly {
 		l.seen = newSeenUsers()
 	}
-	if err := l.LoadScripts(ctx); err != nil {
+	if err := l.LoadFunctions(ctx); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-// LoadScripts loads the script on every node (masters and replicas, since a
-// replica promoted by failover has no script cache). Decide loads it by
-// itself on a node that answers NOSCRIPT.
-func (l *Limiter) LoadScripts(ctx context.Context) error {
+// LoadFunctions loads decide.lua's function library on every master. A
+// master's replicas get it by replication and keep it, so a replica promoted
+// by failover has it (a script cache is neither replicated nor kept). Decide
+// loads it by itself on a node that answers "Function not found".
+func (l *Limiter) LoadFunctions(ctx context.Context) error {
 	if l.cluster != nil {
-		return l.cluster.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-			return loadScript(ctx, c, c.Options().Addr)
+		return l.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return loadFunction(ctx, c, c.Options().Addr)
 		})
 	}
-	return loadScript(ctx, l.client, "redis")
+	return loadFunction(ctx, l.client, "redis")
 }
 
-func loadScript(ctx context.Context, n node, name string) error {
-	sha, err := n.ScriptLoad(ctx, decideSource).Result()
+func loadFunction(ctx context.Context, n node, name string) error {
+	lib, err := n.FunctionLoadReplace(ctx, decideLibrary).Result()
 	if err != nil {
-		return fmt.Errorf("capping: load script on %s: %w", name, err)
+		return fmt.Errorf("capping: load function library %s on %s: %w", decideLibraryName, name, err)
 	}
-	if sha != decideScript.Hash() {
-		return fmt.Errorf("capping: load script on %s: sha %s, want %s", name, sha, decideScript.Hash())
+	if lib != decideLibraryName {
+		return fmt.Errorf("capping: load function library on %s: loaded %s, want %s", name, lib, decideLibraryName)
 	}
 	return nil
 }
+
+// unloaded reports whether err is a node's answer that it has not the
+// function library.
+func unloaded(err error) bool { return redis.HasErrorPrefix(err, "Function not found") }
 
 // Key returns the Redis key of a user's log.
 func (l *Limiter) Key(userID uint32) string {
@@ -367,11 +399,12 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	}
 	for reloads := 0; len(pending) > 0; reloads++ {
 		// After a reload, a node flushed again (or restarted) could answer
-		// NOSCRIPT once more; from the second retry on, the script's body is
-		// sent (EVAL), which cannot fail that way and caches it again.
+		// "Function not found" once more; from the second retry on, the
+		// script's body is sent (EVAL), which cannot fail that way.
 		b.eval = reloads >= 2
 		b.send(ctx, pending)
-		noscript := map[node][]int{}
+		// by node: the requests it answered "Function not found"
+		unloadedOn := map[node][]int{}
 		var split []int // requests of a call refused for another's slot: sent again in calls of their own
 		var again []int // sent as new logs and found a log: sent to the script
 		reload := false
@@ -439,8 +472,8 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 						cache.drop(reqs[i].UserID)
 					}
 				}
-			} else if redis.HasErrorPrefix(err, "NOSCRIPT") {
-				noscript[b.nodes[i]] = append(noscript[b.nodes[i]], i)
+			} else if unloaded(err) {
+				unloadedOn[b.nodes[i]] = append(unloadedOn[b.nodes[i]], i)
 				continue
 			} else if b.results[i].shared && !b.alone[i] && redirected(err) {
 				b.alone[i] = true
@@ -457,12 +490,14 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 			l.reloadTopology(ctx)
 		}
 		pending = append(append(pending[:0], split...), again...)
-		for n, idx := range noscript {
+		for n, idx := range unloadedOn {
 			var reason error
 			if reloads >= l.cfg.ScriptReloads {
-				reason = fmt.Errorf("NOSCRIPT after %d script reloads", reloads)
-			} else if err := loadScript(ctx, n, nodeName(n)); err != nil {
+				reason = fmt.Errorf("function not found after %d reloads of its library", reloads)
+			} else if err := loadFunction(ctx, n, nodeName(n)); err != nil {
 				reason = err
+			} else {
+				l.functionLoads.Add(1)
 			}
 			for _, i := range idx {
 				if reason != nil {
@@ -708,7 +743,7 @@ func (a *reqArgs) requestCounts(d *Decision) {
 
 // Stats are a Limiter's running counts.
 type Stats struct {
-	// ScriptCalls counts the script calls sent (EVALSHA and EVAL, retries
+	// ScriptCalls counts the calls of decide.lua sent (FCALL and EVAL, retries
 	// included; a call carries up to 32 requests); Requests counts the
 	// requests sent to Redis, once each however often they were tried.
 	ScriptCalls, Requests uint64
@@ -722,6 +757,10 @@ type Stats struct {
 	// being that copy (mode 4 of decide.lua); CopyMisses those whose log had
 	// changed, which the script decided in full.
 	CopyAppends, CopyMisses uint64
+	// FunctionLoads counts the loads of decide.lua's function library on a
+	// node that answered "Function not found" (a node restarted without
+	// persistence, a FUNCTION FLUSH), after the loads at New.
+	FunctionLoads uint64
 	// CacheHits counts decisions answered by the near cache, CacheMisses the
 	// requests it looked up and sent to Redis, CacheEvictions the copies it
 	// dropped to make room.
@@ -733,7 +772,7 @@ type Stats struct {
 // Stats returns the Limiter's counts so far.
 func (l *Limiter) Stats() Stats {
 	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load(),
-		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load()}
+		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), FunctionLoads: l.functionLoads.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
 		s.CacheEntries, s.CacheBytes = c.stats()
@@ -769,7 +808,7 @@ type batch struct {
 	sets     []set    // this attempt's SET NX of new logs
 	routeErr error
 	fresh    []bool                   // by request: sent as a new log (SET NX, see newlog.go) this attempt; nil: none
-	eval     bool                     // send EVAL with the script's body instead of EVALSHA
+	eval     bool                     // send EVAL with the script's body instead of FCALL
 	waits    map[node][]*redis.IntCmd // by node: the WAITs of its pipelines
 	sc       *scratch                 // the working arrays above, reused by the next batch
 }
@@ -1023,11 +1062,11 @@ func nodeName(n node) string {
 // ArbitrationKey returns the Redis key of a user's arbitration candidates.
 func (l *Limiter) ArbitrationKey(userID uint32) string { return l.Key(userID) + ":arb" }
 
-// The first two values of a call, boxed once: EVALSHA and the script's SHA1,
-// or EVAL and its body.
+// The first two values of a call, boxed once: FCALL and the function's name,
+// or EVAL and the script's body.
 var (
-	evalshaHead = [2]any{"evalsha", decideScript.Hash()}
-	evalHead    = [2]any{"eval", decideSource}
+	fcallHead = [2]any{"fcall", decideFunction}
+	evalHead  = [2]any{"eval", decideSource}
 )
 
 // keyCount is how many keys a request of r has in a call: its log, its
@@ -1043,7 +1082,7 @@ func keyCount(r *Request) int {
 	return n
 }
 
-// callArgs returns one call of decide.lua, EVALSHA (or EVAL with its body
+// callArgs returns one call of decide.lua, FCALL (or EVAL with its body
 // when eval is set), for the requests idx of reqs, whose args pack filled:
 // the first one's log as its one declared key, then the packed values, the
 // member, the refusal's name and the keys of each, in order (see the script's
@@ -1057,7 +1096,7 @@ func callArgs(eval bool, reqs []Request, args []reqArgs, idx []int) []any {
 		n += 3 + keyCount(&reqs[i])
 	}
 	v := make([]any, 4, n)
-	head := &evalshaHead
+	head := &fcallHead
 	if eval {
 		head = &evalHead
 	}
@@ -1292,7 +1331,7 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 }
 
 // ScriptCall returns the values of the decide.lua call that Decide sends to
-// record reqs at now, keys[i] being the log of reqs[i] (EVALSHA first; the
+// record reqs at now, keys[i] being the log of reqs[i] (FCALL first; the
 // near cache's log not asked for), for tools that call the script themselves:
 // capper-devstack calls, which scripts/bench-calls.sh and bench-capping.sh
 // measure. The members and the packed values are binary, so no text tool

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,12 +163,15 @@ func TestNodeErrorFailsOnlyItsUsers(t *testing.T) {
 	}
 }
 
-// TestScriptFlushMidRun flushes the script cache of every node while batches
-// are being decided: the limiter reloads and no request is lost.
-func TestScriptFlushMidRun(t *testing.T) {
+// TestFunctionFlushMidRun flushes the function library of every master (and
+// so of its replicas) while batches are being decided, and before every
+// fourth: the limiter loads it again where a call answers "Function not
+// found", and no request is lost.
+func TestFunctionFlushMidRun(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	caps := []capping.Cap{{Window: capping.Daily, Limit: 3}}
+	flush := func(ctx context.Context, c *redis.Client) error { return c.FunctionFlush(ctx).Err() }
 	stop := make(chan struct{})
 	var flushes atomic.Int64
 	go func() {
@@ -176,14 +181,17 @@ func TestScriptFlushMidRun(t *testing.T) {
 				return
 			case <-time.After(5 * time.Millisecond):
 			}
-			_ = e.rdb.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-				return c.ScriptFlush(ctx).Err()
-			})
+			_ = e.rdb.ForEachMaster(ctx, flush)
 			flushes.Add(1)
 		}
 	}()
 	total := 0
 	for b := 0; b < 40; b++ {
+		if b%4 == 3 {
+			if err := e.rdb.ForEachMaster(ctx, flush); err != nil {
+				t.Fatal(err)
+			}
+		}
 		reqs := make([]capping.Request, 100)
 		for i := range reqs {
 			reqs[i] = capping.Request{UserID: uint32(i), JobID: fmt.Sprintf("b%d-%d", b, i), Channel: "email", Caps: caps}
@@ -201,10 +209,71 @@ func TestScriptFlushMidRun(t *testing.T) {
 	}
 	close(stop)
 	if flushes.Load() == 0 {
-		t.Fatal("no SCRIPT FLUSH happened during the run")
+		t.Fatal("no FUNCTION FLUSH happened during the run")
 	}
 	if total != 300 {
 		t.Fatalf("%d sends allowed for 100 users with a limit of 3, want 300", total)
+	}
+	if e.lim.Stats().FunctionLoads == 0 {
+		t.Fatal("the library was never loaded again")
+	}
+}
+
+// TestFunctionLoadedAgain flushes every master's functions between two
+// batches of users on every node: the second batch is decided in full, as if
+// nothing happened, each master that answered "Function not found" got the
+// library loaded again (FunctionLoads), and a master keeps it.
+func TestFunctionLoadedAgain(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	caps := []capping.Cap{{Window: capping.Daily, Limit: 1}}
+	batch := func(b int) []capping.Decision {
+		reqs := make([]capping.Request, 300)
+		for i := range reqs {
+			reqs[i] = capping.Request{UserID: uint32(i), JobID: fmt.Sprintf("l%d-%d", b, i), Channel: "email", Caps: caps}
+		}
+		ds, err := e.lim.Decide(ctx, reqs)
+		if err != nil {
+			t.Fatalf("batch %d: %v", b, err)
+		}
+		return ds
+	}
+	for i, d := range batch(0) {
+		if !d.Allowed {
+			t.Fatalf("user %d's first send: %+v, want allowed", i, d)
+		}
+	}
+	if err := e.rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		return c.FunctionFlush(ctx).Err()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before := e.lim.Stats().FunctionLoads
+	for i, d := range batch(1) {
+		if d.Allowed || d.Counts[0] != 1 {
+			t.Fatalf("user %d's second send after the flush: %+v, want capped at 1", i, d)
+		}
+	}
+	// Every master had users of the batch; another test's limiter may have
+	// loaded the library on some first, so at least one load is this one's.
+	if loads := e.lim.Stats().FunctionLoads - before; loads < 1 || loads > 3 {
+		t.Fatalf("%d loads of the library after a flush of the masters, want 1 to 3", loads)
+	}
+	if err := e.rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		libs, err := c.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: "capper_*"}).Result()
+		if err != nil {
+			return err
+		}
+		for _, l := range libs {
+			for _, f := range l.Functions {
+				if strings.HasPrefix(f.Name, "capper_decide_") && slices.Contains(f.Flags, "allow-cross-slot-keys") {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("%s: no capper_decide_ function with allow-cross-slot-keys in %+v", c.Options().Addr, libs)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

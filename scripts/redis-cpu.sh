@@ -25,11 +25,11 @@ redis_commands_per_job() {
   awk -v jobs="$3" 'FNR == NR {c0[$1] = $2; u0[$1] = $3; next} {c[$1] = $2 - c0[$1]; u[$1] = $3 - u0[$1]}
     END {
       line = ""; n = 0
-      for (k in c) if (c[k] / jobs >= 0.001 && k !~ /^(info|cluster|config|role|hello|ping|time|replconf|script)/) keys[++n] = k
+      for (k in c) if (c[k] / jobs >= 0.001 && k !~ /^(info|cluster|config|role|hello|ping|time|replconf|script|function)/) keys[++n] = k
       for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (c[keys[j]] > c[keys[i]]) {t = keys[i]; keys[i] = keys[j]; keys[j] = t}
       for (i = 1; i <= n; i++) line = line sprintf("%s%s %.3f", (i > 1 ? ", " : ""), keys[i], c[keys[i]] / jobs)
       if (line == "") line = "none"
-      s = c["evalsha"] + c["eval"]
-      printf "redis calls: per job on the masters: %s; a script call ran %.1f us (wall, its commands included)\n", line, (s ? (u["evalsha"] + u["eval"]) / s : 0)
+      s = c["fcall"] + c["evalsha"] + c["eval"]
+      printf "redis calls: per job on the masters: %s; a script call ran %.1f us (wall, its commands included)\n", line, (s ? (u["fcall"] + u["evalsha"] + u["eval"]) / s : 0)
     }' "$1" "$2"
 }

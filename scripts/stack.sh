@@ -24,7 +24,7 @@
 #                  never committed), and random passwords (in $STATE/secrets); `down` deletes them all
 #   Redis Cluster  TLS only (clients, cluster bus and replication) on $CAPPER_SECURE_REDIS_PORT..+5 (default
 #                  7100-7105); ACL users: default off, admin (the stack's own tools), repl (replication),
-#                  capper (the worker: exactly $REDIS_CAPPER_ACL below) and capper-noperm (capper without EVALSHA)
+#                  capper (the worker: exactly $REDIS_CAPPER_ACL below) and capper-noperm (capper without FCALL, EVALSHA or EVAL)
 #   Kafka          one Apache Kafka broker with the StandardAuthorizer (allow.everyone.if.no.acl.found=false):
 #                  SASL_SSL with SCRAM-SHA-512 on $CAPPER_SECURE_KAFKA_PORT (default 9192), users admin (super
 #                  user), capper (exactly internal/kafkaacl's grants on the stack's topics) and capper-noperm (no
@@ -55,7 +55,7 @@ fi
 # scripts and the commands they call, WAIT (redis.min_replicas_acked), TIME (max_clock_skew), and what the cluster client needs
 # (CLUSTER SLOTS for the slot map, COMMAND for the commands' key positions).
 # README prints this line for operators; the secured tests run the worker with exactly it.
-REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +evalsha +eval +script|load +get +set +append +del +zrange +zrem +pexpire +hget +hgetall +hset +hincrby +hdel +wait +time +ping +cluster|slots +command'
+REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +fcall +function|load +evalsha +eval +script|load +get +set +append +del +zrange +zrem +pexpire +hget +hgetall +hset +hincrby +hdel +wait +time +ping +cluster|slots +command'
 S3_BUCKET=${CAPPER_S3_BUCKET:-capper-segments}
 PARTITIONS=${CAPPER_PARTITIONS:-6}
 TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.100ms,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h}
@@ -134,7 +134,7 @@ user default off
 user admin on >$(pw redis-admin) ~* &* +@all
 user repl on >$(pw redis-repl) +psync +replconf +ping
 user capper on >$(pw redis-capper) $REDIS_CAPPER_ACL
-user capper-noperm on >$(pw redis-noperm) $REDIS_CAPPER_ACL -evalsha -eval
+user capper-noperm on >$(pw redis-noperm) $REDIS_CAPPER_ACL -fcall -evalsha -eval
 EOF_ACL
   cat >"$STATE/redis/secure.conf" <<EOF_CONF
 tls-cert-file $t/server-chain.crt

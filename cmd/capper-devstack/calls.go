@@ -27,13 +27,15 @@ var benchCaps = []capping.Cap{
 	{Name: "weekly", Window: capping.Weekly, Limit: 1 << 30},
 }
 
-// calls sends -n calls of the script -sha over -users random users, from -clients connections that each
-// send pipelines of -pipeline calls (as redis-benchmark -c and -P), and prints the decisions per second
-// (calls per second, times -batch with -args batch). The
-// arguments are those of -args:
+// calls sends -n calls of the script -sha (EVALSHA), or of capper's function (FCALL of decide.lua's
+// library, as capper calls it) when -sha is empty and -args is decide, batch or copy, over -users random
+// users, from -clients connections that each send pipelines of -pipeline calls (as redis-benchmark -c
+// and -P), and prints the decisions per second (calls per second, times -batch with -args batch). -load
+// loads capper's function library on every master and returns. The arguments are those of -args:
 //
 //	decide  capper's own call of capping/decide.lua (capping.ScriptCall) with benchCaps; a script
-//	        measured against decide.lua (a bare call, its floor, a variant) gets the same
+//	        measured against decide.lua (a bare call, its floor, a variant, decide.lua itself as a
+//	        script) gets the same
 //	seed    the seed's sliding log (scripts/lua/seed.lua): the member, the eviction time, then the
 //	        start and limit of the same two windows
 //	seedttl the same, then a TTL of the longest window, which seed.lua sets with a PEXPIRE
@@ -50,7 +52,8 @@ var benchCaps = []capping.Cap{
 func calls(args []string) error {
 	fs := flag.NewFlagSet("calls", flag.ExitOnError)
 	addrs := fs.String("addrs", "127.0.0.1:7000", "comma-separated Redis Cluster nodes")
-	sha := fs.String("sha", "", "SHA1 of the script, loaded on every node (required)")
+	sha := fs.String("sha", "", "SHA1 of the script, loaded on every node (empty: capper's function, with -args decide, batch or copy)")
+	load := fs.Bool("load", false, "load capper's function library on every master, and call nothing")
 	kind := fs.String("args", "decide", "the arguments: decide, seed, seedttl, batch or copy")
 	setup := fs.Bool("setup", false, "with -args copy: write the users' logs (the copies) instead of calling")
 	at := fs.Int64("at", 0, "with -args copy: the calls' clock in ms (0: now); -setup and the calls must agree")
@@ -61,8 +64,14 @@ func calls(args []string) error {
 	batch := fs.Int("batch", 16, "users per call with -args batch")
 	prefix := fs.String("prefix", "rbcost", "key prefix")
 	_ = fs.Parse(args)
-	if *sha == "" || *n < 1 || *users < 1 || *clients < 1 || *pipeline < 1 || *batch < 1 {
-		return errors.New("calls: -sha is required; -n, -users, -clients, -pipeline and -batch must be positive")
+	if *load {
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: splitList(*addrs)})
+		defer rdb.Close()
+		_, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: *prefix})
+		return err
+	}
+	if (*sha == "" && (*kind == "seed" || *kind == "seedttl")) || *n < 1 || *users < 1 || *clients < 1 || *pipeline < 1 || *batch < 1 {
+		return errors.New("calls: -sha is required with -args seed and seedttl; -n, -users, -clients, -pipeline and -batch must be positive")
 	}
 	now := time.Now()
 	if *at > 0 {
@@ -88,6 +97,13 @@ func calls(args []string) error {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(m)))
 		return string(append(b, m...))
 	}
+	// script makes a call of decide.lua's an EVALSHA of -sha, when given.
+	script := func(c []any) []any {
+		if *sha != "" {
+			c[0], c[1] = "evalsha", *sha
+		}
+		return c
+	}
 	cmds := make([][]any, total)
 	for i := range cmds {
 		u := rng.IntN(*users)
@@ -108,15 +124,13 @@ func calls(args []string) error {
 			if err != nil {
 				return err
 			}
-			c[1] = *sha
-			cmds[i] = c
+			cmds[i] = script(c)
 		case "decide":
 			c, err := capping.ScriptCall([]string{key(u)}, []capping.Request{request(u)}, now)
 			if err != nil {
 				return err
 			}
-			c[1] = *sha
-			cmds[i] = c
+			cmds[i] = script(c)
 		case "seed", "seedttl":
 			cmds[i] = []any{"evalsha", *sha, 1, key(u), ms, "m" + strconv.Itoa(u), ms - capping.Weekly.Milliseconds(),
 				ms - capping.Daily.Milliseconds() + 1, 1 << 30, ms - capping.Weekly.Milliseconds() + 1, 1 << 30}
@@ -133,8 +147,7 @@ func calls(args []string) error {
 			if err != nil {
 				return err
 			}
-			c[1] = *sha
-			cmds[i] = c
+			cmds[i] = script(c)
 		default:
 			return fmt.Errorf("calls: -args %q: want decide, seed, seedttl, batch or copy", *kind)
 		}

@@ -180,7 +180,7 @@ func TestSecuredStartupFailures(t *testing.T) {
 		{"redis expired certificate", []string{"CAPPER_REDIS_ADDRS=" + expired},
 			[]string{"redis [" + expired + "]", "expired", "redis.tls"}},
 		{"redis missing ACL permission", []string{"CAPPER_REDIS_USERNAME=capper-noperm", "CAPPER_REDIS_PASSWORD_FILE=" + sec.Path("secrets/redis-noperm")},
-			[]string{"redis [", "permission denied", "Secured backends", "NOPERM", "evalsha"}},
+			[]string{"redis [", "permission denied", "Secured backends", "NOPERM", "fcall"}},
 		{"kafka wrong password", []string{"CAPPER_KAFKA_SASL_PASSWORD=" + wrong},
 			[]string{"kafka [", "authentication failed", "kafka.sasl_username", "SASL Authentication Failed"}},
 		{"kafka unknown CA", []string{"CAPPER_KAFKA_TLS_CA_FILE=" + sec.Path("tls/other-ca.crt")},

@@ -58,7 +58,9 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	decide("j2", false)
 	time.Sleep(600 * time.Millisecond) // j1 ages out: the next write drops it
 	decide("j3", true)
-	// A failover's fresh replica has no scripts: NOSCRIPT, then the fallback.
+	// Nodes that lost the function library (restarted without persistence)
+	// and the script cache: "Function not found", then FUNCTION LOAD as
+	// capper; the budgets' scripts (below): NOSCRIPT, then EVAL.
 	tc, err := tlsConfig(config.TLS{Enabled: true, CAFile: sec.Path("tls/ca.crt")}, "redis.tls")
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +68,9 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	admin := redis.NewClusterClient(&redis.ClusterOptions{Addrs: sec.Redis, Username: "admin", Password: sec.Secret(t, "redis-admin"), TLSConfig: tc})
 	defer admin.Close()
 	if err := admin.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { return c.ScriptFlush(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.FunctionFlush(ctx).Err() }); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(600 * time.Millisecond)

@@ -434,6 +434,8 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 			func(s capping.Stats) uint64 { return s.CopyAppends }),
 		counter("capper_near_cache_stale_total", "Sends decided allowed from a copy whose log had changed (another replica's write): decided in full by the script, in the same call.",
 			func(s capping.Stats) uint64 { return s.CopyMisses }),
+		counter("capper_decide_function_loads_total", "Loads of the decision script's function library on a Redis node that had lost it (restarted without persistence, FUNCTION FLUSH).",
+			func(s capping.Stats) uint64 { return s.FunctionLoads }),
 		counter("capper_near_cache_hits_total", "Decisions answered capped by the near cache, without a script call.",
 			func(s capping.Stats) uint64 { return s.CacheHits }),
 		counter("capper_near_cache_misses_total", "Decisions the near cache looked up and sent to Redis.",
