@@ -29,7 +29,7 @@ stack-status:
 vet:
 	$(GO) vet ./...
 
-## bench-capping: capper's decisions/s at batch 512 vs the EVALSHA ceiling of the same script (capper-devstack calls; medians, ratio)
+## bench-capping: capper's decisions/s at batch 512 vs the FCALL ceiling of the same script (capper-devstack calls; medians, ratio)
 bench-capping:
 	scripts/bench-capping.sh
 

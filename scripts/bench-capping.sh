@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench-capping.sh — capper's decisions/s against the Redis ceiling, side by side in one run.
 #
-# Alternates ROUNDS times (default 3): `capper-devstack calls` running EVALSHA of capping/decide.lua with
+# Alternates ROUNDS times (default 3): `capper-devstack calls` running FCALL of capping/decide.lua's function with
 # capper's own arguments, 32 decisions per call as capper sends them (same caps, write path, random users;
 # CLIENTS connections sending pipelines of PIPELINE calls, as redis-benchmark -c and -P, which cannot send
 # decide.lua's binary arguments) as the ceiling, then `go test -bench BenchmarkDecide/batch=512/pipelines=1`
@@ -25,25 +25,21 @@ if ! scripts/stack.sh status >/dev/null 2>&1; then
 fi
 eval "$(scripts/stack.sh env)"
 port=${CAPPER_REDIS_PORT:-7000}
-sha=$(sha1sum capping/decide.lua | cut -d' ' -f1)
-for p in $(seq "$port" $((port + 5))); do
-  got=$(redis-cli -p "$p" -x script load <capping/decide.lua)
-  [[ $got == "$sha" ]] || { echo "script load on $p returned $got, want $sha" >&2; exit 1; }
-done
 ((CEILING_ONLY)) || go test -c -o "${CAPPER_STACK_DIR}/capping.test" ./capping/
 driver=$(mktemp -d)/capper-devstack
 go build -o "$driver" ./cmd/capper-devstack
+"$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -load
 
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 ceil_runs=() capper_runs=()
 for r in $(seq "$ROUNDS"); do
   # Same script and arguments as capper's benchmark: daily + weekly all-channel caps, 1M users, write path.
-  rps=$("$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -sha "$sha" -args batch -batch 32 -n "$REQUESTS" -users 1000000 \
+  rps=$("$driver" calls -addrs "$CAPPER_TEST_REDIS_ADDRS" -args batch -batch 32 -n "$REQUESTS" -users 1000000 \
     -clients "$CLIENTS" -pipeline "$PIPELINE" -prefix rbbench)
   if ((CEILING_ONLY)); then ceil_runs+=("$rps"); continue; fi
   dps=$("${CAPPER_STACK_DIR}/capping.test" -test.run '^$' -test.bench 'BenchmarkDecide/batch=512/pipelines=1$' -test.benchtime "$BENCHTIME" \
     | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}')
-  printf 'round %d: EVALSHA ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
+  printf 'round %d: FCALL ceiling %s/s   capper batch=512 %s decisions/s\n' "$r" "$rps" "$dps"
   ceil_runs+=("$rps") capper_runs+=("$dps")
 done
 rm -rf "$(dirname "$driver")"

@@ -9,12 +9,12 @@
 #      written with SET NX: what that path saves);
 #   3. pass-through baseline: the same consume -> produce -> commit path with capping skipped
 #      (cmd/capper-passthrough: the same daemon with capping skipped);
-# then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua, of a bare script and of
+# then scripts/bench-calls.sh (what one call of the seed's script, of capping/decide.lua (FCALL, as capper calls it, and EVALSHA), of a bare script and of
 # decide.lua's floor (its GET and APPEND alone), of a new log's SET PX alone and of the seed with a TTL on its key,
 # and decide.lua per decision when it decides 16 users in one call, as capper calls it
 # costs the Redis masters, and decide.lua's mode 4 (a send the near cache allowed from its whole copy of the
 # log: GET, compare, APPEND) per call and at 16 per call, medians of 3; once with the default 250,000 users, mostly first sends, and once with
-# 50,000, six calls each: logs with a history) and the EVALSHA ceiling of decide.lua (bench-capping.sh, median of 3).
+# 50,000, six calls each: logs with a history) and the FCALL ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
 # the ratios against the goals of issue 27.
@@ -87,7 +87,8 @@ so = med["scriptonly"]
 print("| capper, near cache on, script only (no new logs by SET NX) | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (so[5], so[6], so[2], so[1], so[4], so[0], each["scriptonly"]))
 print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" % (p[5], p[1], p[4], p[0], each["pass"]))
 print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
-print("| capper's decide.lua, per call | %.1f us | - | - | - |" % call["decide"])
+print("| capper's decide.lua, per call (FCALL of its function library, as capper calls it) | %.1f us | - | - | - |" % call["decide"])
+print("| decide.lua called as a script (EVALSHA: its local functions made on every call), per call; with a history | %.1f / %.1f us | - | - | - |" % (call["evalsha"], hist["evalsha"]))
 print("| an EVALSHA that only returns, per call | %.1f us | - | - | - |" % call["bare"])
 print("| GET and APPEND of the log in a script (decide.lua's floor), per call | %.1f us | - | - | - |" % call["floor"])
 print("| decide.lua deciding 16 users of one node in one call (as capper calls it), per decision | %.1f us | - | - | - |" % call["batch"])
@@ -102,7 +103,8 @@ print("decide.lua per decision, 16 per call / seed   %5.2f   (as capper calls it
 print("decide.lua mode 4 (a whole copy's send) / seed %5.2f per call, %.2f per decision at 16 per call" % (call["copy1"] / call["seed"], call["copy"] / call["seed"]))
 print("with a history: decide.lua / seed, per call   %5.2f   16 per call, per decision / seed %5.2f" % (hist["decide"] / hist["seed"], hist["batch"] / hist["seed"]))
 print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
-print("decide.lua per call / its floor per call     %5.2f   (what its logic adds to the commands it needs)" % (call["decide"] / call["floor"]))
+print("decide.lua FCALL / EVALSHA, per call         %5.2f   with a history %.2f (its function library)" % (call["decide"] / call["evalsha"], hist["decide"] / hist["evalsha"]))
+print("decide.lua EVALSHA / its floor, per call     %5.2f   (what its logic adds to the commands it needs; both scripts)" % (call["evalsha"] / call["floor"]))
 print("floor / seed, per call                       %5.2f   with a history %.2f (below 1.0 leaves decide.lua's logic room under the seed)" % (call["floor"] / call["seed"], hist["floor"] / hist["seed"]))
 print("a new log's SET PX alone / seed, per call    %5.2f   (a key with a TTL, nothing else)" % (call["newkey"] / call["seed"]))
 print("decide.lua / the seed with a TTL, per call   %5.2f   with a history %.2f; 16 per call, per decision %.2f" % (call["decide"] / call["seedttl"], hist["decide"] / hist["seedttl"], call["batch"] / call["seedttl"]))
@@ -110,7 +112,7 @@ print("worker CPU per job (cache on) / pass-through %5.2f   (goal <= 1.3)" % (c[
 print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 60%%)" % (100 * c[0] / p[0]))
 print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
 print("Redis per job: new logs by SET NX / script only %5.2f   (jobs/s %.2fx)" % (c[5] / so[5], c[0] / so[0]))
-print("jobs/s (cache on) / decide.lua EVALSHA ceiling (%.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
+print("jobs/s (cache on) / decide.lua FCALL ceiling (%.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
 PY
 )
 printf '%s\n' "${results[@]}" | python3 -c "$summary" "$ceiling" "$calls" "$history"
