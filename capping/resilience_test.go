@@ -277,6 +277,44 @@ func TestFunctionLoadedAgain(t *testing.T) {
 	}
 }
 
+// TestEvalFallbackDecidesAsTheFunction sends the same requests of two users
+// as capper's FCALL and as the EVAL of the script's body that Decide falls
+// back to: the replies are the same, byte for byte, send after send (a
+// first, a second, a third over the limit of 2, a duplicate).
+func TestEvalFallbackDecidesAsTheFunction(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	caps := []capping.Cap{{Name: "daily", Window: capping.Daily, Limit: 2}}
+	at := time.Now()
+	for i, job := range []string{"a", "b", "c", "b"} {
+		var replies [2]any
+		for k, user := range []uint32{1, 2} {
+			call, err := capping.ScriptCall([]string{e.lim.Key(user)},
+				[]capping.Request{{UserID: user, JobID: job, Channel: "email", Caps: caps, Retention: 48 * time.Hour}}, at.Add(time.Duration(i)*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if call[0] != "fcall" {
+				t.Fatalf("capper's call starts %v, want fcall", call[:2])
+			}
+			if k == 1 {
+				call = capping.EvalOf(call)
+			}
+			if replies[k], err = e.rdb.Do(ctx, call...).Result(); err != nil {
+				t.Fatalf("send %d (%s) as %v: %v", i, job, call[0], err)
+			}
+		}
+		if fmt.Sprint(replies[0]) != fmt.Sprint(replies[1]) {
+			t.Errorf("send %d (%s): FCALL answered %q, EVAL %q", i, job, replies[0], replies[1])
+		}
+	}
+	for _, user := range []uint32{1, 2} {
+		if n := testenv.LogLen(t, e.rdb, e.lim.Key(user)); n != 2 {
+			t.Errorf("user %d: %d sends logged, want 2", user, n)
+		}
+	}
+}
+
 // TestFailoverMidRun promotes a replica with CLUSTER FAILOVER while batches are
 // decided: redirects are followed, the promoted node has the script, and every
 // request is decided exactly once.

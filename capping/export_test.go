@@ -1,0 +1,11 @@
+package capping
+
+import "slices"
+
+// EvalOf returns call (ScriptCall's) as the fallback sends it: EVAL with the
+// script's body instead of FCALL of the function.
+func EvalOf(call []any) []any {
+	c := slices.Clone(call)
+	c[0], c[1] = evalHead[0], evalHead[1]
+	return c
+}
