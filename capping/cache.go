@@ -44,7 +44,7 @@ const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 16
 
 type nearCache struct {
 	shards                  [cacheShards]cacheShard
-	gen                     atomic.Uint64 // bumped by clear: installs of decisions taken before are dropped
+	gen                     atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped
 	hits, misses, evictions atomic.Uint64
 	perShard                int
 }
@@ -60,8 +60,9 @@ type cacheShard struct {
 	index map[uint32]int32 // user -> slot
 	slots []cacheEntry
 	hand  int
-	arena []byte // the entries' logs, appended; never written over (see items)
-	dead  int    // bytes of arena no live entry refers to (see compact)
+	arena []byte           // the entries' logs, appended; never written over (see items)
+	dead  int              // bytes of arena no live entry refers to (see compact)
+	held  map[uint32]int32 // users no copy is kept for (see hold), and their holds; nil when none
 }
 
 // cacheEntry is a copy of one user's log, oldest first, at
@@ -414,6 +415,9 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 	if c.gen.Load() != gen {
 		return
 	}
+	if _, held := sh.held[r.UserID]; held {
+		return
+	}
 	slot, ok := hint-1, false
 	if hint > 0 && int(slot) < len(sh.slots) && sh.slots[slot].live && sh.slots[slot].user == r.UserID {
 		ok = true
@@ -567,7 +571,45 @@ func (c *nearCache) drop(user uint32) {
 	sh.mu.Unlock()
 }
 
-// clear forgets every copy, and the copies of decisions in flight.
+// hold forgets user's copy and keeps none until as many releases: a change
+// to the user's log or preferences is on its way to Redis (an event another
+// process will apply), and a copy read before it lands must not answer after.
+func (c *nearCache) hold(user uint32) {
+	sh := c.shard(user)
+	sh.mu.Lock()
+	if sh.held == nil {
+		sh.held = map[uint32]int32{}
+	}
+	sh.held[user]++
+	if slot, ok := sh.index[user]; ok {
+		sh.remove(slot)
+	}
+	sh.mu.Unlock()
+}
+
+// release ends a hold of each of users, once their changes are in Redis. A
+// decision in flight may have read a log from before a change and install
+// after its release: the generation is bumped first, so that its copy is
+// dropped (as after a clear), and the users are let go after.
+func (c *nearCache) release(users []uint32) {
+	c.gen.Add(1)
+	for _, u := range users {
+		sh := c.shard(u)
+		sh.mu.Lock()
+		if n := sh.held[u]; n > 1 {
+			sh.held[u] = n - 1
+		} else {
+			delete(sh.held, u)
+		}
+		if len(sh.held) == 0 {
+			sh.held = nil
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// clear forgets every copy, and the copies of decisions in flight (holds
+// stay).
 func (c *nearCache) clear() {
 	c.gen.Add(1)
 	for i := range c.shards {
@@ -582,14 +624,21 @@ func (c *nearCache) clear() {
 // stats counts the cache's entries and its bytes: theirs and the index's
 // (entryOverhead each), and the arenas' (dead bytes and room to grow included).
 func (c *nearCache) stats() (entries, bytes int) {
+	entries, bytes, _ = c.counts()
+	return entries, bytes
+}
+
+// counts returns stats' figures and how many users are held.
+func (c *nearCache) counts() (entries, bytes, held int) {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
 		entries += len(sh.index)
 		bytes += len(sh.index)*entryOverhead + cap(sh.arena)
+		held += len(sh.held)
 		sh.mu.Unlock()
 	}
-	return entries, bytes
+	return entries, bytes, held
 }
 
 // appendedLog returns a's copy (expect) with a's send appended, as the

@@ -83,6 +83,48 @@ func TestNearCacheKeepsTheNewerCopy(t *testing.T) {
 	}
 }
 
+// TestNearCacheHoldKeepsNoCopyUntilReleased: a held user's copy is dropped
+// and none is installed until every hold is released; a decision begun
+// before the release (its generation) installs nothing after it; one begun
+// after does.
+func TestNearCacheHoldKeepsNoCopyUntilReleased(t *testing.T) {
+	c := newNearCache(1000)
+	r, a, tail := blocked(7, "j", now)
+	other, oa, otail := blocked(8, "k", now)
+	c.install(r, a, c.gen.Load(), tail, "", 0)
+	c.install(other, oa, c.gen.Load(), otail, "", 0)
+	var d Decision
+	if !c.decide(r, a, &d) {
+		t.Fatal("no answer from the copy before the hold")
+	}
+	copies := func() int { e, _ := c.stats(); return e }
+	held := func() int { _, _, h := c.counts(); return h }
+	c.hold(7)
+	c.hold(7) // two events for the user
+	if c.decide(r, a, &d) || copies() != 1 || held() != 1 {
+		t.Fatalf("after the holds: answered %v, %d copies (user 8's alone), %d held, want no answer, 1 and 1", d, copies(), held())
+	}
+	c.install(r, a, c.gen.Load(), tail, "", 0)
+	c.release([]uint32{7})
+	c.install(r, a, c.gen.Load(), tail, "", 0)
+	if c.decide(r, a, &d) || held() != 1 {
+		t.Fatalf("a copy installed while held (once, then twice): answered %+v, %d held", d, held())
+	}
+	before := c.gen.Load() // a decision in flight across the last release
+	c.release([]uint32{7})
+	c.install(r, a, before, tail, "", 0)
+	if c.decide(r, a, &d) || held() != 0 {
+		t.Fatalf("a decision begun before the release installed its copy: answered %+v, %d held", d, held())
+	}
+	if !c.decide(other, oa, &d) {
+		t.Fatal("user 8's copy went with user 7's hold")
+	}
+	c.install(r, a, c.gen.Load(), tail, "", 0)
+	if !c.decide(r, a, &d) || d.Allowed {
+		t.Fatalf("after the release: answered %+v, want capped from the new copy", d)
+	}
+}
+
 func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 	c := newNearCache(cacheShards * 4) // 4 copies per shard
 	var users []uint32

@@ -51,3 +51,24 @@ func (l *Limiter) DropCached(userID uint32) {
 		l.cache.drop(userID)
 	}
 }
+
+// HoldCopies drops the near cache's copy of user's log and keeps none until
+// ReleaseCopies: call it when another process is about to change the log or
+// the user's preferences (an event read that the replica owning its
+// partition will apply). Dropping once is not enough: a decision between the
+// drop and the change would read the log from before and install a copy
+// that answers "capped" after. Holds of one user add up.
+func (l *Limiter) HoldCopies(userID uint32) {
+	if l.cache != nil {
+		l.cache.hold(userID)
+	}
+}
+
+// ReleaseCopies ends a hold of each of users, once their changes are in
+// Redis (the event's group committed past it). A copy installed afterwards
+// by a decision that began before is dropped.
+func (l *Limiter) ReleaseCopies(users []uint32) {
+	if l.cache != nil && len(users) > 0 {
+		l.cache.release(users)
+	}
+}

@@ -765,8 +765,9 @@ type Stats struct {
 	// requests it looked up and sent to Redis, CacheEvictions the copies it
 	// dropped to make room.
 	CacheHits, CacheMisses, CacheEvictions uint64
-	// CacheEntries and CacheBytes are the copies it keeps and their size.
-	CacheEntries, CacheBytes int
+	// CacheEntries and CacheBytes are the copies it keeps and their size;
+	// CacheHeld the users it keeps none for (see HoldCopies).
+	CacheEntries, CacheBytes, CacheHeld int
 }
 
 // Stats returns the Limiter's counts so far.
@@ -775,7 +776,7 @@ func (l *Limiter) Stats() Stats {
 		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), FunctionLoads: l.functionLoads.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
-		s.CacheEntries, s.CacheBytes = c.stats()
+		s.CacheEntries, s.CacheBytes, s.CacheHeld = c.counts()
 	}
 	return s
 }

@@ -167,8 +167,9 @@ type Daemon struct {
 	workers []*consumer.Worker      // in the order of readers
 	events  []*consumer.EventWorker // external sends and feedback, after the workers' readers
 	// cacheReaders read the feedback and preferences topics in groups of this
-	// process's own (from their end, never committed) to drop the near
-	// cache's copies of the logs of users another replica changed.
+	// process's own (from their end, never committed) to hold off the near
+	// cache's copies of the logs of users another replica changes (see
+	// copyHolds).
 	cacheReaders []cacheReader
 	watched      []watchedReader // every reader that consumes for a worker, for the stall watch
 	wheel        *hold.Wheel     // nil when holding is disabled
@@ -295,7 +296,7 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 	if err != nil {
 		return err
 	}
-	dialer, _, err := KafkaClients(cfg.Kafka)
+	dialer, transport, err := KafkaClients(cfg.Kafka)
 	if err != nil {
 		return err
 	}
@@ -322,7 +323,8 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 		d.events = append(d.events, w)
 		if e.kind != consumer.ExternalSends && cfg.Redis.NearCacheSize > 0 {
 			c := newCacheReader(cfg.Kafka, dialer, group, e.topic, d.Log)
-			d.cacheReaders = append(d.cacheReaders, cacheReader{c, e.kind})
+			client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Transport: transport, Timeout: 5 * time.Second}
+			d.cacheReaders = append(d.cacheReaders, cacheReader{c, e.kind, &copyHolds{lim: d.Limiter, client: client, group: group, topic: e.topic, log: log}})
 			d.readers = append(d.readers, c)
 		}
 	}
@@ -330,15 +332,17 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 }
 
 type cacheReader struct {
-	r    *kafka.Reader
-	kind consumer.EventKind
+	r     *kafka.Reader
+	kind  consumer.EventKind
+	holds *copyHolds
 }
 
-// dropCached drops the near cache's copy of every user a feedback event
-// gives a slot back to, or whose preferences change, until ctx ends:
-// another replica applied it to Redis, and this one's copies must not keep
-// answering from before.
-func (d *Daemon) dropCached(ctx context.Context, c cacheReader) {
+// holdCached holds off the near cache's copy of every user a feedback event
+// gives a slot back to, or whose preferences change, from when it reads the
+// event until the replica applying it has committed past it (see
+// copyHolds), until ctx ends.
+func (d *Daemon) holdCached(ctx context.Context, c cacheReader) {
+	go c.holds.run(ctx, holdInterval)
 	for {
 		m, err := c.r.FetchMessage(ctx)
 		if err != nil {
@@ -352,10 +356,10 @@ func (d *Daemon) dropCached(ctx context.Context, c cacheReader) {
 		}
 		if c.kind == consumer.Feedback {
 			if f, err := events.DecodeFeedback(m.Value); err == nil && f.GivesBack() {
-				d.Limiter.DropCached(f.UserID)
+				c.holds.hold(m.Partition, m.Offset, f.UserID)
 			}
 		} else if p, err := events.DecodePreference(m.Value); err == nil {
-			d.Limiter.DropCached(p.UserID)
+			c.holds.hold(m.Partition, m.Offset, p.UserID)
 		}
 	}
 }
@@ -444,6 +448,8 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 			func(s capping.Stats) uint64 { return s.CacheEvictions }),
 		gauge("capper_near_cache_entries", "Copies of blocked users' logs the near cache keeps.",
 			func(s capping.Stats) int { return s.CacheEntries }),
+		gauge("capper_near_cache_held_users", "Users the near cache keeps no copy for while an event that changes their log or preferences (feedback, preferences) is on its way to Redis: read, not yet committed by the replica applying it.",
+			func(s capping.Stats) int { return s.CacheHeld }),
 		gauge("capper_near_cache_bytes", "Memory of the near cache: its copies' logs in the shards' arenas (room to grow included) and their slots.",
 			func(s capping.Stats) int { return s.CacheBytes }),
 	} {
@@ -523,7 +529,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.watchLag(bg, cfg.Kafka)
 	go d.watchStalls(bg, cfg.Kafka)
 	for _, c := range d.cacheReaders {
-		go d.dropCached(bg, c)
+		go d.holdCached(bg, c)
 	}
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
 		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),
