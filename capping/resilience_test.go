@@ -316,8 +316,8 @@ func TestEvalFallbackDecidesAsTheFunction(t *testing.T) {
 }
 
 // TestFailoverMidRun promotes a replica with CLUSTER FAILOVER while batches are
-// decided: redirects are followed, the promoted node has the script, and every
-// request is decided exactly once.
+// decided: redirects are followed, the promoted node has the function library
+// (replicated, never loaded again), and every request is decided exactly once.
 func TestFailoverMidRun(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -365,6 +365,11 @@ func TestFailoverMidRun(t *testing.T) {
 		if n := testenv.LogLen(t, e.rdb, e.lim.Key(uint32(u))); n != 3 {
 			t.Errorf("user %d: %d logged, want 3", u, n)
 		}
+	}
+	// The promoted replica had the function library by replication: no
+	// call answered "Function not found".
+	if n := e.lim.Stats().FunctionLoads; n != 0 {
+		t.Errorf("%d loads of the function library after the failover, want 0 (the replica had it)", n)
 	}
 	t.Logf("failover of %s: %d retried rounds", replica.Options().Addr, retries)
 	testenv.WaitClusterOK(t, e.rdb)
