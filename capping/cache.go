@@ -46,6 +46,7 @@ type nearCache struct {
 	shards                  [cacheShards]cacheShard
 	gen                     atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped
 	hits, misses, evictions atomic.Uint64
+	holds                   atomic.Uint64 // calls of hold
 	perShard                int
 }
 
@@ -585,6 +586,7 @@ func (c *nearCache) hold(user uint32) {
 		sh.remove(slot)
 	}
 	sh.mu.Unlock()
+	c.holds.Add(1)
 }
 
 // release ends a hold of each of users, once their changes are in Redis. A

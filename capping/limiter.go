@@ -763,8 +763,9 @@ type Stats struct {
 	FunctionLoads uint64
 	// CacheHits counts decisions answered by the near cache, CacheMisses the
 	// requests it looked up and sent to Redis, CacheEvictions the copies it
-	// dropped to make room.
-	CacheHits, CacheMisses, CacheEvictions uint64
+	// dropped to make room, CacheHolds the holds of users' copies (see
+	// HoldCopies).
+	CacheHits, CacheMisses, CacheEvictions, CacheHolds uint64
 	// CacheEntries and CacheBytes are the copies it keeps and their size;
 	// CacheHeld the users it keeps none for (see HoldCopies).
 	CacheEntries, CacheBytes, CacheHeld int
@@ -775,7 +776,7 @@ func (l *Limiter) Stats() Stats {
 	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load(),
 		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), FunctionLoads: l.functionLoads.Load()}
 	if c := l.cache; c != nil {
-		s.CacheHits, s.CacheMisses, s.CacheEvictions = c.hits.Load(), c.misses.Load(), c.evictions.Load()
+		s.CacheHits, s.CacheMisses, s.CacheEvictions, s.CacheHolds = c.hits.Load(), c.misses.Load(), c.evictions.Load(), c.holds.Load()
 		s.CacheEntries, s.CacheBytes, s.CacheHeld = c.counts()
 	}
 	return s

@@ -448,6 +448,8 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 			func(s capping.Stats) uint64 { return s.CacheEvictions }),
 		gauge("capper_near_cache_entries", "Copies of blocked users' logs the near cache keeps.",
 			func(s capping.Stats) int { return s.CacheEntries }),
+		counter("capper_near_cache_holds_total", "Holds of a user's near-cache copies: a feedback or preference event read, which another replica may not have applied yet (see capper_near_cache_held_users).",
+			func(s capping.Stats) uint64 { return s.CacheHolds }),
 		gauge("capper_near_cache_held_users", "Users the near cache keeps no copy for while an event that changes their log or preferences (feedback, preferences) is on its way to Redis: read, not yet committed by the replica applying it.",
 			func(s capping.Stats) int { return s.CacheHeld }),
 		gauge("capper_near_cache_bytes", "Memory of the near cache: its copies' logs in the shards' arenas (room to grow included) and their slots.",
