@@ -75,3 +75,24 @@ func TestDemoWithPreferences(t *testing.T) {
 		t.Errorf("near cache hits per job: %v, want some\n%s", m, out)
 	}
 }
+
+// TestDemoWithVIPMidway: a paced blast (12,000 jobs at 3,000/s for 600
+// users, the example's caps, the near cache on) during which, halfway, a
+// third of the users get a VIP exemption while their sends go on. Copies of
+// their logs made before the exemption landed (their caps full: "capped"
+// without a call) must not answer after it: the report judges every send of
+// theirs decided after the exemption was seen applied in Redis, and a rules'
+// cap on any is a violation.
+func TestDemoWithVIPMidway(t *testing.T) {
+	r, out := demo(t, "DEMO_JOBS=12000", "DEMO_USERS=600", "DEMO_PREFS_SHARE=0", "DEMO_LOADGEN_ARGS=--rate 3000 --vip-midway-share 0.3",
+		"DEMO_METRICS_ADDR=127.0.0.1:9467")
+	if r.Jobs != 12000 || r.Unaccounted != 0 || r.Violations != 0 {
+		t.Fatalf("report %+v, want 12000 jobs, none unaccounted, no violations\n%s", r, out)
+	}
+	if !strings.Contains(out, "VIP exemptions sent halfway through the blast") || r.VIPJudged < 50 {
+		t.Fatalf("%d sends judged under the midway exemptions, want at least 50 (the wave applied before the blast ended)\n%s", r.VIPJudged, out)
+	}
+	if m := regexp.MustCompile(`([0-9.]+) near cache hits/job`).FindStringSubmatch(out); m == nil || m[1] == "0.000" {
+		t.Errorf("near cache hits per job: %v, want some\n%s", m, out)
+	}
+}

@@ -40,6 +40,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
 	externalShare := fs.Float64("external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
 	prefsShare := fs.Float64("prefs-share", 0, "give this share of the users a preference (at most one email a day, no promotions, or VIP for a day) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
+	vipMidway := fs.Float64("vip-midway-share", 0, "halfway through the blast, give this share of the users without a preference (and without a job sent twice) a VIP exemption for a day, while the rest of the blast is produced (with --rate, sends of theirs follow); the report exempts a send from the rules' caps from when the exemption was produced, and holds it to the exemption from when it was seen applied (kafka.topics.preferences)")
 	feedbackShare := fs.Float64("feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	channels := fs.String("channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
@@ -96,14 +97,16 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return nil
 		}
 	}
-	if (*externalShare > 0 && ts.External == "") || (*feedbackShare > 0 && ts.Feedback == "") || (*prefsShare > 0 && ts.Preferences == "") {
-		return errors.New("loadgen: --external-share, --feedback-share and --prefs-share need kafka.topics.external, .feedback and .preferences")
+	if (*externalShare > 0 && ts.External == "") || (*feedbackShare > 0 && ts.Feedback == "") || ((*prefsShare > 0 || *vipMidway > 0) && ts.Preferences == "") {
+		return errors.New("loadgen: --external-share, --feedback-share, --prefs-share and --vip-midway-share need kafka.topics.external, .feedback and .preferences")
 	}
 	var prefEvs []loadtest.Event
 	if *prefsShare > 0 {
-		if prefEvs, err = producePreferences(ctx, cfg, transport, g.Users, *prefsShare, g.Seed, stderr); err != nil {
+		msgs, evs := loadtest.GeneratePreferences(g.Users, *prefsShare, g.Seed, time.Now())
+		if err = applyPreferences(ctx, cfg, transport, msgs, evs, stderr); err != nil {
 			return err
 		}
+		prefEvs = evs
 	}
 	msgs, sent, err := loadtest.Generate(g)
 	if err != nil {
@@ -130,13 +133,40 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			fmt.Fprintf(stderr, "loadgen: %d/%d messages (%.0f%%), %.0f/s\n", done, len(msgs), 100*float64(done)/float64(len(msgs)), float64(done)/time.Since(start).Seconds())
 		}
 	}
-	if *rate == 0 {
-		err = loadtest.Produce(ctx, w, msgs, 5000, progress)
+	produce := func(from, to int) error {
+		if *rate == 0 {
+			return loadtest.Produce(ctx, w, msgs[from:to], 5000, func(done int) { progress(from + done) })
+		}
+		return producePaced(ctx, w, msgs[from:to], *rate, start.Add(time.Duration(from)*time.Second/time.Duration(*rate)), func(done int) { progress(from + done) })
+	}
+	half := len(msgs)
+	if *vipMidway > 0 {
+		half = len(msgs) / 2
+	}
+	if err := produce(0, half); err != nil {
+		return err
+	}
+	// The midway wave: produced, and waited for until applied, while the
+	// second half of the blast goes out.
+	midway := make(chan error, 1)
+	var vevs []loadtest.Event // their ProducedAt set once applied
+	if *vipMidway > 0 {
+		var vmsgs []kafka.Message
+		vmsgs, vevs = loadtest.GenerateVIP(g.Users, *vipMidway, g.Seed, time.Now(), prefEvs, sent)
+		go func() { midway <- applyPreferences(ctx, cfg, transport, vmsgs, vevs, stderr) }()
 	} else {
-		err = producePaced(ctx, w, msgs, *rate, start, progress)
+		midway <- nil
+	}
+	err = produce(half, len(msgs))
+	if merr := <-midway; err == nil {
+		err = merr
 	}
 	if err != nil {
 		return err
+	}
+	if len(vevs) > 0 {
+		prefEvs = append(prefEvs, vevs...)
+		fmt.Fprintf(stdout, "loadgen: %d VIP exemptions sent halfway through the blast, applied by %s\n", len(vevs), vevs[0].ProducedAt.Format(time.RFC3339Nano))
 	}
 	fmt.Fprintf(stdout, "loadgen: produced %d messages for %d users to %s in %v; manifest %s\n", len(msgs), g.Users, ts.Input, time.Since(start).Round(time.Millisecond), *manifest)
 	if len(evs)+len(prefEvs) == 0 {
@@ -177,21 +207,23 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-// producePreferences sends preferences for a share of the users and waits
-// until Redis holds every one of them (a running capper applies them), so
-// that every send of the blast is decided with them: the report holds each
-// from the moment it was seen applied.
-func producePreferences(ctx context.Context, cfg *config.Config, transport *kafka.Transport, users int, share float64, seed uint64, stderr io.Writer) ([]loadtest.Event, error) {
-	msgs, evs := loadtest.GeneratePreferences(users, share, seed, time.Now())
+// applyPreferences sends the preference events msgs and waits until Redis
+// holds every one of them (a running capper applies them): the report holds
+// each, evs[i], from the moment it was seen applied (its ProducedAt, set
+// here), so that every send decided later is judged with it.
+func applyPreferences(ctx context.Context, cfg *config.Config, transport *kafka.Transport, msgs []kafka.Message, evs []loadtest.Event, stderr io.Writer) error {
 	w := daemon.NewWriter(cfg.Kafka, transport, cfg.Kafka.Topics.Preferences, 5000, daemon.NewLogger("warn", os.Stderr))
 	err := loadtest.Produce(ctx, w, msgs, 5000, nil)
 	w.Close()
 	if err != nil {
-		return nil, err
+		return err
+	}
+	for i := range evs {
+		evs[i].SentAt = loadtest.ProducedAt(msgs[i])
 	}
 	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer b.Close()
 	pending := map[uint32]bool{}
@@ -209,7 +241,7 @@ func producePreferences(ctx context.Context, cfg *config.Config, transport *kafk
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("loadgen: %d of %d preferences not applied within 2 minutes: is capper run running with kafka.topics.preferences?", len(pending), len(evs))
+			return fmt.Errorf("loadgen: %d of %d preferences not applied within 2 minutes: is capper run running with kafka.topics.preferences?", len(pending), len(evs))
 		}
 		fmt.Fprintf(stderr, "loadgen: waiting for the workers to apply %d of %d preferences\n", len(pending), len(evs))
 		time.Sleep(500 * time.Millisecond)
@@ -218,7 +250,7 @@ func producePreferences(ctx context.Context, cfg *config.Config, transport *kafk
 	for i := range evs {
 		evs[i].ProducedAt = applied
 	}
-	return evs, nil
+	return nil
 }
 
 // runReport reads the output topics and checks them against the manifest and
@@ -409,6 +441,9 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 	for _, b := range r.Budgets {
 		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, b.MaxAny, b.Window)
+	}
+	if r.VIPJudged > 0 {
+		fmt.Fprintf(w, "  vip         %d sends decided while their user was VIP (the rules' caps may cap none)\n", r.VIPJudged)
 	}
 	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, preferences and VIP exemptions, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)
 	for _, p := range r.Problems {

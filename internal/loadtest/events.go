@@ -21,8 +21,11 @@ type Event struct {
 	UserID uint32
 	Status string // feedback: failed or bounced
 	// ProducedAt is when its chunk was handed to the producer: no worker can
-	// have applied it earlier.
+	// have applied it earlier. A preference's is when loadgen saw it applied.
 	ProducedAt time.Time
+	// SentAt is a preference's produce time: no worker applied it earlier
+	// (zero for the other events).
+	SentAt time.Time
 }
 
 // Event kinds.
@@ -44,11 +47,24 @@ type Pref struct {
 	Window       time.Duration
 	VIPUntil     time.Time // not zero: the rules' caps do not apply until then (Channel and Tag empty)
 	From         time.Time // applied by then
+	Sent         time.Time // not applied before then (produced); zero: From
 }
 
-// vipAt reports whether p exempts the user from the rules' caps at t.
+// vipAt reports whether p exempts the user from the rules' caps at t, for
+// certain: it was applied by then.
 func (p *Pref) vipAt(t time.Time) bool {
 	return !p.VIPUntil.IsZero() && !t.Before(p.From) && t.Before(p.VIPUntil)
+}
+
+// mayBeVIPAt reports whether p may have exempted the user at t: it was sent
+// by then (applied between its Sent and From, which a send decided in
+// between cannot tell).
+func (p *Pref) mayBeVIPAt(t time.Time) bool {
+	sent := p.Sent
+	if sent.IsZero() {
+		sent = p.From
+	}
+	return !p.VIPUntil.IsZero() && !t.Before(sent) && t.Before(p.VIPUntil)
 }
 
 // GeneratePreferences gives a share of the users 1..users a preference
@@ -78,6 +94,36 @@ func GeneratePreferences(users int, share float64, seed uint64, now time.Time) (
 	return msgs, evs
 }
 
+// GenerateVIP gives a share of the users 1..users a VIP exemption from the
+// rules' caps for a day from now: a wave sent while a blast goes on (loadgen
+// --vip-midway-share). Users with a preference in earlier
+// (GeneratePreferences') are left out, and so are users with a job sent twice
+// in blast (KindDuplicate): a copy of a job capped by a rules' cap before the
+// exemption would be allowed after it, a second final topic for the job (a
+// known gap: a cap's refusal leaves no mark in the log).
+func GenerateVIP(users int, share float64, seed uint64, now time.Time, earlier []Event, blast []Sent) (msgs []kafka.Message, evs []Event) {
+	rng := rand.New(rand.NewPCG(seed, 23))
+	had := map[uint32]bool{}
+	for _, e := range earlier {
+		had[e.UserID] = true
+	}
+	for _, s := range blast {
+		if s.Kind == KindDuplicate {
+			had[s.UserID] = true
+		}
+	}
+	vipUntil := now.Add(24 * time.Hour).Truncate(time.Millisecond)
+	for u := 1; u <= users; u++ {
+		if rng.Float64() >= share || had[uint32(u)] {
+			continue
+		}
+		v, _ := json.Marshal(map[string]any{"user_id": u, "vip_until": vipUntil.Format(time.RFC3339Nano)})
+		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(u)), Value: v, Headers: []kafka.Header{{Key: HeaderID, Value: []byte(fmt.Sprint("vip-", u))}}})
+		evs = append(evs, Event{Kind: EventPreference, ID: "vip", UserID: uint32(u), Status: strconv.FormatInt(vipUntil.UnixMilli(), 10)})
+	}
+	return msgs, evs
+}
+
 // Prefs returns the preference events of evs by user, for Policy.Preferences.
 func Prefs(evs []Event) map[uint32][]Pref {
 	out := map[uint32][]Pref{}
@@ -87,7 +133,7 @@ func Prefs(evs []Event) map[uint32][]Pref {
 		}
 		if e.ID == "vip" {
 			if ms, err := strconv.ParseInt(e.Status, 10, 64); err == nil {
-				out[e.UserID] = append(out[e.UserID], Pref{VIPUntil: time.UnixMilli(ms), From: e.ProducedAt})
+				out[e.UserID] = append(out[e.UserID], Pref{VIPUntil: time.UnixMilli(ms), From: e.ProducedAt, Sent: e.SentAt})
 			}
 			continue
 		}
@@ -149,7 +195,7 @@ func ProducedAt(m kafka.Message) time.Time {
 	return time.Time{}
 }
 
-var eventsHeader = []string{"kind", "id", "user_id", "status", "produced_at_ms"}
+var eventsHeader = []string{"kind", "id", "user_id", "status", "produced_at_ms", "sent_at_ms"}
 
 // WriteEvents writes the events manifest.
 func WriteEvents(w io.Writer, evs []Event) error {
@@ -158,7 +204,11 @@ func WriteEvents(w io.Writer, evs []Event) error {
 		return err
 	}
 	for _, e := range evs {
-		if err := cw.Write([]string{e.Kind, e.ID, strconv.FormatUint(uint64(e.UserID), 10), e.Status, strconv.FormatInt(e.ProducedAt.UnixMilli(), 10)}); err != nil {
+		sent := ""
+		if !e.SentAt.IsZero() {
+			sent = strconv.FormatInt(e.SentAt.UnixMilli(), 10)
+		}
+		if err := cw.Write([]string{e.Kind, e.ID, strconv.FormatUint(uint64(e.UserID), 10), e.Status, strconv.FormatInt(e.ProducedAt.UnixMilli(), 10), sent}); err != nil {
 			return err
 		}
 	}
@@ -189,6 +239,14 @@ func ReadEvents(r io.Reader) ([]Event, error) {
 		if err1 != nil || err2 != nil {
 			return nil, fmt.Errorf("events manifest line %d: bad user id or time", line)
 		}
-		out = append(out, Event{Kind: f[0], ID: f[1], UserID: uint32(u), Status: f[3], ProducedAt: time.UnixMilli(ms)})
+		e := Event{Kind: f[0], ID: f[1], UserID: uint32(u), Status: f[3], ProducedAt: time.UnixMilli(ms)}
+		if f[5] != "" {
+			sent, err := strconv.ParseInt(f[5], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("events manifest line %d: bad sent time", line)
+			}
+			e.SentAt = time.UnixMilli(sent)
+		}
+		out = append(out, e)
 	}
 }

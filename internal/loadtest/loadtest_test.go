@@ -569,10 +569,6 @@ func TestCheckVIP(t *testing.T) {
 	}
 	p := loadtest.Policy{Rules: rules.Config{DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(1)}}},
 		Segment: func(uint32) (string, bool) { return "", false }, Preferences: prefs}
-	type out struct {
-		role, cap string
-		at        time.Duration
-	}
 	for _, c := range []struct {
 		name string
 		outs []out
@@ -586,18 +582,66 @@ func TestCheckVIP(t *testing.T) {
 		{"refused by its own preference while VIP", []out{{"capped", "preference:tag:promotional", time.Minute}}, ""},
 		{"capped by the rules before it was applied", []out{{"allowed", "", -2 * time.Minute}, {"capped", "daily", -time.Minute}}, ""},
 	} {
-		var sent []loadtest.Sent
-		var outs []loadtest.Output
-		for i, o := range c.outs {
-			id := fmt.Sprint("m", i)
-			sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 8, Channel: "email", Kind: loadtest.KindJob})
-			outs = append(outs, loadtest.Output{Role: o.role, ID: id, Time: t0.Add(o.at),
-				Output: consumer.Output{Decision: o.role, Cap: o.cap, DecidedAt: t0.Add(o.at), DueAt: t0.Add(2 * time.Hour)}})
-		}
-		r := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
+		r := checkUser8(c.outs, p)
 		problems := strings.Join(r.Problems, "\n")
 		if (c.bad == "") != (r.Violations == 0) || !strings.Contains(problems, c.bad) {
 			t.Errorf("%s: violations %d (%s), want a violation saying %q", c.name, r.Violations, problems, c.bad)
 		}
 	}
+}
+
+// TestCheckVIPProducedMidway: an exemption sent during a blast was applied
+// at some moment between its production (SentAt) and when loadgen saw it
+// applied (ProducedAt). A send allowed in between may have been exempt, so it
+// is not held to the rules' caps; one capped in between is no violation
+// either; the exemption is certain, and judged, only from when it was seen.
+func TestCheckVIPProducedMidway(t *testing.T) {
+	var buf bytes.Buffer
+	if err := loadtest.WriteEvents(&buf, []loadtest.Event{{Kind: loadtest.EventPreference, ID: "vip", UserID: 8,
+		Status: fmt.Sprint(t0.Add(time.Hour).UnixMilli()), SentAt: t0.Add(-30 * time.Second), ProducedAt: t0}}); err != nil {
+		t.Fatal(err)
+	}
+	evs, err := loadtest.ReadEvents(&buf)
+	if err != nil || len(evs) != 1 || !evs[0].SentAt.Equal(t0.Add(-30*time.Second)) || !evs[0].ProducedAt.Equal(t0) {
+		t.Fatalf("events manifest read back: %+v %v", evs, err)
+	}
+	p := loadtest.Policy{Rules: rules.Config{DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(1)}}},
+		Segment: func(uint32) (string, bool) { return "", false }, Preferences: loadtest.Prefs(evs)}
+	for _, c := range []struct {
+		name   string
+		outs   []out
+		bad    string // in the problem, "" for none
+		judged int    // sends decided while the user was certainly VIP
+	}{
+		{"a second send allowed between its production and its application", []out{{"allowed", "", -2 * time.Minute}, {"allowed", "", -10 * time.Second}}, "", 0},
+		{"a second send capped between them", []out{{"allowed", "", -2 * time.Minute}, {"capped", "daily", -10 * time.Second}}, "", 0},
+		{"two sends before it was produced", []out{{"allowed", "", -2 * time.Minute}, {"allowed", "", -time.Minute}}, "which allows 1", 0},
+		{"capped by the rules once seen applied", []out{{"allowed", "", -2 * time.Minute}, {"capped", "daily", time.Second}}, "while the user was VIP", 1},
+		{"allowed once seen applied", []out{{"allowed", "", -2 * time.Minute}, {"allowed", "", time.Second}, {"allowed", "", 2 * time.Second}}, "", 2},
+	} {
+		r := checkUser8(c.outs, p)
+		problems := strings.Join(r.Problems, "\n")
+		if (c.bad == "") != (r.Violations == 0) || !strings.Contains(problems, c.bad) || r.VIPJudged != c.judged {
+			t.Errorf("%s: violations %d (%s), %d judged as VIP; want a violation saying %q, %d judged", c.name, r.Violations, problems, r.VIPJudged, c.bad, c.judged)
+		}
+	}
+}
+
+// out is one output of a job of user 8 (an email), decided at t0 + at.
+type out struct {
+	role, cap string
+	at        time.Duration
+}
+
+// checkUser8 runs the report's check on outs, one job each.
+func checkUser8(outs []out, p loadtest.Policy) loadtest.Result {
+	var sent []loadtest.Sent
+	var os []loadtest.Output
+	for i, o := range outs {
+		id := fmt.Sprint("m", i)
+		sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 8, Channel: "email", Kind: loadtest.KindJob})
+		os = append(os, loadtest.Output{Role: o.role, ID: id, Time: t0.Add(o.at),
+			Output: consumer.Output{Decision: o.role, Cap: o.cap, DecidedAt: t0.Add(o.at), DueAt: t0.Add(2 * time.Hour)}})
+	}
+	return loadtest.Check(sent, os, p, t0.Add(time.Hour))
 }

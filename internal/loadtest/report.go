@@ -63,13 +63,16 @@ type Result struct {
 	Released   int `json:"released"`  // final outputs of jobs that were held
 	Pending    int `json:"pending"`   // jobs still held, due after the report
 	// Arbitrations of a cap's last slot: final outputs of candidates that won and lost it.
-	ArbitrationsWon  int     `json:"arbitrations_won"`
-	ArbitrationsLost int     `json:"arbitrations_lost"`
-	Unaccounted      int     `json:"unaccounted"`
-	Violations       int     `json:"violations"`
-	JobsPerSec       float64 `json:"jobs_per_sec"`
-	P50ms            float64 `json:"p50_ms"`
-	P99ms            float64 `json:"p99_ms"`
+	ArbitrationsWon  int `json:"arbitrations_won"`
+	ArbitrationsLost int `json:"arbitrations_lost"`
+	// VIPJudged counts the final outputs (allowed or capped) of jobs decided
+	// while their user was VIP: each is a violation if the rules' caps capped it.
+	VIPJudged   int     `json:"vip_judged"`
+	Unaccounted int     `json:"unaccounted"`
+	Violations  int     `json:"violations"`
+	JobsPerSec  float64 `json:"jobs_per_sec"`
+	P50ms       float64 `json:"p50_ms"`
+	P99ms       float64 `json:"p99_ms"`
 	// Release lag: from a held job's due time to its release decision.
 	ReleaseP50ms float64 `json:"release_p50_ms"`
 	ReleaseP99ms float64 `json:"release_p99_ms"`
@@ -302,7 +305,11 @@ func (c *checker) account(o *Output) {
 	c.seen[i] = true
 	// While a user is VIP, the rules' caps do not apply: none may cap or hold a job of theirs (the user's
 	// own preferences, budgets and quiet hours still may).
-	if (o.Role == RoleCapped || o.Role == RoleHeld) && c.j.ruleCaps[o.Cap] && c.vipAt(s.UserID, o.at()) {
+	vip := c.vipAt(s.UserID, o.at())
+	if vip && (o.Role == RoleAllowed || o.Role == RoleCapped) {
+		c.r.VIPJudged++
+	}
+	if (o.Role == RoleCapped || o.Role == RoleHeld) && c.j.ruleCaps[o.Cap] && vip {
 		c.r.Violations++
 		c.r.problem("user %d: job %s %s by the rules' cap %q at %s, while the user was VIP", s.UserID, s.JobID, o.Role, o.Cap, o.at().Format(time.RFC3339Nano))
 	}
@@ -414,7 +421,7 @@ func (c *checker) caps() {
 		caps := c.j.caps(segment, inSegment)
 		violated := map[string]bool{}
 		for i, s := range sends {
-			if c.j.countOnly[category(s.sent)] || c.vipAt(u, s.t) {
+			if c.j.countOnly[category(s.sent)] || c.mayBeVIPAt(u, s.t) {
 				continue
 			}
 			zone := c.j.zoneOf(s.sent)
@@ -492,6 +499,17 @@ func (c *checker) preferences(u uint32, sends []sentSend) {
 func (c *checker) vipAt(u uint32, t time.Time) bool {
 	for i := range c.p.Preferences[u] {
 		if c.p.Preferences[u][i].vipAt(t) {
+			return true
+		}
+	}
+	return false
+}
+
+// mayBeVIPAt reports whether a VIP exemption of user u may have held at t
+// (see Pref.mayBeVIPAt): such a send is not held to the rules' caps.
+func (c *checker) mayBeVIPAt(u uint32, t time.Time) bool {
+	for i := range c.p.Preferences[u] {
+		if c.p.Preferences[u][i].mayBeVIPAt(t) {
 			return true
 		}
 	}
