@@ -624,14 +624,8 @@ func (c *nearCache) clear() {
 }
 
 // stats counts the cache's entries and its bytes: theirs and the index's
-// (entryOverhead each), and the arenas' (dead bytes and room to grow included).
-func (c *nearCache) stats() (entries, bytes int) {
-	entries, bytes, _ = c.counts()
-	return entries, bytes
-}
-
-// counts returns stats' figures and how many users are held.
-func (c *nearCache) counts() (entries, bytes, held int) {
+// (entryOverhead each), and the arenas' (dead bytes and room to grow included); and the users held.
+func (c *nearCache) stats() (entries, bytes, held int) {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()

@@ -48,7 +48,7 @@ func TestNearCacheAnswersCappedUntilTheCapPasses(t *testing.T) {
 	if c.decide(r, later, &d) {
 		t.Fatalf("answered %+v after the cap passed", d)
 	}
-	if e, _ := c.stats(); e != 0 {
+	if e, _, _ := c.stats(); e != 0 {
 		t.Fatalf("%d copies after expiry, want 0", e)
 	}
 	// A send the copy finds logged (a redelivery) is for Redis to answer.
@@ -78,7 +78,7 @@ func TestNearCacheKeepsTheNewerCopy(t *testing.T) {
 	gen := c.gen.Load()
 	c.clear()
 	c.install(r, a, gen, newer, "", 0) // decided before the rules changed
-	if e, _ := c.stats(); e != 0 {
+	if e, _, _ := c.stats(); e != 0 {
 		t.Fatalf("%d copies: a decision taken before the clear was kept", e)
 	}
 }
@@ -97,8 +97,8 @@ func TestNearCacheHoldKeepsNoCopyUntilReleased(t *testing.T) {
 	if !c.decide(r, a, &d) {
 		t.Fatal("no answer from the copy before the hold")
 	}
-	copies := func() int { e, _ := c.stats(); return e }
-	held := func() int { _, _, h := c.counts(); return h }
+	copies := func() int { e, _, _ := c.stats(); return e }
+	held := func() int { _, _, h := c.stats(); return h }
 	c.hold(7)
 	c.hold(7) // two events for the user
 	if c.decide(r, a, &d) || copies() != 1 || held() != 1 {
@@ -288,7 +288,7 @@ func BenchmarkNearCacheBytes(b *testing.B) {
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)
-		entries, est := c.stats()
+		entries, est, _ := c.stats()
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "heap-bytes/copy")
 		b.ReportMetric(float64(est)/float64(entries), "estimated-bytes/copy")
 		runtime.KeepAlive(c)

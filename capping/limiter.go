@@ -777,7 +777,7 @@ func (l *Limiter) Stats() Stats {
 		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), FunctionLoads: l.functionLoads.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions, s.CacheHolds = c.hits.Load(), c.misses.Load(), c.evictions.Load(), c.holds.Load()
-		s.CacheEntries, s.CacheBytes, s.CacheHeld = c.counts()
+		s.CacheEntries, s.CacheBytes, s.CacheHeld = c.stats()
 	}
 	return s
 }
