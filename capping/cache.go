@@ -296,10 +296,10 @@ func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 		first++
 	}
 	log = log[first:]
-	status, recorded := int64(1), int64(0)
+	status, recorded := int64(statusAllowed), int64(0)
 	for _, it := range log {
 		if it.member == a.member {
-			status, recorded = 2, it.score
+			status, recorded = statusDuplicate, it.score
 			break
 		}
 	}
@@ -319,8 +319,8 @@ func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 			oldest = nth(log, c, scoped, since, count-limit+1)
 		}
 		head[3+i] = count
-		if !c.Shadow && status != 2 && count >= limit && (!scoped || c.Scope.Matches(a.member)) {
-			status = 0
+		if !c.Shadow && status != statusDuplicate && count >= limit && (!scoped || c.Scope.Matches(a.member)) {
+			status = statusCapped
 			at := -reset
 			if reset > 0 {
 				at = oldest + reset
@@ -338,10 +338,10 @@ func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 	if never {
 		retryAt = 0
 	}
-	if status == 2 {
+	if status == statusDuplicate {
 		retryAt = recorded
 	}
-	if status == 1 {
+	if status == statusAllowed {
 		retryAt = a.now
 		if len(log) > 0 && log[len(log)-1].score > a.now {
 			retryAt = log[len(log)-1].score

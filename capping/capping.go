@@ -100,7 +100,7 @@ func (c *Cap) filterLen() int {
 }
 
 // appendFilter appends the cap's flags and scope packed for decide.lua (see
-// its header): flags (1 shadow, 2 arbitrated, 4 the send is in the scope:
+// its header): flags (flagShadow, flagArbitrated, flagApplies: the send is in the scope,
 // applies, when the caller checked it), then the channel digests, the tag
 // digests (each after its length in bytes, 2 bytes) and the campaign digest
 // (after its length, 1 byte: 0 or 4). One struct.unpack reads them all.
@@ -108,13 +108,13 @@ func (c *Cap) appendFilter(b []byte, applies bool) []byte {
 	s := &c.Scope
 	flags := byte(0)
 	if c.Shadow {
-		flags = 1
+		flags = flagShadow
 	}
 	if c.Arbitrated {
-		flags |= 2
+		flags |= flagArbitrated
 	}
 	if applies {
-		flags |= 4
+		flags |= flagApplies
 	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(s.channels)))

@@ -24,22 +24,22 @@
 --          Redis parses every argument into an object and a Lua string, ~50 ns each, and tonumber on a
 --          decimal costs as much again):
 --   i8 now        ms since the epoch, from the worker's clock (never the server's)
---   B  mode       1: record an allowed send, evict old entries, refresh the TTL (also on a duplicate);
---                 3: a send refused outside this script (expired, quiet hours, a budget): unless it is in
---                 the log (a duplicate) or marked already, mark it refused as ARGV[3] names it; no caps
---                 2: the same as 1, at exactly now (a send made elsewhere, at its time), not after the
---                 log's latest; 0: look only, write nothing
---                 4: the worker decided the send allowed from its copy of the log, ARGV[3], which it holds
+--   B  mode       modeRecord (1): record an allowed send, evict old entries, refresh the TTL (also on a
+--                 duplicate); modeMark (3): a send refused outside this script (expired, quiet hours, a budget): unless it is in
+--                 the log (a duplicate) or marked already, mark it refused as ARGV[3] names it; no caps;
+--                 modeExact (2): as modeRecord, at exactly now (a send made elsewhere, at its time), not after
+--                 the log's latest; modeLook (0): look only, write nothing
+--                 modeAppend (4): the worker decided the send allowed from its copy of the log, ARGV[3], which it holds
 --                 to be the log whole (header and entries; no marks, none aged out, its TTL covering the
 --                 retention, no entry after now): if the log is exactly that, and the user has no
 --                 preferences when prefs is 1, the entry is appended (one GET, an EXISTS with prefs, one
---                 APPEND, reply '=': what mode 1 would write and answer); otherwise the request is decided
---                 as in mode 1 (its caps are all there), so a copy gone stale costs nothing extra
---                 5: the worker found the send allowed by every cap if the user has no log, a send that
+--                 APPEND, reply replyWritten '=': what modeRecord would write and answer); otherwise the request is decided
+--                 as in modeRecord (its caps are all there), so a copy gone stale costs nothing extra
+--                 modeNewLog (5): the worker found the send allowed by every cap if the user has no log, a send that
 --                 reads preferences (the others are written by a SET NX, no script): if the user has no
 --                 log, and no preferences, ARGV[3] is written as the new log (its header, then the entry:
---                 what mode 1 would write; its TTL from the header's expiry), reply '='; otherwise the
---                 request is decided as in mode 1
+--                 what modeRecord would write; its TTL from the header's expiry), reply '='; otherwise the
+--                 request is decided as in modeRecord
 --   i8 retention  ms: entries this old are evicted, the key expires at least this long after a write
 --   I2 maxlog     most log entries to return (0: never) when, after this decision, a cap that blocks is
 --                 full (its count has reached its limit): the caller's near cache keeps that copy of the log
@@ -51,16 +51,16 @@
 --   i4 limit      most sends allowed in the window
 --   i8 reset      rolling: the window's length in ms (a send counts until score + window);
 --                 calendar: minus the period's end, when a capped send may go
---   B  flags      1 = shadow: count and report, never block; 2 = arbitrated: its last slot goes to the
---                 highest priority of an arbitration window; 4 = applies: the worker found the send in the
+--   B  flags      flagShadow (1): count and report, never block; flagArbitrated (2): its last slot goes to the
+--                 highest priority of an arbitration window; flagApplies (4): the worker found the send in the
 --                 cap's scope (Decide sends only the caps that apply), so the script need not check
 --   I2 + bytes    the scope's channels: 2-byte digests, their length in bytes first (0: any channel)
 --   I2 + bytes    the scope's tags, the same (0: any tags)
 --   B  + bytes    the scope's campaign: 4-byte digest, its length first (0: any campaign)
 --                 (one struct.unpack reads a cap whole; a cap of every send is 26 bytes)
 -- ARGV[1]  member of this send
--- ARGV[3]  in mode 3, the refusal's name; in mode 4, the worker's copy of the log; in mode 5, the new log;
---          otherwise empty
+-- ARGV[3]  in modeMark, the refusal's name; in modeAppend, the worker's copy of the log; in modeNewLog, the
+--          new log; otherwise empty
 -- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
 --          member -> "priority:registered_ms:window_end_ms"
@@ -68,13 +68,13 @@
 --          "c:<channel>" or "t:<tag>" -> the 2-byte digest of the channel or tag, then "<limit>:<window_ms>"
 --          (the user's own limit of such sends in any window of that length; limit 0: opted out), and
 --          "vip" -> ms until which the rules' caps do not apply to the user (their preferences do).
---          A send a preference refuses is not recorded (status 4, the field name after the counts).
+--          A send a preference refuses is not recorded (statusPreference, the field name after the counts).
 --
 -- Arbitration: a send that every cap allows but that would take the last slot of an arbitrated cap
 -- that applies to it is not recorded: it becomes a candidate of the user's open window (or opens one,
--- ending window ms from now) and must come back at its end (status 3). When a candidate comes back at
+-- ending window ms from now) and must come back at its end (statusCandidate). When a candidate comes back at
 -- or after its window's end, the window's highest priority (ties: the earliest registered) is decided
--- as any send; the others are capped by that cap (status 0), unless the slot is no longer the last
+-- as any send; the others are capped by that cap (statusCapped), unless the slot is no longer the last
 -- (then there is room for them too). Sends that do not need the last slot never touch KEYS[2].
 -- A candidate is forgotten max(window, 60 s) after its window ends, so a job that never comes back
 -- cannot hold the slot; a redelivered candidate is recognised by its member.
@@ -83,30 +83,52 @@
 -- Reply: one per request, in order; an error reply for a request that failed, else one string, packed
 -- big-endian (a table of integers costs the script a Lua table and Redis a reply element per value):
 --   B status, I2 cap, i8 retry_at, I4 count_1 ... count_n (the request's caps), then the rest (below)
---   status    1 allowed (recorded in modes 1 and 2), 0 capped,
---             2 duplicate: this member is already in the log, i.e. the job was allowed before,
---             3 candidate: send it again at retry_at, the end of its arbitration window (cap: the cap),
---             4 capped by one of the user's preferences (cap 0; the preference's field follows the counts),
---             5 refused before: the job is marked refused (see the log below; cap 0, counts 0, the
---               refusal's name follows the counts); in mode 3, 1 means marked now and 2 a duplicate
+--   status    statusAllowed (1): allowed (recorded in modeRecord and modeExact); statusCapped (0): capped;
+--             statusDuplicate (2): this member is already in the log, i.e. the job was allowed before,
+--             statusCandidate (3): send it again at retry_at, the end of its arbitration window (cap: the cap),
+--             statusPreference (4): capped by one of the user's preferences (cap 0; the preference's field follows the counts),
+--             statusRefused (5): refused before: the job is marked refused (see the log below; cap 0, counts 0, the
+--               refusal's name follows the counts); in modeMark, statusAllowed means marked now and
+--               statusDuplicate a duplicate
 --   cap       1-based index of the cap that decides retry_at; 0 unless capped
 --   retry_at  ms at which every exceeded cap passes again; 0 when capped for good (a limit of 0);
 --             for a duplicate, the ms at which the job was recorded; for an allowed send, the ms it is
 --             recorded at: now, or the log's latest entry if that is later (another worker's clock read
 --             later but its script ran first), so a user's log is in the order its decisions were taken
 --   count_i   entries of cap i's scope in its window before this decision
---   rest      status 4 and 5: the preference's field or the refusal's name; otherwise, when maxlog allows
---             it (the worker's near cache is on): with status + 128, the log after this decision whole (its
+--   rest      statusPreference and statusRefused: the preference's field or the refusal's name; otherwise, when maxlog allows
+--             it (the worker's near cache is on): with status + statusWhole (128), the log after this decision whole (its
 --             header, then its entries), when it holds no marks and nothing aged out; else, when a cap that
 --             blocks is full after this decision, the log's entries after it (this send included when
 --             recorded; no marks), oldest first, packed as the log packs them; else empty
---   A request of mode 4 whose log is the worker's copy, or of mode 5 written as a new log, is answered '='
---   alone (recorded, as decided).
+--   A request of modeAppend whose log is the worker's copy, or of modeNewLog written as a new log, is answered
+--   replyWritten ('=') alone (recorded, as decided).
 --
 -- Cost: one GET of the log serves the duplicate check (one string.find) and every cap; a recorded send is
 -- one APPEND, or one SET PX of the whole log when its TTL needs refreshing, entries aged out or the send goes
 -- before the latest; a decision that records nothing writes nothing, a duplicate only refreshes the TTL.
 -- scripts/bench-calls.sh measures a call against the seed's design.
+
+-- The seam with capping/protocol.go, which declares constants of the same names and values
+-- (TestSeamNamesAgree checks that the two lists agree): the modes of a request, the statuses of a reply, a cap's
+-- flags, and the reply of a request written as the worker asked.
+local modeLook = 0
+local modeRecord = 1
+local modeExact = 2
+local modeMark = 3
+local modeAppend = 4
+local modeNewLog = 5
+local statusCapped = 0
+local statusAllowed = 1
+local statusDuplicate = 2
+local statusCandidate = 3
+local statusPreference = 4
+local statusRefused = 5
+local statusWhole = 128
+local flagShadow = 1
+local flagArbitrated = 2
+local flagApplies = 4
+local replyWritten = '='
 
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8BI2c0I2c0Bc0' -- one cap's: since, limit, reset, flags, channels, tags, campaign
@@ -259,27 +281,23 @@ local function answer(status, hit, retry_at, counts, ncaps)
   return struct.pack(f, status, hit, retry_at, unpack(counts, 1, ncaps))
 end
 
--- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
--- position first on), member, refusal's name (mode 3) and keys (KEYS[1..3]).
-local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
-  local record = mode ~= 0
-  local exact = mode == 2
-  local mark = mode == 3
-
-  -- The log, oldest first, after the marks of refused sends: a send refused outside this script (mode 3)
-  -- is marked with score minus the time of its refusal and member byte(#m) .. m .. the refusal's name,
-  -- so that a later copy of the same job (a redelivery, a resend) is refused too (status 5) rather than
-  -- allowed: one final topic per job. Marks come first and count in no window. Entries and marks older
-  -- than the retention are left out (a look keeps them) and dropped by the next write.
+-- readLog reads a user's log (see load): the marks of refused sends, then the entries, oldest first. A send
+-- refused outside this script (modeMark) is marked with score minus the time of its refusal and member
+-- byte(#m) .. m .. the refusal's name, so that a later copy of the same job (a redelivery, a resend) is refused
+-- too (statusRefused) rather than allowed: one final topic per job. Marks come first and count in no window.
+-- Entries and marks older than the retention are left out (a look keeps them) and dropped by the next write.
+-- It returns the log and whether it is a sorted set; each kept entry's score, and where its member starts in
+-- log (the members are made into strings only when a step needs them: a scoped cap, preferences, the near
+-- cache's copy; see list, so that reading an entry costs one struct.unpack and no string), and their number;
+-- the kept marks as packed (nil: none) and the refusals by member; how many items aged out; where the first
+-- kept entry starts and whether an item left out follows it; and the header's expiry (see save).
+local function readLog(key, record, now, retention)
   local log, zset = load(key)
-  -- Each kept entry's score, and where its member starts in log: the members are made into strings only
-  -- when a step needs them (a scoped cap, preferences, the near cache's copy; see list), so that reading
-  -- an entry of a log costs one struct.unpack and no string.
-  local scores, starts, n, members = {}, {}, 0, nil
-  local marks, refused, stale = nil, nil, 0 -- marks: the kept marks as packed (nil: none)
-  local from, gap = nil, false -- where the first kept entry starts; whether an item left out follows it
+  local scores, starts, n = {}, {}, 0
+  local marks, refused, stale = nil, nil, 0
+  local from, gap = nil, false
   local horizon = now - retention
-  local pos, size, expires = 9, #log, 0 -- expires: the header's (see save); none in an empty log
+  local pos, size, expires = 9, #log, 0 -- none in an empty log
   if size > 0 then
     expires = struct.unpack('>i8', log, 1)
   end
@@ -287,7 +305,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     local s, len, at = struct.unpack(entryhead, log, pos)
     local nxt = at + len
     if nxt > size + 1 then
-      error('data string too short') -- as struct.unpack says it: see the end
+      error('data string too short') -- as struct.unpack says it: see run
     end
     if s < 0 then
       if not record or -s > horizon then
@@ -310,61 +328,58 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     pos = nxt
   end
+  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires
+end
 
-  -- ttl is the key's TTL after a write: the retention plus a slack (an eighth, at most an hour).
-  local ttl = retention + math.min(math.floor(retention / 8), 3600000)
-
-  -- A duplicate: the member is a kept entry's (found as bytes in log, then checked to be one whole member).
-  local status, recorded = 1, nil
+-- duplicateOf returns the score of the kept entry whose member is member (found as bytes in log, then checked
+-- to be one whole member), or nil.
+local function duplicateOf(log, member, scores, starts, n)
   local hit_at = string.find(log, member, 1, true)
   while hit_at do
     for j = n, 1, -1 do
       if starts[j] == hit_at then
         if struct.unpack('>I2', log, hit_at - 2) == #member then
-          status, recorded = 2, scores[j]
+          return scores[j]
         end
         break
       end
     end
-    if status == 2 then
-      break
-    end
     hit_at = string.find(log, member, hit_at + 1, true)
   end
+  return nil
+end
 
-  -- A send marked refused before: refused again, nothing recorded (its counts are not computed).
-  local refusal = status ~= 2 and refused and refused[member]
-  if refusal then
-    local k, p = 0, first
-    while p <= #packed do -- a count of 0 per cap
-      p = select(8, struct.unpack(capfmt, packed, p))
-      k = k + 1
-    end
-    return struct.pack('>BI2i8', 5, 0, 0) .. string.rep('\0\0\0\0', k) .. refusal
+-- refusedAgain is the reply to a send marked refused before: nothing recorded, a count of 0 per cap (the caps
+-- are packed from position first on), the refusal's name after them.
+local function refusedAgain(packed, first, refusal)
+  local k, p = 0, first
+  while p <= #packed do
+    p = select(8, struct.unpack(capfmt, packed, p))
+    k = k + 1
   end
-  if mark then
-    if status == 1 then
-      local m = string.char(#member) .. member .. named
-      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap,
-        struct.pack(entryhead, -now, #m) .. m, true)
-      return struct.pack('>BI2i8', 1, 0, 0)
-    end
-    return struct.pack('>BI2i8', 2, 0, recorded)
-  end
+  return struct.pack('>BI2i8', statusRefused, 0, 0) .. string.rep('\0\0\0\0', k) .. refusal
+end
 
-  -- Per cap, in plain locals (a table per cap costs more than the counting): its count goes into counts,
-  -- and whether a blocking cap is full after the decision into two flags, one for an allowed
-  -- send (it counts where it applies) and one for any other (full0, full1: see the near cache's log below).
+-- capCounts counts each cap of the request (packed from position first on) over the kept entries and decides
+-- the send by them (status: statusAllowed, or statusDuplicate found before). Per cap, in plain locals (a table
+-- per cap costs more than the counting): its count goes into counts, and whether a blocking cap is full after
+-- the decision into two flags, one for an allowed send (it counts where it applies) and one for any other
+-- (full0, full1: see the near cache's log in cacheReply). It returns the status, the 1-based cap that decides
+-- retry_at (hit), retry_at, whether a limit of 0 refused it (never), the counts and their number, full0 and
+-- full1, an arbitrated cap at its last slot (last) with when a slot frees after it is taken (last_at), and the
+-- members if it listed them.
+local function capCounts(packed, first, member, log, scores, starts, n, now, status)
+  local members = nil
   local counts, ncaps, full0, full1 = {}, 0, false, false
   local hit, retry_at, never = 0, 0, false
-  local last, last_at = nil, 0 -- an arbitrated cap at its last slot, and when a slot frees after it is taken
+  local last, last_at = nil, 0
   local pos = first
   while pos <= #packed do
     local since, limit, reset, flags, channels, tags, campaign
     since, limit, reset, flags, channels, tags, campaign, pos = struct.unpack(capfmt, packed, pos)
-    local shadow, arbitrated = flags % 2 == 1, flags % 4 >= 2
+    local shadow, arbitrated = flags % (2 * flagShadow) >= flagShadow, flags % (2 * flagArbitrated) >= flagArbitrated
     local scoped = channels ~= '' or tags ~= '' or campaign ~= ''
-    local applies = not scoped or flags % 8 >= 4 or matches(member, channels, tags, campaign)
+    local applies = not scoped or flags % (2 * flagApplies) >= flagApplies or matches(member, channels, tags, campaign)
     -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
     -- counts from the newest entry back
     local count = 0
@@ -394,8 +409,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
         last_at = (kth(members, scores, n, 1, since, scoped, channels, tags, campaign) or now) + reset
       end
     end
-    if not shadow and status ~= 2 and count >= limit and applies then
-      status = 0
+    if not shadow and status ~= statusDuplicate and count >= limit and applies then
+      status = statusCapped
       local at = -reset
       if reset > 0 then -- none only with a limit of 0, which never passes
         at = (kth(members, scores, n, count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
@@ -411,142 +426,191 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if never then
     retry_at = 0
   end
-  if status == 2 then
+  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members
+end
+
+-- preference applies the user's preferences (see KEYS[n], read as the HGETALL p) to a send the rules' caps
+-- decided (status, hit, retry_at, never, last): a VIP exemption lifts the rules' caps and their arbitration;
+-- the user's own limits and opt-outs still apply. It returns the decision after them, and the field of the
+-- preference that refused the send (statusPreference), or nil.
+local function preference(p, member, members, scores, n, now, status, hit, retry_at, never, last)
+  for j = 1, #p, 2 do
+    if p[j] == 'vip' and tonumber(p[j + 1]) > now then
+      status, hit, retry_at, never, last = statusAllowed, 0, 0, false, nil
+    end
+  end
+  local pref, p_at, p_never = nil, 0, false
+  for j = 1, #p, 2 do
+    local kind = string.sub(p[j], 1, 2)
+    if kind == 'c:' or kind == 't:' then
+      local d = string.sub(p[j + 1], 1, 2)
+      local l, w = string.match(string.sub(p[j + 1], 3), '^(%d+):(%d+)$')
+      l, w = tonumber(l), tonumber(w)
+      local function sel(m)
+        if kind == 'c:' then
+          return string.sub(m, 9, 10) == d
+        end
+        for i = 15, #m - 1, 2 do
+          if string.sub(m, i, i + 1) == d then
+            return true
+          end
+        end
+        return false
+      end
+      if l and sel(member) then
+        local count, picked = 0, {}
+        for i = 1, n do
+          if scores[i] > now - w and sel(members[i]) then
+            count = count + 1
+            picked[count] = scores[i]
+          end
+        end
+        if count >= l then
+          if l == 0 then
+            if not p_never then
+              pref = p[j]
+            end
+            p_never = true
+          elseif not p_never and picked[count - l + 1] + w > p_at then
+            p_at, pref = picked[count - l + 1] + w, p[j]
+          end
+        end
+      end
+    end
+  end
+  if pref and (status == statusAllowed or p_never or (status == statusCapped and not never and p_at > retry_at)) then
+    status, hit, retry_at = statusPreference, 0, p_at
+    if p_never then
+      retry_at = 0
+    end
+  else
+    pref = nil
+  end
+  return status, hit, retry_at, last, pref
+end
+
+-- arbitrate decides a send that every cap allows but that would take the last slot (of the cap last, freed
+-- again at last_at) of an arbitrated cap (see the header), so it costs nothing to the others. It returns the
+-- status, hit and retry_at after the arbitration.
+local function arbitrate(arbkey, member, record, now, window, priority, last, last_at)
+  local grace = math.max(window, 60000)
+  local function fields(v)
+    local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
+    return tonumber(p), tonumber(r), tonumber(e)
+  end
+  -- One read of the user's candidates serves this send's own entry and its window's others.
+  local all = redis.call('HGETALL', arbkey)
+  local mine = nil
+  for j = 1, #all, 2 do
+    if all[j] == member then
+      mine = all[j + 1]
+      break
+    end
+  end
+  local wend = nil
+  if mine then
+    local _, _, e = fields(mine)
+    wend = e
+    if e + grace <= now then -- forgotten: decided as a new send
+      wend = nil
+      if record then
+        redis.call('HDEL', arbkey, member)
+      end
+    end
+  end
+  if wend and now < wend then -- a redelivery before its window ends
+    return statusCandidate, last, wend
+  elseif wend then -- back at its window's end: the best of its window takes the slot
+    local best, bp, br = nil, -1, 0
+    for j = 1, #all, 2 do
+      local p, r, e = fields(all[j + 1])
+      if e == wend and p > bp or (e == wend and p == bp and (r < br or (r == br and all[j] < best))) then
+        best, bp, br = all[j], p, r
+      end
+    end
+    if record then
+      redis.call('HDEL', arbkey, member)
+    end
+    if best ~= member then
+      return statusCapped, last, last_at
+    end
+    return statusAllowed, 0, 0
+  end
+  -- a new candidate: join the user's open window, or open one
+  wend = now + window -- a forgotten entry of this send's (HDEL above) ended before now: never joined
+  for j = 2, #all, 2 do
+    local _, _, e = fields(all[j])
+    if e > now and e - window <= now and e < wend then
+      wend = e
+    end
+  end
+  if record then
+    redis.call('HSET', arbkey, member, string.format('%d:%d:%d', priority, now, wend))
+    redis.call('PEXPIRE', arbkey, wend - now + grace)
+  end
+  return statusCandidate, last, wend
+end
+
+-- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
+-- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
+local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
+  local record = mode ~= modeLook
+  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires = readLog(key, record, now, retention)
+
+  -- ttl is the key's TTL after a write: the retention plus a slack (an eighth, at most an hour).
+  local ttl = retention + math.min(math.floor(retention / 8), 3600000)
+
+  local status, recorded = statusAllowed, duplicateOf(log, member, scores, starts, n)
+  if recorded then
+    status = statusDuplicate
+  end
+  -- A send marked refused before: refused again, nothing recorded (its counts are not computed).
+  local refusal = status ~= statusDuplicate and refused and refused[member]
+  if refusal then
+    return refusedAgain(packed, first, refusal)
+  end
+  if mode == modeMark then
+    if status == statusAllowed then
+      local m = string.char(#member) .. member .. named
+      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap,
+        struct.pack(entryhead, -now, #m) .. m, true)
+      return struct.pack('>BI2i8', statusAllowed, 0, 0)
+    end
+    return struct.pack('>BI2i8', statusDuplicate, 0, recorded)
+  end
+
+  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members
+  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members =
+    capCounts(packed, first, member, log, scores, starts, n, now, status)
+  if status == statusDuplicate then
     retry_at = recorded
   end
 
   -- The user's preferences (see KEYS[n]): an exemption from the rules' caps, and the user's own limits.
   local pref, has_prefs = nil, false
-  if prefkey and status ~= 2 then
+  if prefkey and status ~= statusDuplicate then
     members = members or list(log, starts, n)
     local p = redis.call('HGETALL', prefkey)
     has_prefs = #p > 0
-    for j = 1, #p, 2 do
-      if p[j] == 'vip' and tonumber(p[j + 1]) > now then
-        status, hit, retry_at, never, last = 1, 0, 0, false, nil -- the rules' caps do not apply, nor their arbitration
-      end
-    end
-    local p_at, p_never = 0, false
-    for j = 1, #p, 2 do
-      local kind = string.sub(p[j], 1, 2)
-      if kind == 'c:' or kind == 't:' then
-        local d = string.sub(p[j + 1], 1, 2)
-        local l, w = string.match(string.sub(p[j + 1], 3), '^(%d+):(%d+)$')
-        l, w = tonumber(l), tonumber(w)
-        local function sel(m)
-          if kind == 'c:' then
-            return string.sub(m, 9, 10) == d
-          end
-          for i = 15, #m - 1, 2 do
-            if string.sub(m, i, i + 1) == d then
-              return true
-            end
-          end
-          return false
-        end
-        if l and sel(member) then
-          local count, picked = 0, {}
-          for i = 1, n do
-            if scores[i] > now - w and sel(members[i]) then
-              count = count + 1
-              picked[count] = scores[i]
-            end
-          end
-          if count >= l then
-            if l == 0 then
-              if not p_never then
-                pref = p[j]
-              end
-              p_never = true
-            elseif not p_never and picked[count - l + 1] + w > p_at then
-              p_at, pref = picked[count - l + 1] + w, p[j]
-            end
-          end
-        end
-      end
-    end
-    if pref and (status == 1 or p_never or (status == 0 and not never and p_at > retry_at)) then
-      status, hit, retry_at = 4, 0, p_at
-      if p_never then
-        retry_at = 0
-      end
-    else
-      pref = nil
-    end
+    status, hit, retry_at, last, pref = preference(p, member, members, scores, n, now, status, hit, retry_at, never, last)
   elseif prefkey and record and maxlog > 0 then -- a duplicate reads none, but must not leave a copy of their log
     has_prefs = redis.call('EXISTS', prefkey) == 1
   end
 
-  -- Arbitration of the last slot (see the header): only for a send that every cap allows and that would
-  -- take the last slot of an arbitrated cap, so it costs nothing to the others.
-  if arbkey and window > 0 and status == 1 and last then
-    local grace = math.max(window, 60000)
-    local function fields(v)
-      local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
-      return tonumber(p), tonumber(r), tonumber(e)
-    end
-    -- One read of the user's candidates serves this send's own entry and its window's others.
-    local all = redis.call('HGETALL', arbkey)
-    local mine = nil
-    for j = 1, #all, 2 do
-      if all[j] == member then
-        mine = all[j + 1]
-        break
-      end
-    end
-    local wend = nil
-    if mine then
-      local _, _, e = fields(mine)
-      wend = e
-      if e + grace <= now then -- forgotten: decided as a new send
-        wend = nil
-        if record then
-          redis.call('HDEL', arbkey, member)
-        end
-      end
-    end
-    if wend and now < wend then -- a redelivery before its window ends
-      status, hit, retry_at = 3, last, wend
-    elseif wend then -- back at its window's end: the best of its window takes the slot
-      local best, bp, br = nil, -1, 0
-      for j = 1, #all, 2 do
-        local p, r, e = fields(all[j + 1])
-        if e == wend and p > bp or (e == wend and p == bp and (r < br or (r == br and all[j] < best))) then
-          best, bp, br = all[j], p, r
-        end
-      end
-      if record then
-        redis.call('HDEL', arbkey, member)
-      end
-      if best ~= member then
-        status, hit, retry_at = 0, last, last_at
-      end
-    else -- a new candidate: join the user's open window, or open one
-      wend = now + window -- a forgotten entry of this send's (HDEL above) ended before now: never joined
-      for j = 2, #all, 2 do
-        local _, _, e = fields(all[j])
-        if e > now and e - window <= now and e < wend then
-          wend = e
-        end
-      end
-      if record then
-        redis.call('HSET', arbkey, member, string.format('%d:%d:%d', priority, now, wend))
-        redis.call('PEXPIRE', arbkey, wend - now + grace)
-      end
-      status, hit, retry_at = 3, last, wend
-    end
+  if arbkey and window > 0 and status == statusAllowed and last then
+    status, hit, retry_at = arbitrate(arbkey, member, record, now, window, priority, last, last_at)
   end
 
-  if status == 1 then
-    if not exact and n > 0 and scores[n] > now then
+  if status == statusAllowed then
+    if mode ~= modeExact and n > 0 and scores[n] > now then
       now = scores[n]
     end
     retry_at = now
   end
   local added, entry, written = nil, nil, nil -- the recorded entry's place among the kept entries, the entry
   -- packed, and the log after it, whole
-  if record and status == 1 then
-    local j = n + 1 -- the entry's place: after every entry at or before now (mode 2 may go back in time)
+  if record and status == statusAllowed then
+    local j = n + 1 -- the entry's place: after every entry at or before now (modeExact may go back in time)
     while j > 1 and scores[j - 1] > now do
       j = j - 1
     end
@@ -556,21 +620,21 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
       written = log .. entry
     end
     n, added = n + 1, j
-  elseif record and status == 2 then
+  elseif record and status == statusDuplicate then
     -- A duplicate writes too: the write advances this connection's replication offset past the earlier
     -- write of the same job, so a WAIT after the script waits for that too.
     redis.call('PEXPIRE', key, ttl)
   end
 
-  if status == 4 then
+  if status == statusPreference then
     return answer(status, hit, retry_at, counts, ncaps) .. pref
   end
 
   -- The whole log for the caller's near cache, when it is header and kept entries alone (no marks, nothing
   -- aged out, a string): the cache then knows it byte for byte, decides the user's next sends from it and
-  -- records an allowed one by mode 4 (see the header). status + 128 says so.
+  -- records an allowed one by modeAppend (see the header). statusWhole added says so.
   if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
-    return answer(status + 128, hit, retry_at, counts, ncaps) .. (written or log)
+    return answer(status + statusWhole, hit, retry_at, counts, ncaps) .. (written or log)
   end
   local reply = answer(status, hit, retry_at, counts, ncaps)
 
@@ -578,7 +642,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- capped, and the cache can tell so without a call until the log changes. Its kept entries as the log
   -- packs them: one string, where member and score pairs cost a Lua string each and two reply elements.
   if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
-    if status == 0 or (status == 1 and full1) or (status ~= 1 and full0) then
+    if status == statusCapped or (status == statusAllowed and full1) or (status ~= statusAllowed and full0) then
       if added then
         return reply .. entries(log, starts, n - 1, from, gap, entry, added)
       end
@@ -605,19 +669,19 @@ local function run(KEYS, ARGV)
       prefkey, j = ARGV[j], j + 1
     end
     local ok, reply = true, nil
-    if mode == 4 then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
+    if mode == modeAppend then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
       if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
         redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
-        reply = '='
+        reply = replyWritten
       else
-        mode = 1
+        mode = modeRecord
       end
-    elseif mode == 5 then -- a new log, if the user has none and no preferences
+    elseif mode == modeNewLog then -- a new log, if the user has none and no preferences
       if redis.call('EXISTS', key) == 0 and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
         redis.call('SET', key, ARGV[i + 2], 'PX', struct.unpack('>i8', ARGV[i + 2]) - now)
-        reply = '='
+        reply = replyWritten
       else
-        mode = 1
+        mode = modeRecord
       end
     end
     if not reply then

@@ -172,7 +172,7 @@ func (b *batch) newLogDecision(i int, now time.Time, log string) (Decision, stri
 		ints = make([]int64, 0, 3+len(a.caps))
 	}
 	ints = ints[:3+len(a.caps)]
-	ints[0], ints[2] = 1, a.now // status allowed, recorded at a.now
+	ints[0], ints[2] = statusAllowed, a.now // recorded at a.now
 	d, err := decisionOf(ints, a.caps, a.member, now, a.counts)
 	if err != nil || b.maxLog == 0 {
 		return d, "", err
