@@ -23,7 +23,7 @@ ROUNDS=${ROUNDS:-3}
 if [[ ${1:-delivery} == delivery ]]; then
   # A window of 5 s: a freed token waits for the next decision that asks for it (the input's batch wait, a
   # tier's release lag, half a bucket: 50 to 100 ms), which bounds what a 2 s window can deliver at about 96%
-  # (README, "What bounds a short window").
+  # (docs/design.md, "What the decision's wait costs").
   LIMIT=${LIMIT:-250}
   WINDOW=${WINDOW:-5}   # seconds
   DURATION=${DURATION:-60}

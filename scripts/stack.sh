@@ -54,7 +54,7 @@ fi
 # REDIS_CAPPER_ACL is what the worker's Redis user may do, and nothing else: its keys (key_prefix fc), the two
 # scripts and the commands they call, WAIT (redis.min_replicas_acked), TIME (max_clock_skew), and what the cluster client needs
 # (CLUSTER SLOTS for the slot map, COMMAND for the commands' key positions).
-# README prints this line for operators; the secured tests run the worker with exactly it.
+# docs/security.md prints this line for operators; the secured tests run the worker with exactly it.
 REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +fcall +function|load +evalsha +eval +script|load +get +set +append +del +zrange +zrem +pexpire +hget +hgetall +hset +hincrby +hdel +wait +time +ping +cluster|slots +command'
 S3_BUCKET=${CAPPER_S3_BUCKET:-capper-segments}
 PARTITIONS=${CAPPER_PARTITIONS:-6}

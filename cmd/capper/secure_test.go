@@ -1,7 +1,7 @@
 package main_test
 
 // The worker against the secured stack (scripts/stack.sh --secure): Redis
-// over TLS as an ACL user with exactly README's grants, Kafka over TLS with
+// over TLS as an ACL user with exactly docs/security.md's grants, Kafka over TLS with
 // SCRAM-SHA-512 and ACLs, or with a client certificate (mTLS). Every failure
 // a misconfigured deployment meets must end in one clear error, and no
 // secret may appear in anything the worker prints or serves.
@@ -180,13 +180,13 @@ func TestSecuredStartupFailures(t *testing.T) {
 		{"redis expired certificate", []string{"CAPPER_REDIS_ADDRS=" + expired},
 			[]string{"redis [" + expired + "]", "expired", "redis.tls"}},
 		{"redis missing ACL permission", []string{"CAPPER_REDIS_USERNAME=capper-noperm", "CAPPER_REDIS_PASSWORD_FILE=" + sec.Path("secrets/redis-noperm")},
-			[]string{"redis [", "permission denied", "Secured backends", "NOPERM", "fcall"}},
+			[]string{"redis [", "permission denied", "docs/security.md", "NOPERM", "fcall"}},
 		{"kafka wrong password", []string{"CAPPER_KAFKA_SASL_PASSWORD=" + wrong},
 			[]string{"kafka [", "authentication failed", "kafka.sasl_username", "SASL Authentication Failed"}},
 		{"kafka unknown CA", []string{"CAPPER_KAFKA_TLS_CA_FILE=" + sec.Path("tls/other-ca.crt")},
 			[]string{"kafka [", "signed by an unknown authority", "kafka.tls"}},
 		{"kafka missing group ACL", []string{"CAPPER_KAFKA_GROUP_ID=not-granted"},
-			[]string{"kafka [", "permission denied", "Secured backends", "consumer group not-granted", "Group Authorization Failed"}},
+			[]string{"kafka [", "permission denied", "docs/security.md", "consumer group not-granted", "Group Authorization Failed"}},
 		{"kafka mTLS without a client certificate", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM="},
 			[]string{"kafka [" + sec.MTLS[0] + "]", "TLS: the server refused capper's client certificate", "kafka.tls", "bad certificate"}},
 		{"kafka mTLS with a certificate of another CA", []string{mtls, "CAPPER_KAFKA_SASL_MECHANISM=",

@@ -20,7 +20,7 @@ import (
 )
 
 // TestRedisACLCoversEveryCommand runs every Redis command path of the worker
-// as the secured stack's user capper, whose rules are exactly README's ACL
+// as the secured stack's user capper, whose rules are exactly docs/security.md's ACL
 // line: script loading, decisions that record, age entries out and wait for
 // a replica, the EVAL fallback after the script cache was flushed, and
 // budgets taken, peeked at and given back, the clock skew measured (TIME). Any command the line lacks fails
@@ -144,11 +144,11 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	if strings.Contains(logged.String(), "NOPERM") {
 		t.Errorf("the redis client was denied a command:\n%s", logged.String())
 	}
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/security.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if line := "ACL SETUSER capper on >PASSWORD " + sec.RedisACL; !strings.Contains(string(readme), line) {
-		t.Errorf("README does not print the ACL line this test ran with:\n%s", line)
+		t.Errorf("docs/security.md does not print the ACL line this test ran with:\n%s", line)
 	}
 }

@@ -219,7 +219,7 @@ func undescribable(ctx context.Context, client *kafka.Client, brokers []string, 
 		}
 		for _, p := range resp.Topics[t] {
 			if errors.Is(p.Error, kafka.TopicAuthorizationFailed) {
-				return fmt.Errorf("kafka %v: permission denied: topic %s: this principal may not describe it (Describe, or the Read or Write that implies it): grant capper's kafka ACLs (README: Secured backends): %w", brokers, t, p.Error)
+				return fmt.Errorf("kafka %v: permission denied: topic %s: this principal may not describe it (Describe, or the Read or Write that implies it): grant capper's kafka ACLs (docs/security.md): %w", brokers, t, p.Error)
 			}
 		}
 	}
@@ -232,7 +232,7 @@ type missingTopics struct {
 }
 
 func (m missingTopics) Error() string {
-	msg := fmt.Sprintf("kafka: the topics %s do not exist, or this principal may not describe them: create them, or grant capper's kafka ACLs (README: Secured backends)", strings.Join(m.topics, ", "))
+	msg := fmt.Sprintf("kafka: the topics %s do not exist, or this principal may not describe them: create them, or grant capper's kafka ACLs (docs/security.md)", strings.Join(m.topics, ", "))
 	if m.w != nil {
 		msg += fmt.Sprintf(" (delay and held topics with a retention above the longest delay tier, %v; or disable holding with hold.tiers: [] (CAPPER_HOLD_TIERS))", m.w.Longest())
 	}

@@ -78,7 +78,7 @@ func Hint(backend, cause string) string {
 	case backend == "kafka" && strings.HasPrefix(cause, "authentication"):
 		return "check kafka.sasl_mechanism, kafka.sasl_username and the password (CAPPER_KAFKA_SASL_PASSWORD or kafka.sasl_password_file)"
 	case strings.HasPrefix(cause, "permission"):
-		return "grant capper's " + backend + " ACLs (README: Secured backends)"
+		return "grant capper's " + backend + " ACLs (docs/security.md)"
 	default:
 		return "check " + backend + ".tls (ca_file, cert_file, key_file, server_name)"
 	}

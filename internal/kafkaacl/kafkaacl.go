@@ -1,5 +1,5 @@
 // Package kafkaacl is the one list of what capper's Kafka principal needs:
-// the least-privilege ACLs README prints as kafka-acls.sh lines, that the
+// the least-privilege ACLs docs/security.md prints as kafka-acls.sh lines, that the
 // secured local stack grants on its topics (cmd/capper-devstack kafka-setup), and that the secured
 // end-to-end tests create for their own topics.
 package kafkaacl

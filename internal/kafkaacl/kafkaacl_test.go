@@ -60,15 +60,15 @@ func TestGrantsAreLeastPrivilege(t *testing.T) {
 	}
 }
 
-// TestREADMEPrintsTheGrants: the kafka-acls.sh lines in README are these grants.
-func TestREADMEPrintsTheGrants(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestDocsPrintTheGrants: the kafka-acls.sh lines in docs/security.md are these grants.
+func TestDocsPrintTheGrants(t *testing.T) {
+	readme, err := os.ReadFile("../../docs/security.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, line := range Command("User:capper", Grants(NamesOf(config.DefaultGroupID, config.DefaultTopics, true))) {
 		if !strings.Contains(string(readme), line) {
-			t.Errorf("README lacks the line\n%s", line)
+			t.Errorf("docs/security.md lacks the line\n%s", line)
 		}
 	}
 }

@@ -37,7 +37,7 @@ type Secure struct {
 	Kafka    []string // SASL_SSL, SCRAM-SHA-512, ACLs enforced; users admin, capper, capper-noperm
 	MTLS     []string // the same broker's SSL listener: a client certificate signed by tls/ca.crt required, CN=X is User:X
 	S3       string
-	RedisACL string // the rules of the Redis user capper (what README prints)
+	RedisACL string // the rules of the Redis user capper (what docs/security.md prints)
 }
 
 // SecureStack returns the secured stack (skipped without it, failed under CI=true).
