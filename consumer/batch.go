@@ -21,13 +21,14 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/jobs"
 	"github.com/capper-dev/capper/rules"
 )
 
 // entry is one job of a batch.
 type entry struct {
 	msg       *kafka.Message
-	job       Job
+	job       jobs.Job
 	tags      []string // its category and tags (the log's and the scopes')
 	segment   string   // the user's segment, or "default"
 	inSegment bool
@@ -74,6 +75,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		e := &es[i]
 		e.msg, e.at = &batch[i], start
 		if !w.decode(e, seg, start) {
+			w.route(e) // dead-lettered or moved on: route needs no plan
 			continue
 		}
 		e.plan = rs.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID,
@@ -94,26 +96,25 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 }
 
 // decode reads the job of e and, for a delay tier's worker, the hold state
-// it arrived with. It reports false when the job's outcome is already
-// known: dead-lettered (malformed, or too large for its output), or moved
-// to a shorter tier (not due yet).
+// it arrived with, into e's facts. It reports false when route needs no
+// plan: the job is malformed (or too large for its output), or it is not
+// due yet (moved on to a shorter tier).
 func (w *Worker) decode(e *entry, seg Segmenter, now time.Time) bool {
 	m := e.msg
 	if n := messageBytes(m) + reservedHeaderBytes; n > w.cfg.MaxOutputBytes {
-		e.out = Outcome{Kind: DeadLetter, Truncate: true, Error: fmt.Sprintf("%v: message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", ErrMalformed, n, w.cfg.MaxOutputBytes, truncatedValueBytes)}
+		e.facts.malformed, e.facts.truncate = jobs.Malformed("message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", n, w.cfg.MaxOutputBytes, truncatedValueBytes).Error(), true
 		return false
 	}
-	job, err := DecodeJob(m.Value, w.cfg.MaxMessageBytes)
+	job, err := jobs.Decode(m.Value, w.cfg.MaxMessageBytes)
 	if err == nil && w.cfg.Tier != "" {
 		e.facts.arrived, err = w.arrived(m)
 	}
 	if err != nil {
-		e.out = Outcome{Kind: DeadLetter, Error: err.Error()}
+		e.facts.malformed = err.Error()
 		return false
 	}
 	if w.cfg.Tier != "" {
-		if o, moved := release(e.facts.arrived, w.cfg.Wheel, now); moved {
-			e.out = o
+		if e.facts.arrived.Due.After(now) { // route moves it on
 			return false
 		}
 		w.m.releaseLag.Observe(now.Sub(e.facts.arrived.Due).Seconds())
@@ -135,9 +136,9 @@ func (w *Worker) arrived(m *kafka.Message) (hold.State, error) {
 	s, ok, err := hold.ParseState(m.Headers)
 	switch {
 	case err != nil:
-		return s, fmt.Errorf("%w: %v", ErrMalformed, err)
+		return s, jobs.Malformed("%v", err)
 	case !ok:
-		return s, fmt.Errorf("%w: a message on the delay tier %s without hold headers", ErrMalformed, w.cfg.Tier)
+		return s, jobs.Malformed("a message on the delay tier %s without hold headers", w.cfg.Tier)
 	}
 	return s, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -107,7 +108,7 @@ func TestBudgetTokensFollowTheOutcome(t *testing.T) {
 	h.send(smsJob("sent", 1), smsJob("capped", 2), smsJob("dup", 3))
 	outs := byJob(h.waitOutputs(t, 3))
 	for id, want := range map[string]string{"sent": "allowed", "capped": "capped", "dup": "duplicate"} {
-		if got := header(outs[id], consumer.HeaderDecision); got != want {
+		if got := header(outs[id], output.HeaderDecision); got != want {
 			t.Errorf("%s: %q, want %q", id, got, want)
 		}
 	}
@@ -147,17 +148,17 @@ func TestBudgetShortHoldsOrCaps(t *testing.T) {
 					tier = o
 				}
 			}
-			if tier.Topic != "delay.1s" || header(audit, consumer.HeaderCap) != "sms" || header(audit, "capper-due-at") != "2026-11-22T12:00:01.500Z" {
+			if tier.Topic != "delay.1s" || header(audit, output.HeaderCap) != "sms" || header(audit, "capper-due-at") != "2026-11-22T12:00:01.500Z" {
 				t.Errorf("with tiers: on %q and %q, cap %q due %q; want held on delay.1s for sms until 12:00:01.500",
-					tier.Topic, audit.Topic, header(audit, consumer.HeaderCap), header(audit, "capper-due-at"))
+					tier.Topic, audit.Topic, header(audit, output.HeaderCap), header(audit, "capper-due-at"))
 			}
 			if n := len(h.d.requests()); n != 0 {
 				t.Errorf("with tiers: Redis asked %d times, want never (a held job is decided when it is due)", n)
 			}
 		} else {
 			o := h.waitOutputs(t, 1)[0]
-			if o.Topic != "capped" || header(o, consumer.HeaderCap) != "sms" || header(o, consumer.HeaderRetryAt) != "2026-11-22T12:00:01.5Z" {
-				t.Errorf("without tiers: on %q, cap %q, retry-at %q; want capped by sms, retry at 12:00:01.5", o.Topic, header(o, consumer.HeaderCap), header(o, consumer.HeaderRetryAt))
+			if o.Topic != "capped" || header(o, output.HeaderCap) != "sms" || header(o, output.HeaderRetryAt) != "2026-11-22T12:00:01.5Z" {
+				t.Errorf("without tiers: on %q, cap %q, retry-at %q; want capped by sms, retry at 12:00:01.5", o.Topic, header(o, output.HeaderCap), header(o, output.HeaderRetryAt))
 			}
 			calls := h.d.requests()
 			if len(calls) != 1 || !calls[0][0].DuplicateOnly || len(calls[0][0].Caps) != 0 {
@@ -182,8 +183,8 @@ func TestBudgetFailureIsRetried(t *testing.T) {
 	h := start(t, consumer.Config{Rules: budgetRules(t), Budgets: b, Now: func() time.Time { return t0 }})
 	h.send(smsJob("a", 1))
 	o := h.waitOutputs(t, 1)[0]
-	if header(o, consumer.HeaderDecision) != "allowed" {
-		t.Fatalf("after a failed token call: %q, want allowed", header(o, consumer.HeaderDecision))
+	if header(o, output.HeaderDecision) != "allowed" {
+		t.Fatalf("after a failed token call: %q, want allowed", header(o, output.HeaderDecision))
 	}
 	b.mu.Lock()
 	calls, returns := b.calls, b.returns

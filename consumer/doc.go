@@ -8,7 +8,8 @@
 // per attempt, retried, with fail-open), give back the tokens of jobs not
 // forwarded, encode. After each step route (route.go), a pure function,
 // gives each job's Outcome (outcome.go) or the step it waits for; wire.go
-// writes outcomes as Kafka messages and ParseOutput reads them back.
+// writes outcomes as Kafka messages with the headers of package output,
+// which reads them back.
 //
 // Every job ends in exactly one final topic: allowed (allowed, duplicate,
 // exempt, unchecked), capped or dead-letter. A held job first waits on the

@@ -19,6 +19,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/events"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -189,7 +190,7 @@ func (w *EventWorker) handle(ctx context.Context, batch []kafka.Message) ([]kafk
 	var dead []kafka.Message
 	deadLetter := func(m *kafka.Message, reason string) {
 		dead = append(dead, kafka.Message{Topic: w.cfg.DLQ, Key: m.Key, Value: m.Value, Headers: append(append([]kafka.Header(nil), m.Headers...),
-			kafka.Header{Key: HeaderDecision, Value: []byte(DecisionDLQ)}, kafka.Header{Key: HeaderError, Value: []byte(reason)})})
+			kafka.Header{Key: output.HeaderDecision, Value: []byte(output.DecisionDLQ)}, kafka.Header{Key: output.HeaderError, Value: []byte(reason)})})
 	}
 	switch w.cfg.Kind {
 	case ExternalSends:
@@ -214,8 +215,8 @@ func (w *EventWorker) record(ctx context.Context, batch []kafka.Message, deadLet
 			m.WithLabelValues("dlq").Inc()
 			continue
 		case s.SentAt.After(now.Add(w.cfg.MaxFuture)):
-			deadLetter(&batch[i], fmt.Sprintf("%v: sent_at %s is after the worker's clock (%s) by more than max_clock_skew (%v)",
-				events.ErrMalformed, s.SentAt.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), w.cfg.MaxFuture))
+			deadLetter(&batch[i], events.Malformed("sent_at %s is after the worker's clock (%s) by more than max_clock_skew (%v)",
+				s.SentAt.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), w.cfg.MaxFuture).Error())
 			m.WithLabelValues("dlq").Inc()
 			continue
 		case !s.SentAt.After(now.Add(-retention)):
@@ -298,7 +299,7 @@ func (w *EventWorker) prefer(ctx context.Context, batch []kafka.Message, deadLet
 	for i := range batch {
 		p, err := events.DecodePreference(batch[i].Value)
 		if err == nil && p.Pref.Window > retention {
-			err = fmt.Errorf("%w: window %v is longer than the rules keep a send (%v): no log could count it", events.ErrMalformed, p.Pref.Window, retention)
+			err = events.Malformed("window %v is longer than the rules keep a send (%v): no log could count it", p.Pref.Window, retention)
 		}
 		if err != nil {
 			deadLetter(&batch[i], err.Error())

@@ -11,6 +11,7 @@ import (
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -86,11 +87,11 @@ func TestCappedJobIsHeld(t *testing.T) {
 	if !s.Since.Equal(want.Since) || !s.Due.Equal(want.Due) || !s.Wake.Equal(want.Wake) || s.Count != 1 || s.Reason != "daily" {
 		t.Errorf("hold state %+v, want %+v", s, want)
 	}
-	if header(audit, consumer.HeaderDecision) != "held" || header(audit, hold.HeaderDue) != hold.FormatTime(want.Due) || header(audit, consumer.HeaderCap) != "daily" {
+	if header(audit, output.HeaderDecision) != "held" || header(audit, output.HeaderDueAt) != output.FormatTime(want.Due) || header(audit, output.HeaderCap) != "daily" {
 		t.Errorf("audit record headers %v", audit.Headers)
 	}
 	for id, reason := range map[string]string{"never": consumer.ReasonNever, "late": consumer.ReasonMaxHold, "expiring": consumer.ReasonExpired} {
-		if got := header(capped[id], consumer.HeaderReason); got != reason {
+		if got := header(capped[id], output.HeaderReason); got != reason {
 			t.Errorf("%s: reason %q, want %q", id, got, reason)
 		}
 	}
@@ -137,11 +138,11 @@ func TestTierWorkerMovesOrReleases(t *testing.T) {
 			}
 		}
 	}
-	if released.Topic != "allowed" || header(released, hold.HeaderCount) != "2" || header(released, consumer.HeaderHeldFor) != "300.000" ||
-		header(released, hold.HeaderDue) != hold.FormatTime(t0.Add(-200*time.Millisecond)) || header(released, "trace") != "x" {
+	if released.Topic != "allowed" || header(released, output.HeaderHoldCount) != "2" || header(released, output.HeaderHeldFor) != "300.000" ||
+		header(released, output.HeaderDueAt) != output.FormatTime(t0.Add(-200*time.Millisecond)) || header(released, "trace") != "x" {
 		t.Errorf("released job on %s with headers %v", released.Topic, released.Headers)
 	}
-	if n := len(released.Headers); header(released, hold.HeaderWake) != "" || n != 9 { // trace, 7 of capper's, capper-priority
+	if n := len(released.Headers); header(released, output.HeaderWakeAt) != "" || n != 9 { // trace, 7 of capper's, capper-priority
 		t.Errorf("released job keeps its tier state or misses headers: %v", released.Headers)
 	}
 }
@@ -173,10 +174,10 @@ func TestQuietHoursAndExpiry(t *testing.T) {
 		for id := range byJob([]kafka.Message{o}) {
 			topics[id] = append(topics[id], o.Topic)
 			if o.Topic == "capped" {
-				topics[id] = append(topics[id], header(o, consumer.HeaderCap)+"/"+header(o, consumer.HeaderReason))
+				topics[id] = append(topics[id], header(o, output.HeaderCap)+"/"+header(o, output.HeaderReason))
 			}
-			if o.Topic == "held" && header(o, hold.HeaderDue) != hold.FormatTime(t0.Add(30*time.Minute)) {
-				t.Errorf("held until %s, want the end of quiet hours", header(o, hold.HeaderDue))
+			if o.Topic == "held" && header(o, output.HeaderDueAt) != output.FormatTime(t0.Add(30*time.Minute)) {
+				t.Errorf("held until %s, want the end of quiet hours", header(o, output.HeaderDueAt))
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/output"
 )
 
 // Kind is what became of a job.
@@ -29,9 +30,9 @@ const (
 	DeadLetter             // malformed: it can never be decided
 )
 
-var kindNames = [...]string{Pending: "pending", Allowed: DecisionAllowed, Duplicate: DecisionDuplicate,
-	Exempt: DecisionExempt, Unchecked: DecisionUnchecked, Capped: DecisionCapped, Held: DecisionHeld,
-	Moved: "moved", DeadLetter: DecisionDLQ}
+var kindNames = [...]string{Pending: "pending", Allowed: output.DecisionAllowed, Duplicate: output.DecisionDuplicate,
+	Exempt: output.DecisionExempt, Unchecked: output.DecisionUnchecked, Capped: output.DecisionCapped, Held: output.DecisionHeld,
+	Moved: "moved", DeadLetter: output.DecisionDLQ}
 
 // String is the kind's capper-decision header value and metric label.
 func (k Kind) String() string {

@@ -37,6 +37,10 @@ const (
 // facts are what route looks at in a job besides its plan: its times, the
 // hold state it arrived with, and what the budgets and Redis answered.
 type facts struct {
+	// malformed says why the job can never be decided (decode's finding);
+	// truncate: its output keeps only the start of its value.
+	malformed string
+	truncate  bool
 	expiresAt time.Time  // zero: never expires
 	since     time.Time  // when it was submitted: max_hold counts from here
 	arrived   hold.State // from a delay tier (Count 0: never held)
@@ -63,6 +67,9 @@ type answer struct {
 // it, and its next step while that is not enough (a Pending outcome's Ask).
 // It is pure: the worker calls it after each step (plan, budget tokens,
 // Redis) and acts on the answer. In order:
+//   - malformed (decode's finding): dead-lettered;
+//   - from a delay tier before its due time: moved to the tier that fits
+//     what is left of its wait (no plan needed);
 //   - exempt: forwarded (or capped, expired, when its expires_at has passed);
 //   - expired, in quiet hours, short of a budget token: held until then if
 //     its policy holds and the wait fits (never, expired, beyond max_hold
@@ -75,6 +82,14 @@ type answer struct {
 // A job that must not go is never forwarded unchecked: when Redis cannot say
 // whether it is a redelivery, it is capped.
 func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
+	switch {
+	case f.malformed != "":
+		return Outcome{Kind: DeadLetter, Error: f.malformed, Truncate: f.truncate}
+	case f.arrived.Due.After(now): // from a delay tier, not due: on to the tier that fits what is left of its wait
+		o := Outcome{Kind: Moved, Hold: f.arrived, DecidedAt: now}
+		o.Tier, o.Hold.Wake = wheel.Route(now, f.arrived.Due)
+		return o
+	}
 	o := routeOf(p, f, wheel, now)
 	o.Priority = p.Priority
 	if f.arrived.Reason == ReasonArbitration && o.Kind != Pending && o.Arbitration == "" { // back from its window
@@ -217,16 +232,4 @@ func holdOrRefuse(f *facts, pol rules.Policy, due time.Time, cause, by string, w
 		Hold: hold.State{Since: f.since, Due: due, Count: f.arrived.Count + 1, Reason: cause}}
 	o.Tier, o.Hold.Wake = wheel.Route(now, due)
 	return o
-}
-
-// release is the outcome of a job read from a delay tier before its due
-// time: moved to the tier that fits what is left of its wait. ok is false
-// when it is due: it is decided again.
-func release(s hold.State, wheel *hold.Wheel, now time.Time) (o Outcome, ok bool) {
-	if !s.Due.After(now) {
-		return Outcome{}, false
-	}
-	o = Outcome{Kind: Moved, Hold: s, DecidedAt: now}
-	o.Tier, o.Hold.Wake = wheel.Route(now, s.Due)
-	return o, true
 }

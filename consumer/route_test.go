@@ -152,7 +152,8 @@ func TestRoute(t *testing.T) {
 }
 
 // TestRelease: a job from a delay tier before its due time moves to the
-// tier that fits what is left of its wait; at its due time it is decided.
+// tier that fits what is left of its wait; at its due time it is decided;
+// a malformed one is dead-lettered, whatever else is known of it.
 func TestRelease(t *testing.T) {
 	wheel, err := hold.NewWheel("sends.delay.", []time.Duration{time.Second, time.Minute})
 	if err != nil {
@@ -160,12 +161,16 @@ func TestRelease(t *testing.T) {
 	}
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	s := hold.State{Since: now.Add(-time.Hour), Due: now.Add(90 * time.Second), Count: 1, Reason: "daily"}
-	o, moved := release(s, wheel, now)
-	if !moved || o.Kind != Moved || o.Tier.Name != "1m" || !o.Hold.Wake.Equal(now.Add(time.Minute)) || !o.Hold.Due.Equal(s.Due) || o.Hold.Count != 1 {
-		t.Errorf("90 s before due: %+v, moved %v; want moved to 1m, waking in 1m", o, moved)
+	var p rules.Plan
+	o := route(&p, &facts{arrived: s}, wheel, now)
+	if o.Kind != Moved || o.Tier.Name != "1m" || !o.Hold.Wake.Equal(now.Add(time.Minute)) || !o.Hold.Due.Equal(s.Due) || o.Hold.Count != 1 {
+		t.Errorf("90 s before due: %+v; want moved to 1m, waking in 1m", o)
 	}
-	if _, moved := release(s, wheel, s.Due); moved {
+	if o := route(&p, &facts{arrived: s}, wheel, s.Due); o.Kind == Moved {
 		t.Error("at its due time: moved, want decided")
+	}
+	if o := route(&p, &facts{malformed: "bad", truncate: true, arrived: s}, wheel, now); o.Kind != DeadLetter || o.Error != "bad" || !o.Truncate {
+		t.Errorf("malformed: %+v, want dead-lettered with its reason, truncated", o)
 	}
 }
 

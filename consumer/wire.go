@@ -1,8 +1,7 @@
 package consumer
 
 // The wire format of outcomes: the messages that carry a job to its topics,
-// and ParseOutput, which reads them back (for capper report, the tests and
-// any consumer of the output topics written in Go).
+// with the headers of package output, which reads them back.
 
 import (
 	"fmt"
@@ -10,60 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capper-dev/capper/output"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/capper-dev/capper/hold"
-)
-
-// Headers capper adds to the messages it writes.
-const (
-	HeaderDecision = "capper-decision" // allowed, duplicate, exempt, unchecked, capped, held, dlq
-	HeaderSegment  = "capper-segment"  // the user's segment, or "default"
-	HeaderCap      = "capper-cap"      // capped, held: the cap that was hit, or quiet_hours, or expired
-	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
-	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
-	// HeaderReason says why a capped job was not held: never, expired,
-	// beyond max_hold, quiet_hours (absent under the drop policy of a cap).
-	HeaderReason = "capper-reason"
-	// HeaderDecidedAt is when the job was decided (RFC 3339, ms), on every
-	// allowed, capped and held output.
-	HeaderDecidedAt = "capper-decided-at"
-	// HeaderHeldFor is, on the final output of a job that was held, the
-	// seconds from its first hold to this decision; the hold headers of
-	// package hold (capper-hold-count, capper-held-since, capper-due-at) come with it.
-	HeaderHeldFor = "capper-held-for"
-	// HeaderShadow names, comma-separated, the shadow caps that would have
-	// capped a forwarded send (absent when none would have).
-	HeaderShadow = "capper-shadow-capped"
-	// HeaderPriority is the send's priority (its own, or the rules' default),
-	// on allowed, capped and held outputs.
-	HeaderPriority = "capper-priority"
-	// HeaderReservedFor, on a capped or held send, is the min_priority of the
-	// cap's reserved slots when only those were left for it.
-	HeaderReservedFor = "capper-reserved-for"
-	// HeaderArbitration says what became of a send in an arbitration of a
-	// cap's last slot: candidate (on its held record), won, lost.
-	HeaderArbitration = "capper-arbitration"
 )
 
 // truncatedValueBytes is how much of the value an oversize job keeps on the
 // dead-letter topic: enough to identify it.
 const truncatedValueBytes = 4096
-
-// Decision header values.
-const (
-	DecisionAllowed   = "allowed"
-	DecisionDuplicate = "duplicate"
-	DecisionExempt    = "exempt"
-	DecisionCapped    = "capped"
-	DecisionDLQ       = "dlq"
-	// DecisionUnchecked: forwarded without a cap check because Redis was
-	// unavailable for longer than the fail-open rule of its category or segment allows.
-	DecisionUnchecked = "unchecked"
-	// DecisionHeld: an audit record on the held topic; the job waits on the
-	// delay topics and is decided again at its due time. Not final.
-	DecisionHeld = "held"
-)
 
 // encoder turns the outcomes of a batch into messages.
 type encoder struct {
@@ -107,7 +59,7 @@ func (h *headerValues) get(s string) []byte {
 
 // time formats t (ms) as a decision time, once per instant of the batch.
 func (h *headerValues) time(t time.Time) []byte {
-	return formatted(&h.decided, t, func(t time.Time) []byte { return []byte(hold.FormatTime(t)) })
+	return formatted(&h.decided, t, func(t time.Time) []byte { return []byte(output.FormatTime(t)) })
 }
 
 // retryAt formats t as a capped send's retry-at, once per instant of the batch.
@@ -146,7 +98,7 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 	if e.fromTier {
 		orig = make([]kafka.Header, 0, len(msg.Headers))
 		for _, h := range msg.Headers {
-			if !hold.IsHeader(h.Key) {
+			if !output.IsHoldHeader(h.Key) {
 				orig = append(orig, h)
 			}
 		}
@@ -163,18 +115,18 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 		wait := kafka.Message{Key: m.Key, Value: m.Value, Topic: o.Tier.Topic, Headers: o.Hold.AppendHeaders(append([]kafka.Header(nil), orig...))}
 		outs = append(outs, wait)
 		m.Topic = e.topics.Held
-		add(HeaderDecision, hv.get(DecisionHeld))
-		add(HeaderCap, hv.get(o.Cap))
-		add(hold.HeaderDue, []byte(hold.FormatTime(o.Hold.Due)))
-		add(hold.HeaderCount, hv.get(strconv.Itoa(o.Hold.Count)))
-		add(HeaderDecidedAt, hv.time(o.DecidedAt))
-		add(HeaderSegment, hv.get(segment))
+		add(output.HeaderDecision, hv.get(output.DecisionHeld))
+		add(output.HeaderCap, hv.get(o.Cap))
+		add(output.HeaderDueAt, []byte(output.FormatTime(o.Hold.Due)))
+		add(output.HeaderHoldCount, hv.get(strconv.Itoa(o.Hold.Count)))
+		add(output.HeaderDecidedAt, hv.time(o.DecidedAt))
+		add(output.HeaderSegment, hv.get(segment))
 		e.priority(add, o)
 		return append(outs, m)
 	case DeadLetter:
 		m.Topic = e.topics.DLQ
-		add(HeaderDecision, hv.get(DecisionDLQ))
-		add(HeaderError, []byte(o.Error))
+		add(output.HeaderDecision, hv.get(output.DecisionDLQ))
+		add(output.HeaderError, []byte(o.Error))
 		if o.Truncate && len(m.Value) > truncatedValueBytes {
 			m.Value = m.Value[:truncatedValueBytes]
 		}
@@ -189,33 +141,33 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 		return append(outs, m)
 	case Capped:
 		m.Topic = e.topics.Capped
-		add(HeaderDecision, hv.get(DecisionCapped))
-		add(HeaderCap, hv.get(o.Cap))
+		add(output.HeaderDecision, hv.get(output.DecisionCapped))
+		add(output.HeaderCap, hv.get(o.Cap))
 		retry := empty
 		if !o.RetryAt.IsZero() {
 			retry = hv.retryAt(o.RetryAt)
 		}
-		add(HeaderRetryAt, retry)
+		add(output.HeaderRetryAt, retry)
 		if o.Reason != "" {
-			add(HeaderReason, hv.get(o.Reason))
+			add(output.HeaderReason, hv.get(o.Reason))
 		}
 	case Allowed, Duplicate, Exempt, Unchecked:
 		m.Topic = e.topics.Allowed
-		add(HeaderDecision, hv.get(o.Kind.String()))
+		add(output.HeaderDecision, hv.get(o.Kind.String()))
 		if len(o.Shadow) > 0 {
-			add(HeaderShadow, hv.get(strings.Join(o.Shadow, ",")))
+			add(output.HeaderShadow, hv.get(strings.Join(o.Shadow, ",")))
 		}
 	default:
 		panic(fmt.Sprintf("consumer: a %v outcome has no output", o.Kind))
 	}
-	add(HeaderDecidedAt, hv.time(o.DecidedAt))
+	add(output.HeaderDecidedAt, hv.time(o.DecidedAt))
 	if h := o.Hold; h.Count > 0 { // released: how often and how long it was held
-		add(hold.HeaderCount, hv.get(strconv.Itoa(h.Count)))
-		add(hold.HeaderSince, []byte(hold.FormatTime(h.Since)))
-		add(hold.HeaderDue, []byte(hold.FormatTime(h.Due)))
-		add(HeaderHeldFor, strconv.AppendFloat(nil, o.DecidedAt.Sub(h.Since).Seconds(), 'f', 3, 64))
+		add(output.HeaderHoldCount, hv.get(strconv.Itoa(h.Count)))
+		add(output.HeaderHeldSince, []byte(output.FormatTime(h.Since)))
+		add(output.HeaderDueAt, []byte(output.FormatTime(h.Due)))
+		add(output.HeaderHeldFor, strconv.AppendFloat(nil, o.DecidedAt.Sub(h.Since).Seconds(), 'f', 3, 64))
 	}
-	add(HeaderSegment, hv.get(segment))
+	add(output.HeaderSegment, hv.get(segment))
 	e.priority(add, o)
 	return append(outs, m)
 }
@@ -223,91 +175,11 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 // priority adds the send's priority and, when a reservation refused it, the
 // priority the slots are kept for.
 func (e *encoder) priority(add func(string, []byte), o *Outcome) {
-	add(HeaderPriority, e.hv.get(strconv.Itoa(o.Priority)))
+	add(output.HeaderPriority, e.hv.get(strconv.Itoa(o.Priority)))
 	if o.Arbitration != "" {
-		add(HeaderArbitration, e.hv.get(o.Arbitration))
+		add(output.HeaderArbitration, e.hv.get(o.Arbitration))
 	}
 	if o.ReservedFor > 0 {
-		add(HeaderReservedFor, e.hv.get(strconv.Itoa(o.ReservedFor)))
+		add(output.HeaderReservedFor, e.hv.get(strconv.Itoa(o.ReservedFor)))
 	}
-}
-
-// Output is what capper says on one message of an output topic (allowed,
-// capped, dead-letter, held), as ParseOutput reads it.
-type Output struct {
-	// Decision is capper-decision: allowed, duplicate, exempt, unchecked,
-	// capped, dlq, or held (an audit record on the held topic).
-	Decision string
-	Segment  string // capper-segment
-	Cap      string // capped, held: what refused or held it
-	Reason   string // capped: why it was not held (capper-reason)
-	Error    string // dead-letter: why it is malformed (capper-error)
-	// RetryAt is a capped send's capper-retry-at; zero when it is empty
-	// (never) or absent.
-	RetryAt time.Time
-	// Shadow names the shadow caps that would have capped an allowed send.
-	Shadow []string
-	// DecidedAt is capper-decided-at (zero on a dead letter).
-	DecidedAt time.Time
-	// HoldCount and DueAt: on a held record, this hold; on a final output,
-	// how often the job was held and its last due time, with HeldSince and
-	// HeldFor (seconds from its first hold to its decision).
-	HoldCount        int
-	HeldSince, DueAt time.Time
-	HeldFor          float64
-	// Priority is capper-priority; ReservedFor is capper-reserved-for (0: absent).
-	Priority, ReservedFor int
-	// Arbitration is capper-arbitration: candidate, won, lost; "" absent.
-	Arbitration string
-}
-
-// ParseOutput reads capper's headers of an output message; other headers
-// are ignored. It fails on a header capper wrote that does not parse.
-func ParseOutput(hs []kafka.Header) (Output, error) {
-	var o Output
-	var err error
-	for _, h := range hs {
-		v := string(h.Value)
-		switch h.Key {
-		case HeaderDecision:
-			o.Decision = v
-		case HeaderSegment:
-			o.Segment = v
-		case HeaderCap:
-			o.Cap = v
-		case HeaderReason:
-			o.Reason = v
-		case HeaderError:
-			o.Error = v
-		case HeaderShadow:
-			o.Shadow = strings.Split(v, ",")
-		case HeaderRetryAt:
-			if v != "" {
-				o.RetryAt, err = time.Parse(time.RFC3339Nano, v)
-			}
-		case HeaderDecidedAt:
-			o.DecidedAt, err = time.Parse(time.RFC3339Nano, v)
-		case HeaderHeldFor:
-			o.HeldFor, err = strconv.ParseFloat(v, 64)
-		case HeaderPriority:
-			o.Priority, err = strconv.Atoi(v)
-		case HeaderReservedFor:
-			o.ReservedFor, err = strconv.Atoi(v)
-		case HeaderArbitration:
-			o.Arbitration = v
-		case hold.HeaderCount:
-			o.HoldCount, err = strconv.Atoi(v)
-		case hold.HeaderSince:
-			o.HeldSince, err = time.Parse(time.RFC3339Nano, v)
-		case hold.HeaderDue:
-			o.DueAt, err = time.Parse(time.RFC3339Nano, v)
-		}
-		if err != nil {
-			return o, fmt.Errorf("consumer: output header %s: %w", h.Key, err)
-		}
-	}
-	if o.Decision == "" {
-		return o, fmt.Errorf("consumer: not an output of capper: no %s header", HeaderDecision)
-	}
-	return o, nil
 }

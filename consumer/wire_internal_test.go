@@ -4,9 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capper-dev/capper/output"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/capper-dev/capper/hold"
 )
 
 // TestEncoderFormatsEachTime: the encoder formats each distinct decision
@@ -41,8 +40,8 @@ func TestEncoderFormatsEachTime(t *testing.T) {
 		return "", false
 	}
 	for i, o := range outcomes {
-		if got, _ := get(outs[i], HeaderDecidedAt); got != hold.FormatTime(o.DecidedAt) {
-			t.Errorf("job %d: decided-at %q, want %q", i, got, hold.FormatTime(o.DecidedAt))
+		if got, _ := get(outs[i], output.HeaderDecidedAt); got != output.FormatTime(o.DecidedAt) {
+			t.Errorf("job %d: decided-at %q, want %q", i, got, output.FormatTime(o.DecidedAt))
 		}
 		if o.Kind != Capped {
 			continue
@@ -51,7 +50,7 @@ func TestEncoderFormatsEachTime(t *testing.T) {
 		if !o.RetryAt.IsZero() {
 			want = o.RetryAt.UTC().Format(time.RFC3339Nano)
 		}
-		if got, ok := get(outs[i], HeaderRetryAt); !ok || got != want {
+		if got, ok := get(outs[i], output.HeaderRetryAt); !ok || got != want {
 			t.Errorf("job %d: retry-at %q (present %v), want %q", i, got, ok, want)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -267,17 +268,17 @@ func TestRoutesEveryJobToOneTopic(t *testing.T) {
 		"receipt": {"allowed", "exempt"}, "invalid": {"dlq", "dlq"}, "": {"dlq", "dlq"},
 	} {
 		o, ok := outs[id]
-		if !ok || o.Topic != want[0] || header(o, consumer.HeaderDecision) != want[1] {
-			t.Errorf("job %q: topic %q decision %q, want %q %q", id, o.Topic, header(o, consumer.HeaderDecision), want[0], want[1])
+		if !ok || o.Topic != want[0] || header(o, output.HeaderDecision) != want[1] {
+			t.Errorf("job %q: topic %q decision %q, want %q %q", id, o.Topic, header(o, output.HeaderDecision), want[0], want[1])
 		}
 	}
-	if c := outs["capped"]; header(c, consumer.HeaderCap) != "daily" || !strings.HasPrefix(header(c, consumer.HeaderRetryAt), "2027-01-15T") {
-		t.Errorf("capped output: cap %q retry-at %q", header(c, consumer.HeaderCap), header(c, consumer.HeaderRetryAt))
+	if c := outs["capped"]; header(c, output.HeaderCap) != "daily" || !strings.HasPrefix(header(c, output.HeaderRetryAt), "2027-01-15T") {
+		t.Errorf("capped output: cap %q retry-at %q", header(c, output.HeaderCap), header(c, output.HeaderRetryAt))
 	}
-	if e := header(outs[""], consumer.HeaderError); !strings.Contains(e, "not a JSON object") {
+	if e := header(outs[""], output.HeaderError); !strings.Contains(e, "not a JSON object") {
 		t.Errorf("malformed message's reason %q", e)
 	}
-	if e := header(outs["invalid"], consumer.HeaderError); !strings.Contains(e, "invalid request") {
+	if e := header(outs["invalid"], output.HeaderError); !strings.Contains(e, "invalid request") {
 		t.Errorf("invalid request's reason %q", e)
 	}
 	for _, r := range d.requests()[0] {
@@ -487,8 +488,8 @@ func TestFailOpenAfterItsLimit(t *testing.T) {
 	h := start(t, consumer.Config{Decider: d, Rules: compile(t, 10, rules.FailOpen{Category: "alerts", After: rules.Duration(limit)}), BatchSize: 1, Now: clock})
 	h.send(job("alert", 1, "alerts"))
 	outs := h.waitOutputs(t, 1)
-	if header(outs[0], consumer.HeaderDecision) != consumer.DecisionUnchecked || outs[0].Topic != "allowed" {
-		t.Fatalf("alert while Redis is down: %q on %q, want unchecked on allowed", header(outs[0], consumer.HeaderDecision), outs[0].Topic)
+	if header(outs[0], output.HeaderDecision) != output.DecisionUnchecked || outs[0].Topic != "allowed" {
+		t.Fatalf("alert while Redis is down: %q on %q, want unchecked on allowed", header(outs[0], output.HeaderDecision), outs[0].Topic)
 	}
 	mu.Lock()
 	failedFor := time.Duration(attempts["alert"]-1) * 10 * time.Millisecond // from the first failure to the last
@@ -517,8 +518,8 @@ func TestFailOpenAfterItsLimit(t *testing.T) {
 	down = false
 	mu.Unlock()
 	outs = h.waitOutputs(t, 2)
-	if header(outs[1], consumer.HeaderDecision) != consumer.DecisionAllowed {
-		t.Fatalf("marketing job after Redis came back: %q, want allowed", header(outs[1], consumer.HeaderDecision))
+	if header(outs[1], output.HeaderDecision) != output.DecisionAllowed {
+		t.Fatalf("marketing job after Redis came back: %q, want allowed", header(outs[1], output.HeaderDecision))
 	}
 }
 
@@ -536,8 +537,8 @@ func TestOversizeOutputDeadLettered(t *testing.T) {
 			dlq = o
 		}
 	}
-	if dlq.Value == nil || len(dlq.Value) != 4096 || !strings.Contains(header(dlq, consumer.HeaderError), "output limit") {
-		t.Fatalf("dead-letter output: %d value bytes, reason %q; want the first 4096 bytes and the reason", len(dlq.Value), header(dlq, consumer.HeaderError))
+	if dlq.Value == nil || len(dlq.Value) != 4096 || !strings.Contains(header(dlq, output.HeaderError), "output limit") {
+		t.Fatalf("dead-letter output: %d value bytes, reason %q; want the first 4096 bytes and the reason", len(dlq.Value), header(dlq, output.HeaderError))
 	}
 	for _, c := range h.d.requests() {
 		for _, r := range c {

@@ -17,17 +17,15 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/jobs"
 	"github.com/capper-dev/capper/rules"
 )
 
-// ErrMalformed wraps every reason an event is not usable.
-var ErrMalformed = errors.New("malformed event")
-
-// Bounds of an event's fields (as for jobs).
+// Bounds of an event's fields: a job's (package jobs).
 const (
-	MaxIDBytes  = 128
-	MaxTags     = 8
-	MaxTagBytes = 64
+	MaxIDBytes  = jobs.MaxJobIDBytes
+	MaxTags     = jobs.MaxTags
+	MaxTagBytes = jobs.MaxTagBytes
 )
 
 // Send is an external send: one that happened elsewhere and counts toward
@@ -46,24 +44,7 @@ type Send struct {
 }
 
 // AllTags returns the send's category followed by its tags, without repeats.
-func (s *Send) AllTags() []string {
-	out := []string{s.Category}
-	for _, t := range s.Tags {
-		if t != s.Category && !contains(out, t) {
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
+func (s *Send) AllTags() []string { return jobs.AllTags(s.Category, s.Tags) }
 
 // Feedback is what a delivery service says of one of capper's sends.
 //
@@ -94,24 +75,24 @@ func DecodeSend(value []byte) (Send, error) {
 	s := raw.Send
 	switch {
 	case s.EventID == "" || len(s.EventID) > MaxIDBytes:
-		return Send{}, bad("event_id is missing, or over %d bytes", MaxIDBytes)
+		return Send{}, Malformed("event_id is missing, or over %d bytes", MaxIDBytes)
 	case raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1:
-		return Send{}, bad("user_id is missing, or not an integer in 0..4294967295")
+		return Send{}, Malformed("user_id is missing, or not an integer in 0..4294967295")
 	case s.Channel == "":
-		return Send{}, bad("channel is missing or empty")
+		return Send{}, Malformed("channel is missing or empty")
 	case raw.SentAt == "":
-		return Send{}, bad("sent_at is missing")
+		return Send{}, Malformed("sent_at is missing")
 	case len(s.Tags) > MaxTags:
-		return Send{}, bad("%d tags, at most %d", len(s.Tags), MaxTags)
+		return Send{}, Malformed("%d tags, at most %d", len(s.Tags), MaxTags)
 	}
 	for _, t := range s.Tags {
 		if t == "" || len(t) > MaxTagBytes {
-			return Send{}, bad("a tag is not 1..%d bytes", MaxTagBytes)
+			return Send{}, Malformed("a tag is not 1..%d bytes", MaxTagBytes)
 		}
 	}
 	at, err := time.Parse(time.RFC3339Nano, raw.SentAt)
 	if err != nil {
-		return Send{}, bad("sent_at %q is not an RFC 3339 time", truncate(raw.SentAt))
+		return Send{}, Malformed("sent_at %q is not an RFC 3339 time", truncate(raw.SentAt))
 	}
 	s.UserID, s.SentAt = uint32(*raw.UserID), at
 	if s.Category == "" {
@@ -132,11 +113,11 @@ func DecodeFeedback(value []byte) (Feedback, error) {
 	f := raw.Feedback
 	switch {
 	case f.JobID == "" || len(f.JobID) > MaxIDBytes:
-		return Feedback{}, bad("job_id is missing, or over %d bytes", MaxIDBytes)
+		return Feedback{}, Malformed("job_id is missing, or over %d bytes", MaxIDBytes)
 	case raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1:
-		return Feedback{}, bad("user_id is missing, or not an integer in 0..4294967295")
+		return Feedback{}, Malformed("user_id is missing, or not an integer in 0..4294967295")
 	case f.Status == "" || len(f.Status) > 32:
-		return Feedback{}, bad("status is missing, or over 32 bytes")
+		return Feedback{}, Malformed("status is missing, or over 32 bytes")
 	}
 	f.UserID = uint32(*raw.UserID)
 	return f, nil
@@ -146,23 +127,20 @@ func strict(value []byte, v any) error {
 	if err := json.Unmarshal(value, v); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
-			return bad("%s has the wrong type (%s)", te.Field, te.Value)
+			return Malformed("%s has the wrong type (%s)", te.Field, te.Value)
 		}
-		return bad("not a JSON object: %v", err)
+		return Malformed("not a JSON object: %v", err)
 	}
 	return nil
 }
 
-func bad(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+// Malformed returns the error of an event that is not usable: "malformed
+// event: " and the reason, wrapping jobs.ErrMalformed.
+func Malformed(format string, args ...any) error {
+	return fmt.Errorf("%w event: %s", jobs.ErrMalformed, fmt.Sprintf(format, args...))
 }
 
-func truncate(s string) string {
-	if len(s) <= 40 {
-		return s
-	}
-	return s[:40] + "..."
-}
+func truncate(s string) string { return jobs.Truncate(s, 40) }
 
 // Preference is one of a user's own wishes, from the preferences topic or
 // capper prefs set:
@@ -193,32 +171,32 @@ func DecodePreference(value []byte) (Preference, error) {
 		return Preference{}, err
 	}
 	if raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1 {
-		return Preference{}, bad("user_id is missing, or not an integer in 0..4294967295")
+		return Preference{}, Malformed("user_id is missing, or not an integer in 0..4294967295")
 	}
 	p := Preference{UserID: uint32(*raw.UserID), Clear: raw.Clear,
 		Pref: capping.Preference{Channel: raw.Channel, Tag: raw.Tag, Limit: raw.Limit, OptOut: raw.OptOut}}
 	if raw.Window != "" {
 		w, err := rules.ParseDuration(raw.Window)
 		if err != nil {
-			return Preference{}, bad("window %q: %v", truncate(raw.Window), err)
+			return Preference{}, Malformed("window %q: %v", truncate(raw.Window), err)
 		}
 		p.Pref.Window = w
 	}
 	if raw.VIPUntil != "" {
 		t, err := time.Parse(time.RFC3339Nano, raw.VIPUntil)
 		if err != nil {
-			return Preference{}, bad("vip_until %q is not an RFC 3339 time", truncate(raw.VIPUntil))
+			return Preference{}, Malformed("vip_until %q is not an RFC 3339 time", truncate(raw.VIPUntil))
 		}
 		p.Pref.VIPUntil = t
 	}
 	if p.Clear {
 		if raw.Channel != "" && raw.Tag != "" {
-			return Preference{}, bad("clear names one of channel and tag (or neither, for vip_until)")
+			return Preference{}, Malformed("clear names one of channel and tag (or neither, for vip_until)")
 		}
 		return p, nil
 	}
 	if err := p.Pref.Validate(); err != nil {
-		return Preference{}, bad("%v", strings.TrimPrefix(err.Error(), "capping: "))
+		return Preference{}, Malformed("%v", strings.TrimPrefix(err.Error(), "capping: "))
 	}
 	return p, nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/events"
+	"github.com/capper-dev/capper/jobs"
 )
 
 func TestDecodeSend(t *testing.T) {
@@ -33,7 +34,7 @@ func TestDecodeSend(t *testing.T) {
 		{`{"event_id":"e","user_id":1,"channel":"e","sent_at":"2026-11-23T09:12:00Z","tags":[""]}`, "tag"},
 		{`{"event_id":"e","user_id":1,"channel":"e","sent_at":"2026-11-23T09:12:00Z","tags":"x"}`, "tags"},
 	} {
-		if _, err := events.DecodeSend([]byte(c.in)); err == nil || !errors.Is(err, events.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+		if _, err := events.DecodeSend([]byte(c.in)); err == nil || !errors.Is(err, jobs.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want malformed, naming %q", c.in, err, c.want)
 		}
 	}
@@ -53,7 +54,7 @@ func TestDecodeFeedback(t *testing.T) {
 		{`{"job_id":"j","user_id":7}`, "status"},
 		{`[]`, "not a JSON object"},
 	} {
-		if _, err := events.DecodeFeedback([]byte(c.in)); err == nil || !errors.Is(err, events.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+		if _, err := events.DecodeFeedback([]byte(c.in)); err == nil || !errors.Is(err, jobs.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want malformed, naming %q", c.in, err, c.want)
 		}
 	}
@@ -86,7 +87,7 @@ func TestDecodePreference(t *testing.T) {
 		{`{"user_id":7,"vip_until":"tomorrow"}`, "vip_until"},
 		{`{"user_id":7}`, "exactly one"},
 	} {
-		if _, err := events.DecodePreference([]byte(c.in)); err == nil || !errors.Is(err, events.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
+		if _, err := events.DecodePreference([]byte(c.in)); err == nil || !errors.Is(err, jobs.ErrMalformed) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want malformed, naming %q", c.in, err, c.want)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/capper-dev/capper/output"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -108,38 +109,16 @@ type State struct {
 	Reason string    // why: the cap that refused it, or "quiet_hours"
 }
 
-// Headers of held jobs.
-const (
-	HeaderSince  = "capper-held-since" // RFC 3339: the input message's timestamp
-	HeaderDue    = "capper-due-at"     // RFC 3339: when the job may be decided again
-	HeaderWake   = "capper-wake-at"    // RFC 3339: when its tier's reader returns it
-	HeaderCount  = "capper-hold-count" // how often it was held
-	HeaderReason = "capper-hold-reason"
-)
-
-// IsHeader reports whether key is one of the hold headers, which a delay
-// tier's message carries and its job's outputs replace.
-func IsHeader(key string) bool {
-	switch key {
-	case HeaderSince, HeaderDue, HeaderWake, HeaderCount, HeaderReason:
-		return true
-	}
-	return false
-}
-
 // AppendHeaders appends s's headers to h.
 func (s State) AppendHeaders(h []kafka.Header) []kafka.Header {
 	return append(h,
-		kafka.Header{Key: HeaderSince, Value: []byte(FormatTime(s.Since))},
-		kafka.Header{Key: HeaderDue, Value: []byte(FormatTime(s.Due))},
-		kafka.Header{Key: HeaderWake, Value: []byte(FormatTime(s.Wake))},
-		kafka.Header{Key: HeaderCount, Value: []byte(strconv.Itoa(s.Count))},
-		kafka.Header{Key: HeaderReason, Value: []byte(s.Reason)},
+		kafka.Header{Key: output.HeaderHeldSince, Value: []byte(output.FormatTime(s.Since))},
+		kafka.Header{Key: output.HeaderDueAt, Value: []byte(output.FormatTime(s.Due))},
+		kafka.Header{Key: output.HeaderWakeAt, Value: []byte(output.FormatTime(s.Wake))},
+		kafka.Header{Key: output.HeaderHoldCount, Value: []byte(strconv.Itoa(s.Count))},
+		kafka.Header{Key: output.HeaderHoldReason, Value: []byte(s.Reason)},
 	)
 }
-
-// FormatTime is how hold headers write instants: RFC 3339 in UTC, to the millisecond.
-func FormatTime(t time.Time) string { return t.UTC().Format("2006-01-02T15:04:05.000Z07:00") }
 
 // ParseState reads the state from a delay-topic message's headers; ok is
 // false when it carries none (the Count header is absent).
@@ -147,16 +126,16 @@ func ParseState(hs []kafka.Header) (s State, ok bool, err error) {
 	for _, h := range hs {
 		var perr error
 		switch h.Key {
-		case HeaderSince:
+		case output.HeaderHeldSince:
 			s.Since, perr = time.Parse(time.RFC3339Nano, string(h.Value))
-		case HeaderDue:
+		case output.HeaderDueAt:
 			s.Due, perr = time.Parse(time.RFC3339Nano, string(h.Value))
-		case HeaderWake:
+		case output.HeaderWakeAt:
 			s.Wake, perr = time.Parse(time.RFC3339Nano, string(h.Value))
-		case HeaderCount:
+		case output.HeaderHoldCount:
 			ok = true
 			s.Count, perr = strconv.Atoi(string(h.Value))
-		case HeaderReason:
+		case output.HeaderHoldReason:
 			s.Reason = string(h.Value)
 		}
 		if perr != nil {

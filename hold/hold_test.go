@@ -9,6 +9,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/output"
 )
 
 var t0 = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
@@ -91,7 +92,7 @@ func TestStateHeaders(t *testing.T) {
 	if _, ok, err := hold.ParseState([]kafka.Header{{Key: "other"}}); ok || err != nil {
 		t.Errorf("no hold headers: ok %v err %v", ok, err)
 	}
-	bad := []kafka.Header{{Key: hold.HeaderCount, Value: []byte("2")}, {Key: hold.HeaderDue, Value: []byte("tomorrow")}}
+	bad := []kafka.Header{{Key: output.HeaderHoldCount, Value: []byte("2")}, {Key: output.HeaderDueAt, Value: []byte("tomorrow")}}
 	if _, _, err := hold.ParseState(bad); err == nil {
 		t.Error("a bad due time was accepted")
 	}

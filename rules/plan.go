@@ -52,10 +52,10 @@ type Plan struct {
 	// Arbitration is the arbitration window of its caps' last slots (the
 	// longest of its Arbitrated caps'); 0: none.
 	Arbitration time.Duration
-
-	r        *Rules
-	segKey   string
-	category string
+	// Policies say what becomes of the send when it is refused: its
+	// segment's and category's, resolved when the rules were compiled (nil:
+	// drop, no reservations).
+	*Policies
 }
 
 // Buffers lets the plans of a batch share backing arrays for their caps and
@@ -79,7 +79,8 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	if b == nil {
 		b = &Buffers{}
 	}
-	p := Plan{r: r, segKey: r.segmentKey(job.Segment, job.InSegment), category: job.Category,
+	segKey := r.segmentKey(job.Segment, job.InSegment)
+	p := Plan{Policies: r.policiesOf(segKey, job.Category),
 		Exempt: r.exempt[job.Category], CountOnly: r.countOnly[job.Category], Retention: r.retention,
 		FailOpenAfter: r.FailOpenAfter(job.Category, job.Segment)}
 	p.Priority = job.Priority
@@ -91,7 +92,7 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	}
 	p.QuietUntil = r.QuietUntil(job.Segment, job.InSegment, job.Category, job.Zone, now)
 	if !p.CountOnly {
-		p.Arbitration = r.arbitration[p.segKey]
+		p.Arbitration = r.arbitration[segKey]
 		n := len(b.caps)
 		b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone, Priority: p.Priority}, now)
 		p.Caps = b.caps[n:len(b.caps):len(b.caps)]
@@ -100,41 +101,4 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	b.wants = r.Budgets(b.wants, job.Channel, job.Tags, job.Campaign)
 	p.Wants = b.wants[n:len(b.wants):len(b.wants)]
 	return p
-}
-
-// OnCapped returns the policy of the send when cap refuses it: the cap's own,
-// else its category's, else its segment's, else the rules', else drop. cap
-// "" (quiet hours) skips the cap's.
-func (p *Plan) OnCapped(cap string) Policy {
-	if p.r == nil {
-		return Policy{}
-	}
-	return p.r.onCapped(p.segKey, p.category, cap)
-}
-
-// OnShort returns the policy of the send when budget has no token for it:
-// held, up to the budget's max_hold.
-func (p *Plan) OnShort(budget string) Policy {
-	if p.r == nil {
-		return Policy{}
-	}
-	return Policy{Hold: true, MaxHold: p.r.budgetHold[budget]}
-}
-
-// Reservation returns the reserve of the plan's cap named cap: the slots it
-// keeps for sends of minPriority and above (0, 0: none).
-func (p *Plan) Reservation(cap string) (slots, minPriority int) {
-	if p.r == nil {
-		return 0, 0
-	}
-	caps := p.r.def
-	if cs, ok := p.r.bySegment[p.segKey]; ok {
-		caps = cs
-	}
-	for i := range caps {
-		if caps[i].name == cap {
-			return caps[i].reserve, caps[i].minPriority
-		}
-	}
-	return 0, 0
 }

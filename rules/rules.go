@@ -206,7 +206,8 @@ type Rules struct {
 	budgets            []compiledBudget
 	budgetHold         map[string]time.Duration
 	prio               priorities
-	arbitration        map[string]time.Duration // segment key -> the longest arbitration window of its caps
+	arbitration        map[string]time.Duration    // segment key -> the longest arbitration window of its caps
+	policies           map[string]*segmentPolicies // segment key -> the Policies of its sends (see Plan)
 	defaultArbitration time.Duration
 	periods            sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
 }
@@ -317,6 +318,7 @@ func Compile(c Config, version int64) (*Rules, error) {
 		return nil, err
 	}
 	r.hold.anyHold = r.hold.anyHold || len(r.budgets) > 0 // a job short of a token waits for it
+	r.compilePolicies()
 	return r, nil
 }
 

@@ -11,8 +11,9 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/capping"
-	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/jobs"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -44,12 +45,12 @@ func scenario() ([]loadtest.Sent, []loadtest.Output) {
 	}
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	outs := []loadtest.Output{
-		{Role: "allowed", ID: "m1", Time: at(10), ProducedAt: at(0), Output: consumer.Output{Decision: "allowed", Segment: "new"}},
-		{Role: "allowed", ID: "m2", Time: at(20), ProducedAt: at(0), Output: consumer.Output{Decision: "allowed", Segment: "new"}},
-		{Role: "capped", ID: "m3", Time: at(30), ProducedAt: at(0), Output: consumer.Output{Decision: "capped", Segment: "new", Cap: "daily"}},
-		{Role: "allowed", ID: "m4", Time: at(40), ProducedAt: at(0), Output: consumer.Output{Decision: "duplicate", Segment: "new"}},
-		{Role: "allowed", ID: "m5", Time: at(50), ProducedAt: at(0), Output: consumer.Output{Decision: "exempt", Segment: "default"}},
-		{Role: "dlq", ID: "m6", Time: at(1000), ProducedAt: at(0), Output: consumer.Output{Decision: "dlq"}},
+		{Role: "allowed", ID: "m1", Time: at(10), ProducedAt: at(0), Output: output.Output{Decision: "allowed", Segment: "new"}},
+		{Role: "allowed", ID: "m2", Time: at(20), ProducedAt: at(0), Output: output.Output{Decision: "allowed", Segment: "new"}},
+		{Role: "capped", ID: "m3", Time: at(30), ProducedAt: at(0), Output: output.Output{Decision: "capped", Segment: "new", Cap: "daily"}},
+		{Role: "allowed", ID: "m4", Time: at(40), ProducedAt: at(0), Output: output.Output{Decision: "duplicate", Segment: "new"}},
+		{Role: "allowed", ID: "m5", Time: at(50), ProducedAt: at(0), Output: output.Output{Decision: "exempt", Segment: "default"}},
+		{Role: "dlq", ID: "m6", Time: at(1000), ProducedAt: at(0), Output: output.Output{Decision: "dlq"}},
 	}
 	return sent, outs
 }
@@ -91,7 +92,7 @@ func TestCheckCatchesProblems(t *testing.T) {
 			return s, o
 		}, 0, 1, `cap "push", which allows 1`},
 		{"a job in two topics", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
-			return s, append(o, loadtest.Output{Role: "capped", ID: "m4", Time: t0, Output: consumer.Output{Decision: "capped"}})
+			return s, append(o, loadtest.Output{Role: "capped", ID: "m4", Time: t0, Output: output.Output{Decision: "capped"}})
 		}, 1, 0, "2 output topics"},
 		{"a malformed message forwarded", func(s []loadtest.Sent, o []loadtest.Output) ([]loadtest.Sent, []loadtest.Output) {
 			o[5].Role = "allowed"
@@ -121,8 +122,8 @@ func TestCheckWindowEdge(t *testing.T) {
 	one := compile(t, nil, rules.Cap{Name: "d", Window: rules.Duration(24 * time.Hour), Limit: limit(1)})
 	for gap, violations := range map[time.Duration]int{24 * time.Hour: 0, 24*time.Hour - time.Millisecond: 1} {
 		outs := []loadtest.Output{
-			{Role: "allowed", ID: "a", Time: t0, Output: consumer.Output{Decision: "allowed"}},
-			{Role: "allowed", ID: "b", Time: t0.Add(gap), Output: consumer.Output{Decision: "allowed"}},
+			{Role: "allowed", ID: "a", Time: t0, Output: output.Output{Decision: "allowed"}},
+			{Role: "allowed", ID: "b", Time: t0.Add(gap), Output: output.Output{Decision: "allowed"}},
 		}
 		if r := loadtest.Check(sent, outs, one, t0.Add(time.Hour)); r.Violations != violations {
 			t.Errorf("gap %v: %d violations, want %d", gap, r.Violations, violations)
@@ -181,7 +182,7 @@ func TestCheckUncheckedSends(t *testing.T) {
 	}
 	// A checked send over the cap is still caught with unchecked ones around.
 	sent = append(sent, loadtest.Sent{ID: "m7", JobID: "j7", UserID: 1, Channel: "email", Category: "marketing", Kind: loadtest.KindJob})
-	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Time: t0.Add(time.Second), ProducedAt: t0, Output: consumer.Output{Decision: "allowed"}})
+	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m7", Time: t0.Add(time.Second), ProducedAt: t0, Output: output.Output{Decision: "allowed"}})
 	if r := loadtest.Check(sent, outs, policy, t0.Add(time.Hour)); r.Violations != 1 {
 		t.Fatalf("a checked third send: %d violations, want 1 (problems %v)", r.Violations, r.Problems)
 	}
@@ -192,7 +193,7 @@ func TestCheckUncheckedSends(t *testing.T) {
 func TestCheckExemptionComesFromTheRules(t *testing.T) {
 	sent, outs := scenario()
 	sent = append(sent, loadtest.Sent{ID: "m8", JobID: "j8", UserID: 1, Channel: "email", Category: "receipts", Kind: loadtest.KindExempt})
-	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Time: t0.Add(time.Second), ProducedAt: t0, Output: consumer.Output{Decision: "exempt"}})
+	outs = append(outs, loadtest.Output{Role: "allowed", ID: "m8", Time: t0.Add(time.Second), ProducedAt: t0, Output: output.Output{Decision: "exempt"}})
 	receipts := compile(t, []string{"receipts"},
 		rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(2)},
 		rules.Cap{Name: "push", Window: rules.Duration(24 * time.Hour), Limit: limit(1), Scope: rules.Scope{Channel: "push"}})
@@ -245,7 +246,7 @@ func TestCheckCalendarAndScopedCaps(t *testing.T) {
 				id := fmt.Sprint("m", i)
 				sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 1, Channel: s.channel, Category: s.category,
 					Campaign: s.campaign, Tags: s.tags, Timezone: "Asia/Kolkata", Kind: loadtest.KindJob})
-				outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Time: s.t, ProducedAt: s.t, Output: consumer.Output{Decision: "allowed"}})
+				outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Time: s.t, ProducedAt: s.t, Output: output.Output{Decision: "allowed"}})
 			}
 			res := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
 			problems := strings.Join(res.Problems, "\n")
@@ -271,13 +272,13 @@ func TestCheckHeld(t *testing.T) {
 	sent := []loadtest.Sent{job("released"), job("pending"), job("lost"), job("early"), job("expired")}
 	sent[4].ExpiresAt = at(100)
 	outs := []loadtest.Output{
-		{Role: "held", ID: "m-released", Output: consumer.Output{Decision: "held", DueAt: at(5000), HoldCount: 1}},
-		{Role: "allowed", ID: "m-released", Time: at(5102), Output: consumer.Output{Decision: "allowed", DueAt: at(5000), HoldCount: 1, DecidedAt: at(5100)}},
-		{Role: "held", ID: "m-pending", Output: consumer.Output{Decision: "held", DueAt: now.Add(time.Hour), HoldCount: 1}},
-		{Role: "held", ID: "m-lost", Output: consumer.Output{Decision: "held", DueAt: now.Add(-loadtest.ReleaseGrace - time.Second), HoldCount: 1}},
-		{Role: "held", ID: "m-early", Output: consumer.Output{Decision: "held", DueAt: at(9000), HoldCount: 1}},
-		{Role: "capped", ID: "m-early", Time: at(8001), Output: consumer.Output{Decision: "capped", DueAt: at(9000), HoldCount: 1, DecidedAt: at(8000)}},
-		{Role: "allowed", ID: "m-expired", Time: at(201), Output: consumer.Output{Decision: "allowed", DecidedAt: at(200)}},
+		{Role: "held", ID: "m-released", Output: output.Output{Decision: "held", DueAt: at(5000), HoldCount: 1}},
+		{Role: "allowed", ID: "m-released", Time: at(5102), Output: output.Output{Decision: "allowed", DueAt: at(5000), HoldCount: 1, DecidedAt: at(5100)}},
+		{Role: "held", ID: "m-pending", Output: output.Output{Decision: "held", DueAt: now.Add(time.Hour), HoldCount: 1}},
+		{Role: "held", ID: "m-lost", Output: output.Output{Decision: "held", DueAt: now.Add(-loadtest.ReleaseGrace - time.Second), HoldCount: 1}},
+		{Role: "held", ID: "m-early", Output: output.Output{Decision: "held", DueAt: at(9000), HoldCount: 1}},
+		{Role: "capped", ID: "m-early", Time: at(8001), Output: output.Output{Decision: "capped", DueAt: at(9000), HoldCount: 1, DecidedAt: at(8000)}},
+		{Role: "allowed", ID: "m-expired", Time: at(201), Output: output.Output{Decision: "allowed", DecidedAt: at(200)}},
 	}
 	r := loadtest.Check(sent, outs, policy, now)
 	if r.Held != 4 || r.Released != 2 || r.Pending != 1 || r.Unaccounted != 1 || r.Violations != 2 {
@@ -308,7 +309,7 @@ func TestCheckBudget(t *testing.T) {
 		for i := 0; i < n; i++ {
 			id := fmt.Sprintf("%s-%d", campaign, len(sent))
 			sent = append(sent, loadtest.Sent{ID: id, JobID: id, UserID: uint32(len(sent) + 1), Channel: "push", Category: "marketing", Kind: loadtest.KindJob, Campaign: campaign})
-			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Output: consumer.Output{Decision: "allowed", DecidedAt: t0.Add(time.Duration(i) * gap)}})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Output: output.Output{Decision: "allowed", DecidedAt: t0.Add(time.Duration(i) * gap)}})
 		}
 	}
 	add("slow", 12, 200*time.Millisecond) // 5 per second
@@ -384,7 +385,7 @@ func TestJudgeIsIndependent(t *testing.T) {
 		for i := range sent {
 			s, now := &sent[i], times[i]
 			zone, _ := rules.Location(s.Timezone)
-			tags := (&consumer.Job{Category: s.Category, Tags: s.Tags}).AllTags()
+			tags := jobs.AllTags(s.Category, s.Tags)
 			job := rules.Job{Channel: s.Channel, Category: s.Category, Tags: tags, Campaign: s.Campaign, Zone: zone, Priority: s.Priority, HasPriority: s.HasPriority}
 			switch bug {
 			case "utc":
@@ -413,7 +414,7 @@ func TestJudgeIsIndependent(t *testing.T) {
 				}
 				ok = ok && n < c.Limit
 			}
-			o := loadtest.Output{Role: "capped", ID: s.ID, Time: now, ProducedAt: now, Output: consumer.Output{Decision: "capped", DecidedAt: now}}
+			o := loadtest.Output{Role: "capped", ID: s.ID, Time: now, ProducedAt: now, Output: output.Output{Decision: "capped", DecidedAt: now}}
 			if ok {
 				log = append(log, entry{now, member})
 				o.Role, o.Decision = "allowed", "allowed"
@@ -465,16 +466,16 @@ func TestCheckArbitration(t *testing.T) {
 			{ID: "m-cart", JobID: "cart", UserID: 5, Channel: "push", Campaign: "cart", Kind: loadtest.KindJob},
 		}
 		held := func(id string) loadtest.Output {
-			return loadtest.Output{Role: "held", ID: "m-" + id, Output: consumer.Output{Decision: "held", Cap: "daily", DueAt: end, HoldCount: 1, Arbitration: "candidate"}}
+			return loadtest.Output{Role: "held", ID: "m-" + id, Output: output.Output{Decision: "held", Cap: "daily", DueAt: end, HoldCount: 1, Arbitration: "candidate"}}
 		}
 		final := func(id string) loadtest.Output {
-			o := loadtest.Output{Role: "capped", ID: "m-" + id, Time: end, Output: consumer.Output{Decision: "capped", Cap: "daily", DueAt: end, HoldCount: 1, DecidedAt: end, Arbitration: "lost"}}
+			o := loadtest.Output{Role: "capped", ID: "m-" + id, Time: end, Output: output.Output{Decision: "capped", Cap: "daily", DueAt: end, HoldCount: 1, DecidedAt: end, Arbitration: "lost"}}
 			if id == c.winner {
 				o.Role, o.Decision, o.Cap, o.Arbitration = "allowed", "allowed", "", "won"
 			}
 			return o
 		}
-		outs := []loadtest.Output{{Role: "allowed", ID: "m-first", Time: t0, Output: consumer.Output{Decision: "allowed", DecidedAt: t0}},
+		outs := []loadtest.Output{{Role: "allowed", ID: "m-first", Time: t0, Output: output.Output{Decision: "allowed", DecidedAt: t0}},
 			held("promo"), held("cart"), final("promo"), final("cart")}
 		r := loadtest.Check(sent, outs, p, end.Add(time.Minute))
 		problems := strings.Join(r.Problems, "\n")
@@ -502,7 +503,7 @@ func TestCheckGivenBack(t *testing.T) {
 		for i, at := range []time.Duration{0, time.Minute, c.third} {
 			id := string(rune('a' + i))
 			sent = append(sent, loadtest.Sent{ID: "m-" + id, JobID: id, UserID: 3, Channel: "email", Kind: loadtest.KindJob})
-			outs = append(outs, loadtest.Output{Role: "allowed", ID: "m-" + id, Time: t0.Add(at), Output: consumer.Output{Decision: "allowed", DecidedAt: t0.Add(at)}})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: "m-" + id, Time: t0.Add(at), Output: output.Output{Decision: "allowed", DecidedAt: t0.Add(at)}})
 		}
 		if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != c.violations {
 			t.Errorf("third send %v after the first, feedback for the first at 2m: %d violations, want %d: %v", c.third, r.Violations, c.violations, r.Problems)
@@ -546,7 +547,7 @@ func TestCheckPreferences(t *testing.T) {
 		for i, s := range c.sends {
 			id := fmt.Sprint("m", i)
 			sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: s.user, Channel: s.channel, Tags: s.tags, Kind: loadtest.KindJob})
-			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Time: t0.Add(s.at), Output: consumer.Output{Decision: "allowed", DecidedAt: t0.Add(s.at)}})
+			outs = append(outs, loadtest.Output{Role: "allowed", ID: id, Time: t0.Add(s.at), Output: output.Output{Decision: "allowed", DecidedAt: t0.Add(s.at)}})
 		}
 		r := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
 		if bad := r.Violations > 0; bad != c.bad || (bad && !strings.Contains(strings.Join(r.Problems, ""), "own preference")) {
@@ -641,7 +642,7 @@ func checkUser8(outs []out, p loadtest.Policy) loadtest.Result {
 		id := fmt.Sprint("m", i)
 		sent = append(sent, loadtest.Sent{ID: id, JobID: fmt.Sprint("j", i), UserID: 8, Channel: "email", Kind: loadtest.KindJob})
 		os = append(os, loadtest.Output{Role: o.role, ID: id, Time: t0.Add(o.at),
-			Output: consumer.Output{Decision: o.role, Cap: o.cap, DecidedAt: t0.Add(o.at), DueAt: t0.Add(2 * time.Hour)}})
+			Output: output.Output{Decision: o.role, Cap: o.cap, DecidedAt: t0.Add(o.at), DueAt: t0.Add(2 * time.Hour)}})
 	}
 	return loadtest.Check(sent, os, p, t0.Add(time.Hour))
 }

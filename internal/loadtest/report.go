@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -32,10 +33,10 @@ const (
 const ReleaseGrace = 30 * time.Second
 
 // Output is one message read from an output topic: what capper says of it
-// (consumer.ParseOutput), its topic's role, loadgen's id and when it was
+// (output.Parse), its topic's role, loadgen's id and when it was
 // produced and written.
 type Output struct {
-	consumer.Output
+	output.Output
 	Role       string // RoleAllowed, RoleCapped, RoleDLQ or RoleHeld
 	ID         string // HeaderID
 	Time       time.Time
@@ -245,20 +246,20 @@ func (s roleSet) roles() []string {
 // tally counts o by decision, cap and segment.
 func (r *Result) tally(o *Output) {
 	switch o.Decision {
-	case consumer.DecisionAllowed:
+	case output.DecisionAllowed:
 		r.Allowed++
-	case consumer.DecisionDuplicate:
+	case output.DecisionDuplicate:
 		r.Duplicates++
-	case consumer.DecisionExempt:
+	case output.DecisionExempt:
 		r.Exempt++
-	case consumer.DecisionUnchecked:
+	case output.DecisionUnchecked:
 		r.Unchecked++
-	case consumer.DecisionCapped:
+	case output.DecisionCapped:
 		r.Capped++
 		r.ByCap[o.Cap]++
-	case consumer.DecisionDLQ:
+	case output.DecisionDLQ:
 		r.DLQ++
-	case consumer.DecisionHeld:
+	case output.DecisionHeld:
 		r.Held++
 	}
 	switch o.Arbitration {
@@ -338,7 +339,7 @@ func (c *checker) account(o *Output) {
 			c.arbitrated[s.JobID] = o.Arbitration
 		}
 	}
-	if o.HoldCount > 0 && o.Decision != consumer.DecisionDuplicate { // a duplicate's time is its first decision's
+	if o.HoldCount > 0 && o.Decision != output.DecisionDuplicate { // a duplicate's time is its first decision's
 		lag := o.at().Sub(o.DueAt)
 		c.releaseLag = append(c.releaseLag, float64(lag.Microseconds())/1000)
 		if lag < 0 {
@@ -354,11 +355,11 @@ func (c *checker) account(o *Output) {
 		return
 	}
 	c.jobRoles[s.JobID] = c.jobRoles[s.JobID].with(o.Role)
-	if o.Role == RoleAllowed && o.Decision != consumer.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
+	if o.Role == RoleAllowed && o.Decision != output.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
 		c.r.Violations++
 		c.r.problem("job %q allowed at %s, at or after its expires_at %s", s.JobID, o.at().Format(time.RFC3339Nano), s.ExpiresAt.Format(time.RFC3339Nano))
 	}
-	if o.Role != RoleAllowed || o.Decision == consumer.DecisionUnchecked || c.j.exempt[category(s)] {
+	if o.Role != RoleAllowed || o.Decision == output.DecisionUnchecked || c.j.exempt[category(s)] {
 		return
 	}
 	if c.allowed[s.UserID] == nil {
@@ -649,50 +650,51 @@ func ReadOutputs(ctx context.Context, c ReadConfig) ([]Output, error) {
 	held := map[string]time.Time{}       // ids of want held (latest due) without a final output yet
 	found := 0                           // ids of want with a final output
 	lastNew := time.Now()
-	group := fmt.Sprintf("capper-report-%d", time.Now().UnixNano())
-	var wg sync.WaitGroup
-	errs := make(chan error, len(topics))
+	roles := map[string]string{} // topic -> role
+	var names []string
 	for role, topic := range topics {
-		wg.Add(1)
-		go func(role, topic string) {
-			defer wg.Done()
-			rd := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Dialer: dialer, GroupID: group + "-" + role, Topic: topic,
-				MaxWait: 250 * time.Millisecond, StartOffset: kafka.FirstOffset, MaxBytes: 16 << 20, QueueCapacity: 10000})
-			defer rd.Close()
-			in := interner{}
-			for {
-				m, err := rd.FetchMessage(ctx) // no commits: the group is this report's own, used once
-				if err != nil {
-					if ctx.Err() == nil {
-						errs <- fmt.Errorf("report: read %s: %w", topic, err)
-					}
-					return
-				}
-				o, err := parseOutput(role, m, in)
-				if err != nil {
-					errs <- err
-					return
-				}
-				mu.Lock()
-				outs = append(outs, o)
-				switch {
-				case role == RoleHeld:
-					lastNew = time.Now()
-					if want[o.ID] && !seen[o.ID] && o.DueAt.After(held[o.ID]) {
-						held[o.ID] = o.DueAt
-					}
-				case !seen[o.ID]:
-					seen[o.ID] = true
-					lastNew = time.Now()
-					delete(held, o.ID)
-					if want[o.ID] {
-						found++
-					}
-				}
-				mu.Unlock()
-			}
-		}(role, topic)
+		roles[topic] = role
+		names = append(names, topic)
 	}
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		in := map[string]interner{} // per topic: its reader's goroutine's own
+		for _, t := range names {
+			in[t] = interner{}
+		}
+		err := output.Read(ctx, output.ReadConfig{Brokers: brokers, Dialer: dialer, Topics: names,
+			Group: fmt.Sprintf("capper-report-%d", time.Now().UnixNano())}, func(m *output.Message) error {
+			role := roles[m.Topic]
+			o, err := parseOutput(role, m, in[m.Topic])
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			outs = append(outs, o)
+			switch {
+			case role == RoleHeld:
+				lastNew = time.Now()
+				if want[o.ID] && !seen[o.ID] && o.DueAt.After(held[o.ID]) {
+					held[o.ID] = o.DueAt
+				}
+			case !seen[o.ID]:
+				seen[o.ID] = true
+				lastNew = time.Now()
+				delete(held, o.ID)
+				if want[o.ID] {
+					found++
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			errs <- err
+		}
+	}()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	lastProgress := time.Now()
@@ -749,8 +751,8 @@ func (in interner) get(s string) string {
 	return c
 }
 
-func parseOutput(role string, m kafka.Message, in interner) (Output, error) {
-	o := Output{Role: role, Time: m.Time}
+func parseOutput(role string, m *output.Message, in interner) (Output, error) {
+	o := Output{Role: role, Time: m.Time, Output: m.Output}
 	for _, h := range m.Headers {
 		switch h.Key {
 		case HeaderID:
@@ -761,9 +763,8 @@ func parseOutput(role string, m kafka.Message, in interner) (Output, error) {
 			}
 		}
 	}
-	var err error
-	if o.Output, err = consumer.ParseOutput(m.Headers); err != nil {
-		return o, fmt.Errorf("report: %s partition %d offset %d (loadgen id %q): %w", m.Topic, m.Partition, m.Offset, o.ID, err)
+	if m.Err != nil {
+		return o, fmt.Errorf("report: %s partition %d offset %d (loadgen id %q): %w", m.Topic, m.Partition, m.Offset, o.ID, m.Err)
 	}
 	o.Decision, o.Segment, o.Cap, o.Reason, o.Arbitration = in.get(o.Decision), in.get(o.Segment), in.get(o.Cap), in.get(o.Reason), in.get(o.Arbitration)
 	return o, nil

@@ -25,8 +25,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/capping"
-	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/segments/segtool"
 )
 
@@ -298,9 +298,9 @@ func (s *Stack) produceTo(topic string, msgs []kafka.Message) {
 }
 
 // Output is one message on an output topic: what capper says of it
-// (consumer.ParseOutput), its topic, and its job's id and user.
+// (output.Parse), its topic, and its job's id and user.
 type Output struct {
-	consumer.Output
+	output.Output
 	Topic, JobID string
 	User         uint32
 }
@@ -379,38 +379,29 @@ func (s *Stack) collect(topics []string, done func([]Output) bool, timeout time.
 	defer cancel()
 	var mu sync.Mutex
 	var outs []Output
-	var wg sync.WaitGroup
-	for _, topic := range topics {
-		wg.Add(1)
-		go func(topic string) {
-			defer wg.Done()
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, GroupTopics: []string{topic}, GroupID: Unique("reader"), MaxWait: 200 * time.Millisecond, StartOffset: kafka.FirstOffset, Dialer: s.dialer})
-			defer r.Close()
-			for {
-				m, err := r.FetchMessage(ctx)
-				if err != nil {
-					return
-				}
-				o := Output{Topic: topic}
-				if o.Output, err = consumer.ParseOutput(m.Headers); err != nil {
-					s.T.Errorf("%s offset %d: %v", topic, m.Offset, err)
-				}
-				var j struct {
-					JobID  string `json:"job_id"`
-					UserID uint32 `json:"user_id"`
-				}
-				_ = json.Unmarshal(m.Value, &j)
-				o.JobID, o.User = j.JobID, j.UserID
-				mu.Lock()
-				outs = append(outs, o)
-				if done(outs) {
-					cancel()
-				}
-				mu.Unlock()
-			}
-		}(topic)
+	err := output.Read(ctx, output.ReadConfig{Brokers: s.Brokers, Dialer: s.dialer, Topics: topics, Group: Unique("reader"),
+		MaxWait: 200 * time.Millisecond}, func(m *output.Message) error {
+		if m.Err != nil {
+			s.T.Errorf("%s offset %d: %v", m.Topic, m.Offset, m.Err)
+		}
+		o := Output{Output: m.Output, Topic: m.Topic}
+		var j struct {
+			JobID  string `json:"job_id"`
+			UserID uint32 `json:"user_id"`
+		}
+		_ = json.Unmarshal(m.Value, &j)
+		o.JobID, o.User = j.JobID, j.UserID
+		mu.Lock()
+		defer mu.Unlock()
+		outs = append(outs, o)
+		if done(outs) {
+			cancel()
+		}
+		return nil
+	})
+	if err != nil {
+		s.T.Errorf("collect %v: %v", topics, err)
 	}
-	wg.Wait()
 	return outs
 }
 

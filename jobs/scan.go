@@ -1,4 +1,4 @@
-package consumer
+package jobs
 
 import (
 	"hash/maphash"
@@ -6,12 +6,12 @@ import (
 	"unique"
 )
 
-// scanJob is DecodeJob's fast path: one pass over the message that fills r
+// scanJob is Decode's fast path: one pass over the message that fills r
 // without reflection, validating every byte as JSON (the payload and any
 // unknown field included). It handles the messages schedulers write: an
 // object whose known fields have their exact names, once each, with plain
 // strings (no escapes, ASCII), a user_id of plain digits and a list of
-// plain strings for tags. For anything else it returns false and DecodeJob
+// plain strings for tags. For anything else it returns false and Decode
 // uses encoding/json, whose answer (and error message) is the reference:
 // FuzzScanJobMatchesEncodingJSON holds the two together.
 func scanJob(b []byte, r *rawJob) bool {

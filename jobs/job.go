@@ -1,4 +1,4 @@
-package consumer
+package jobs
 
 import (
 	"encoding/json"
@@ -49,10 +49,14 @@ type Job struct {
 
 // AllTags returns the job's category followed by its tags, without repeats:
 // what the log records and tag scopes match.
-func (j *Job) AllTags() []string {
-	out := make([]string, 1, 1+len(j.Tags))
-	out[0] = j.Category
-	for _, t := range j.Tags {
+func (j *Job) AllTags() []string { return AllTags(j.Category, j.Tags) }
+
+// AllTags returns category followed by tags, without repeats: the tags of a
+// job or an event, as the log records them and tag scopes match them.
+func AllTags(category string, tags []string) []string {
+	out := make([]string, 1, 1+len(tags))
+	out[0] = category
+	for _, t := range tags {
 		if !slices.Contains(out, t) {
 			out = append(out, t)
 		}
@@ -60,7 +64,7 @@ func (j *Job) AllTags() []string {
 	return out
 }
 
-// Bounds of a job's fields.
+// Bounds of a job's fields, and of an event's.
 const (
 	MaxJobIDBytes = 128
 	MaxTags       = 8
@@ -70,10 +74,17 @@ const (
 // DefaultCategory is the category of a job that names none.
 const DefaultCategory = "marketing"
 
-// ErrMalformed wraps every reason a message is not a valid job.
-var ErrMalformed = errors.New("malformed job")
+// ErrMalformed wraps every reason a message is not a valid job or event: it
+// can never be decided, and goes to the dead-letter topic with its reason.
+var ErrMalformed = errors.New("malformed")
 
-// rawJob is what DecodeJob reads. The payload is not a field: json still
+// Malformed returns the error of a message that is not a valid job: "malformed
+// job: " and the reason, wrapping ErrMalformed.
+func Malformed(format string, args ...any) error {
+	return fmt.Errorf("%w job: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+// rawJob is what Decode reads. The payload is not a field: json still
 // checks that it is valid JSON, but nothing copies it.
 type rawJob struct {
 	JobID      string   `json:"job_id"`
@@ -88,7 +99,7 @@ type rawJob struct {
 }
 
 // userID parses a JSON number into 0..4294967295 without allocating (a
-// user_id, or a priority: DecodeJob checks its range).
+// user_id, or a priority: Decode checks its range).
 type userID struct {
 	v   uint32
 	set bool
@@ -104,22 +115,20 @@ func (u *userID) UnmarshalJSON(b []byte) error {
 	f, err := strconv.ParseFloat(string(b), 64)
 	switch {
 	case err != nil:
-		u.err = fmt.Sprintf("user_id is not a number: %s", truncate(string(b), 40))
+		u.err = fmt.Sprintf("user_id is not a number: %s", Truncate(string(b), 40))
 	case f < 0 || f > math.MaxUint32 || f != math.Trunc(f):
-		u.err = fmt.Sprintf("user_id %s is not an integer in 0..4294967295", truncate(string(b), 40))
+		u.err = fmt.Sprintf("user_id %s is not an integer in 0..4294967295", Truncate(string(b), 40))
 	default:
 		u.v = uint32(f) // e.g. 1e3 or 12.0
 	}
 	return nil
 }
 
-// DecodeJob parses and validates one message value. Errors wrap ErrMalformed
-// and say what is wrong; it never panics.
-func DecodeJob(value []byte, maxBytes int) (Job, error) {
+// Decode parses and validates one message value of the input topic. Errors
+// wrap ErrMalformed and say what is wrong; it never panics.
+func Decode(value []byte, maxBytes int) (Job, error) {
 	var err error
-	bad := func(format string, args ...any) (Job, error) {
-		return Job{}, fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
-	}
+	bad := func(format string, args ...any) (Job, error) { return Job{}, Malformed(format, args...) }
 	if maxBytes > 0 && len(value) > maxBytes {
 		return bad("message of %d bytes exceeds %d", len(value), maxBytes)
 	}
@@ -154,7 +163,7 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 	}
 	for _, t := range r.Tags {
 		if t == "" || len(t) > MaxTagBytes {
-			return bad("tag %q is not 1..%d bytes", truncate(t, 40), MaxTagBytes)
+			return bad("tag %q is not 1..%d bytes", Truncate(t, 40), MaxTagBytes)
 		}
 	}
 	switch p := r.Priority; {
@@ -173,7 +182,7 @@ func DecodeJob(value []byte, maxBytes int) (Job, error) {
 	if r.ExpiresAt != "" {
 		t, err := time.Parse(time.RFC3339Nano, r.ExpiresAt)
 		if err != nil {
-			return bad("expires_at %q is not an RFC 3339 time", truncate(r.ExpiresAt, 40))
+			return bad("expires_at %q is not an RFC 3339 time", Truncate(r.ExpiresAt, 40))
 		}
 		j.ExpiresAt = t
 	}
@@ -193,7 +202,8 @@ func jsonKind(k reflect.Kind) string {
 	return "number"
 }
 
-func truncate(s string, n int) string {
+// Truncate shortens s to n bytes and "..." for an error message.
+func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

@@ -1,4 +1,4 @@
-package consumer
+package jobs
 
 import (
 	"encoding/json"
