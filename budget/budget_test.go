@@ -13,25 +13,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	. "github.com/capper-dev/capper/budget"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-// clock is a settable test clock.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
-
-func newBudgets(t *testing.T, c *clock, noLease bool) (*Budgets, *redis.ClusterClient) {
+func newBudgets(t *testing.T, c *testclock.Clock, noLease bool) (*Budgets, *redis.ClusterClient) {
 	t.Helper()
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
 	t.Cleanup(func() { rdb.Close() })
 	cfg := Config{Client: rdb, KeyPrefix: testenv.Unique("bt"), NoLease: noLease}
 	if c != nil {
-		cfg.Clock = c.now
+		cfg.Clock = c.Now
 	}
 	b, err := New(cfg)
 	if err != nil {
@@ -61,7 +53,7 @@ func granted(gs []Grant) int {
 // TestBucketArithmetic: with a fixed clock, a window of 1 s in Buckets
 // buckets: tokens come back when their bucket leaves the window, not before.
 func TestBucketArithmetic(t *testing.T) {
-	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket boundary
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket boundary
 	b, _ := newBudgets(t, c, true)
 	spec := &Spec{Name: "b", Limit: 10, Window: time.Second}
 	ctx := context.Background()
@@ -76,7 +68,7 @@ func TestBucketArithmetic(t *testing.T) {
 	if got := granted(take(4)); got != 4 { // bucket 0 ms
 		t.Fatalf("granted %d of 4", got)
 	}
-	c.add(250 * time.Millisecond) // a later bucket
+	c.Add(250 * time.Millisecond) // a later bucket
 	gs := take(8)
 	if got := granted(gs); got != 6 {
 		t.Fatalf("granted %d, want the 6 left", got)
@@ -87,12 +79,12 @@ func TestBucketArithmetic(t *testing.T) {
 	if !gs[6].RetryAt.Equal(leaves) {
 		t.Errorf("refused job retries at %v, want when the first bucket leaves the window (%v)", gs[6].RetryAt, leaves)
 	}
-	c.t = leaves.Add(-time.Millisecond) // the first bucket still counts
-	ForgetRefusal(b, "b")               // ask Redis, not the cached answer
+	c.Set(leaves.Add(-time.Millisecond)) // the first bucket still counts
+	ForgetRefusal(b, "b")                // ask Redis, not the cached answer
 	if got := granted(take(1)); got != 0 {
 		t.Errorf("1 ms before it leaves: granted %d, want 0", got)
 	}
-	c.t = leaves // now it has left: its 4 tokens are back
+	c.Set(leaves) // now it has left: its 4 tokens are back
 	ForgetRefusal(b, "b")
 	if got := granted(take(5)); got != 4 {
 		t.Errorf("when it leaves: granted %d, want the 4 of the first bucket", got)
@@ -108,14 +100,14 @@ func TestBucketArithmetic(t *testing.T) {
 // buckets' counts), continuing across calls, and past the window's buckets
 // at the same times a window later.
 func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
-	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
 	b, _ := newBudgets(t, c, true)
 	spec := &Spec{Name: "r", Limit: 100, Window: time.Second}
 	ctx := context.Background()
 	gs, _ := b.Take(ctx, wants(spec, "r", 60)) // 60 in the first bucket
-	c.add(100 * time.Millisecond)
+	c.Add(100 * time.Millisecond)
 	gs2, _ := b.Take(ctx, wants(spec, "r", 150)) // 40 in the second, 110 refused
-	c.add(10 * time.Millisecond)
+	c.Add(10 * time.Millisecond)
 	gs3, _ := b.Take(ctx, wants(spec, "r", 20)) // refused without a call
 	at := func(ms int) time.Time { return time.UnixMilli(1_800_000_000_000 + int64(ms)) }
 	count := map[time.Time]int{}
@@ -140,7 +132,7 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	if gs, _ = b.Take(ctx, wants(spread, "rs", 12)); granted(gs) != 12 {
 		t.Fatalf("spread, idle: %d of 12 granted, want all", granted(gs))
 	}
-	c.add(time.Millisecond)
+	c.Add(time.Millisecond)
 	gs, _ = b.Take(ctx, wants(spread, "rs", 70))
 	count = map[time.Time]int{}
 	for _, g := range gs {
@@ -148,7 +140,7 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 			count[g.RetryAt]++
 		}
 	}
-	now := c.now().UnixMilli() - 1_800_000_000_000
+	now := c.Now().UnixMilli() - 1_800_000_000_000
 	next := int(now) - int(now)%w + w
 	want = map[time.Time]int{at(next): 3, at(next + w): 3, at(next + 2*w): 3, at(next + 3*w): 1}
 	if granted(gs) != 60 || !maps.Equal(count, want) {
@@ -164,7 +156,7 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 // job's max_hold (bench-budget, 100 s of demand: from the 66th second every
 // refused send was capped at once, and windows got 87% of the limit).
 func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
-	c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
 	b, _ := newBudgets(t, c, true)
 	spec := &Spec{Name: "u", Limit: 300, Window: time.Second, Spread: true} // 3 per bucket
 	ctx := context.Background()
@@ -172,10 +164,10 @@ func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 		t.Fatalf("idle: %d of 300 granted, want all", granted(gs))
 	}
 	w := time.Second / Buckets
-	back := c.now().Add(time.Second + w) // the first bucket leaves the window
+	back := c.Now().Add(time.Second + w) // the first bucket leaves the window
 	ws := wants(spec, "u", 6)
 	for i := range 3 {
-		ws[i].Until = c.now().Add(time.Second) // capped beyond max_hold before then
+		ws[i].Until = c.Now().Add(time.Second) // capped beyond max_hold before then
 	}
 	gs, _ := b.Take(ctx, ws)
 	for i, g := range gs {
@@ -203,7 +195,7 @@ func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 // wait it never did.) Simulated on a fixed clock, a bucket at a time.
 func TestSpreadDeliversEveryWindow(t *testing.T) {
 	perWindow := func(burst bool) []int {
-		c := &clock{t: time.UnixMilli(1_800_000_000_000)} // a bucket's start
+		c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
 		b, _ := newBudgets(t, c, false)
 		spec := &Spec{Name: "spread", Limit: 100, Window: time.Second, Spread: !burst}
 		width := time.Second / Buckets
@@ -217,7 +209,7 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 				windows = append(windows, 0)
 			}
 			windows[len(windows)-1] += granted(gs)
-			c.add(width)
+			c.Add(width)
 		}
 		return windows
 	}
@@ -233,7 +225,7 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 
 // TestLeaseSizing: a lease grows while it is used up and shrinks when it lapses.
 func TestLeaseSizing(t *testing.T) {
-	c := &clock{t: time.UnixMilli(1_800_000_000_000)}
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "l", Limit: 10_000, Window: 10 * time.Second} // at most 1,000 per lease
 	ctx := context.Background()
@@ -246,7 +238,7 @@ func TestLeaseSizing(t *testing.T) {
 		t.Errorf("after a run of used-up leases the lease size is %d, want it grown", LeaseSize(b, "l"))
 	}
 	grown := LeaseSize(b, "l")
-	c.add(2 * time.Second) // the lease's bucket ends unused
+	c.Add(2 * time.Second) // the lease's bucket ends unused
 	if _, err := b.Take(ctx, wants(spec, "l", 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -380,8 +372,8 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 // hands its tokens to the wants that asked for them: sends within the budget
 // are not refused, and no more tokens are counted than were used.
 func TestTokensOfASlowCall(t *testing.T) {
-	c := &clock{t: time.UnixMilli(1_800_000_000_050)} // half-way through a 100 ms bucket
-	b, _ := newBudgets(t, c, true)                    // no lease: each call asks for the demand alone
+	c := testclock.At(time.UnixMilli(1_800_000_000_050)) // half-way through a 100 ms bucket
+	b, _ := newBudgets(t, c, true)                       // no lease: each call asks for the demand alone
 	SetScripter(b, slowScripter{Scripter(b), c})
 	spec := &Spec{Name: "slow", Limit: 3, Window: time.Second}
 	gs, err := b.Take(context.Background(), wants(spec, "slow", 3))
@@ -399,12 +391,12 @@ func TestTokensOfASlowCall(t *testing.T) {
 // slowScripter moves the test clock 150 ms on during each script call.
 type slowScripter struct {
 	redis.Scripter
-	c *clock
+	c *testclock.Clock
 }
 
 func (s slowScripter) EvalSha(ctx context.Context, sha string, keys []string, args ...any) *redis.Cmd {
 	cmd := s.Scripter.EvalSha(ctx, sha, keys, args...)
-	s.c.add(150 * time.Millisecond)
+	s.c.Add(150 * time.Millisecond)
 	return cmd
 }
 
@@ -413,7 +405,7 @@ func (s slowScripter) EvalSha(ctx context.Context, sha string, keys []string, ar
 // a process that sees a new campaign every day does not grow for ever. A key
 // in use keeps its state.
 func TestIdleKeysAreDropped(t *testing.T) {
-	c := &clock{t: time.UnixMilli(1_800_000_000_000)}
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "campaign", Limit: 100, Window: time.Second}
 	ctx := context.Background()
@@ -422,7 +414,7 @@ func TestIdleKeysAreDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 999 {
-			c.add(2 * time.Second) // the first thousand campaigns are over
+			c.Add(2 * time.Second) // the first thousand campaigns are over
 		}
 	}
 	if _, err := b.Take(ctx, wants(spec, "campaign:1499", 1)); err != nil {

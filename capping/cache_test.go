@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -54,7 +55,7 @@ func capSets(day time.Time, campaign string) [][]capping.Cap {
 // daemon's preferences-cache group does).
 func TestNearCacheDecidesAsRedis(t *testing.T) {
 	rdb := testenv.ClusterClient(t)
-	clk := &clock{t: base}
+	clk := testclock.At(base)
 	ctx := context.Background()
 	newLim := func(cache int) *capping.Limiter {
 		// Without the cache, every decision by the script (the reference): no new logs by SET NX either.
@@ -230,7 +231,7 @@ func diff(a, b capping.Decision) string {
 // (written back whole), so the copy is cut from the middle of a log.
 func TestNearCacheCopiesTheLogThatFillsACap(t *testing.T) {
 	ctx := context.Background()
-	clk := &clock{t: base}
+	clk := testclock.At(base)
 	lim, err := capping.New(ctx, testenv.ClusterClient(t), capping.Config{KeyPrefix: testenv.Unique("ncfill"), Clock: clk.Now, NearCache: 100})
 	if err != nil {
 		t.Fatal(err)

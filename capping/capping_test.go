@@ -6,25 +6,15 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/internal/testenv"
 )
-
-// clock is a settable clock for deterministic window edges.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Set(t time.Time)     { c.mu.Lock(); c.t = t; c.mu.Unlock() }
-func (c *clock) Add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
 // base is a Monday 10:00 UTC; the steps below cross day and week boundaries.
 var base = time.Date(2026, 11, 16, 10, 0, 0, 0, time.UTC)
@@ -32,7 +22,7 @@ var base = time.Date(2026, 11, 16, 10, 0, 0, 0, time.UTC)
 type env struct {
 	rdb   *redis.ClusterClient
 	lim   *capping.Limiter
-	clock *clock
+	clock *testclock.Clock
 }
 
 // newEnv returns a Limiter on the test cluster with its own key prefix, on a
@@ -40,7 +30,7 @@ type env struct {
 func newEnv(t *testing.T, opts ...func(*capping.Config)) *env {
 	t.Helper()
 	rdb := testenv.ClusterClient(t)
-	clk := &clock{t: base}
+	clk := testclock.At(base)
 	cfg := capping.Config{KeyPrefix: testenv.Unique("t"), Clock: clk.Now}
 	for _, o := range opts {
 		o(&cfg)

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestNewLogIsTheScriptsLog(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.ClusterClient(t)
-	clk := &clock{t: base}
+	clk := testclock.At(base)
 	prefix := testenv.Unique("newlog")
 	script, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, ScriptOnly: true, ClockMargin: time.Minute})
 	if err != nil {
@@ -131,7 +132,7 @@ func TestNewLogIsTheScriptsLog(t *testing.T) {
 
 // twoWorkers returns two Limiters on one key prefix and clock: mine, with a
 // near cache, and another worker's, which decides by the script alone.
-func twoWorkers(t *testing.T, rdb *redis.ClusterClient, clk *clock, name string) (mine, other *capping.Limiter) {
+func twoWorkers(t *testing.T, rdb *redis.ClusterClient, clk *testclock.Clock, name string) (mine, other *capping.Limiter) {
 	t.Helper()
 	prefix := testenv.Unique(name)
 	mine, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, NearCache: 100})
@@ -151,7 +152,7 @@ func twoWorkers(t *testing.T, rdb *redis.ClusterClient, clk *clock, name string)
 // log as it is (here: capped by the other worker's send, which the copy
 // does not hold).
 func TestCopyAppendFindsTheLogChanged(t *testing.T) {
-	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), &clock{t: base}
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), testclock.At(base)
 	mine, other := twoWorkers(t, rdb, clk, "copystale")
 	two := capping.Cap{Name: "two", Window: capping.Daily, Limit: 2}
 	send := func(l *capping.Limiter, id string) capping.Decision {
@@ -186,7 +187,7 @@ func TestCopyAppendFindsTheLogChanged(t *testing.T) {
 // one (set by another worker: this one's copy is not dropped yet), the script
 // finds it and decides in full, so the preference applies.
 func TestCopyAppendReadsPreferences(t *testing.T) {
-	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), &clock{t: base}
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), testclock.At(base)
 	mine, other := twoWorkers(t, rdb, clk, "copyprefs")
 	three := capping.Cap{Name: "three", Window: capping.Daily, Limit: 3}
 	send := func(id string) capping.Decision {
@@ -230,7 +231,7 @@ func TestCopyAppendReadsPreferences(t *testing.T) {
 func TestNewLogFindsALog(t *testing.T) {
 	ctx := context.Background()
 	rdb := testenv.ClusterClient(t)
-	clk := &clock{t: base}
+	clk := testclock.At(base)
 	prefix := testenv.Unique("newlogfound")
 	limiter := func() *capping.Limiter {
 		l, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now})
@@ -323,7 +324,7 @@ func TestNewLogOnlyWhereNothingElseDecides(t *testing.T) {
 // the script alone writes it if the user has no preferences, and decided in
 // full (refused, here) if the user has one.
 func TestNewLogReadsPreferences(t *testing.T) {
-	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), &clock{t: base}
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), testclock.At(base)
 	mine, _ := twoWorkers(t, rdb, clk, "newlogprefs")
 	ref, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: testenv.Unique("newlogprefsref"), Clock: clk.Now, ScriptOnly: true})
 	if err != nil {

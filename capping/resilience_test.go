@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -114,7 +115,7 @@ func TestConcurrentDecisionsNeverOverSend(t *testing.T) {
 func TestNodeErrorFailsOnlyItsUsers(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t), ReadTimeout: 300 * time.Millisecond, MaxRedirects: 1})
 	t.Cleanup(func() { rdb.Close() })
-	clk := &clock{t: base}
+	clk := testclock.At(base)
 	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: testenv.Unique("t"), Clock: clk.Now, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -54,7 +54,7 @@ type decided struct {
 // prepare takes one batch through its steps and builds its outputs. It
 // returns an error only when ctx ends before the batch is decided.
 func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, error) {
-	start := w.cfg.Now()
+	start := w.cfg.Clock()
 	var trips0 uint64
 	if w.cfg.RoundTrips != nil {
 		trips0 = w.cfg.RoundTrips()
@@ -266,7 +266,7 @@ func (w *Worker) decide(ctx context.Context, es []entry) error {
 	reqs := w.buf.reqs[:0]
 	defer func() { clear(reqs); w.buf.reqs = reqs }()
 	for len(pending) > 0 {
-		now := w.cfg.Now()
+		now := w.cfg.Clock()
 		reqs = reqs[:0]
 		for _, i := range pending {
 			e := &es[i]

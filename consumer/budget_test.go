@@ -104,7 +104,7 @@ func TestBudgetTokensFollowTheOutcome(t *testing.T) {
 		}
 		return capping.Decision{Allowed: true, At: t0}, nil
 	}}
-	h := start(t, consumer.Config{Rules: budgetRules(t), Decider: d, Budgets: b, Now: func() time.Time { return t0 }, BatchSize: 3})
+	h := start(t, consumer.Config{Rules: budgetRules(t), Decider: d, Budgets: b, Clock: func() time.Time { return t0 }, BatchSize: 3})
 	h.send(smsJob("sent", 1), smsJob("capped", 2), smsJob("dup", 3))
 	outs := byJob(h.waitOutputs(t, 3))
 	for id, want := range map[string]string{"sent": "allowed", "capped": "capped", "dup": "duplicate"} {
@@ -132,7 +132,7 @@ func TestBudgetShortHoldsOrCaps(t *testing.T) {
 			}
 			return budget.Grant{OK: true}, nil
 		}}
-		cfg := consumer.Config{Rules: budgetRules(t), Budgets: b, Now: func() time.Time { return t0 }}
+		cfg := consumer.Config{Rules: budgetRules(t), Budgets: b, Clock: func() time.Time { return t0 }}
 		if tiers {
 			cfg.Wheel = wheel(t)
 		}
@@ -180,7 +180,7 @@ func TestBudgetFailureIsRetried(t *testing.T) {
 		}
 		return budget.Grant{OK: true}, nil
 	}}
-	h := start(t, consumer.Config{Rules: budgetRules(t), Budgets: b, Now: func() time.Time { return t0 }})
+	h := start(t, consumer.Config{Rules: budgetRules(t), Budgets: b, Clock: func() time.Time { return t0 }})
 	h.send(smsJob("a", 1))
 	o := h.waitOutputs(t, 1)[0]
 	if header(o, output.HeaderDecision) != "allowed" {

@@ -62,10 +62,10 @@ type EventConfig struct {
 	// (the clocks' bound, max_clock_skew); later ones are dead-lettered.
 	MaxFuture time.Duration
 	// BatchSize, BatchWait, CommitTimeout, RetryMin, RetryMax, RedisRetryMin,
-	// RedisRetryMax, Now, Logger and Faults are as in Config.
+	// RedisRetryMax, Clock, Logger and Faults are as in Config.
 	BatchSize                                                                  int
 	BatchWait, CommitTimeout, RetryMin, RetryMax, RedisRetryMin, RedisRetryMax time.Duration
-	Now                                                                        func() time.Time
+	Clock                                                                      func() time.Time
 	Logger                                                                     *slog.Logger
 	Faults                                                                     *ReaderFaults
 	// Metrics are the workers' (for capper_errors_total); EventMetrics this
@@ -136,8 +136,8 @@ func NewEventWorker(cfg EventConfig) (*EventWorker, error) {
 	cfg.CommitTimeout = cmp.Or(cfg.CommitTimeout, 10*time.Second)
 	cfg.RetryMin, cfg.RetryMax = cmp.Or(cfg.RetryMin, 100*time.Millisecond), cmp.Or(cfg.RetryMax, 5*time.Second)
 	cfg.RedisRetryMin, cfg.RedisRetryMax = cmp.Or(cfg.RedisRetryMin, 50*time.Millisecond), cmp.Or(cfg.RedisRetryMax, 500*time.Millisecond)
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -204,7 +204,7 @@ func (w *EventWorker) handle(ctx context.Context, batch []kafka.Message) ([]kafk
 // record records the batch's external sends at their sent_at.
 func (w *EventWorker) record(ctx context.Context, batch []kafka.Message, deadLetter func(*kafka.Message, string)) error {
 	m := w.cfg.EventMetrics.external
-	now := w.cfg.Now()
+	now := w.cfg.Clock()
 	retention := w.cfg.Rules().Retention()
 	var reqs []capping.Request
 	for i := range batch {

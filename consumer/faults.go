@@ -1,10 +1,10 @@
 package consumer
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
-	"regexp"
-	"strconv"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,21 +30,21 @@ import (
 // A reader can also stall without a refusal: kafka-go retries every other
 // failure inside, and a reader that cannot fetch looks exactly like one with
 // nothing to fetch. CheckStall, called every few seconds, tells them apart: a
-// reader that has partitions assigned and has not fetched for a bound while
-// those partitions hold messages not yet committed is stalled, and not ready,
-// until it fetches again.
+// reader that has partitions assigned (the group's own answer says which) and
+// has not fetched for a bound while those partitions hold messages not yet
+// committed is stalled, and not ready, until it fetches again.
 type ReaderFaults struct {
 	// What names the reader in log lines, e.g. "topic sends, group capper".
 	What   string
 	Logger *slog.Logger
-	// Now defaults to time.Now.
-	Now func() time.Time
+	// Clock defaults to time.Now.
+	Clock func() time.Time
 
 	last atomic.Int64 // unix nanoseconds of the newest permanent failure; 0: none since the last fetch
-	// The stall watch: the newest fetch (or assignment, or the first look),
-	// the partitions of the current assignment, whether it is stalled.
+	// The stall watch: the newest fetch (or new assignment, or the first
+	// look), the partitions of the assignment last read, whether it is stalled.
 	fetched atomic.Int64
-	parts   atomic.Pointer[[]int]
+	parts   []int // nil: not read yet (CheckStall's goroutine alone uses it)
 	stalled atomic.Bool
 	mu      sync.Mutex
 	logged  map[string]time.Time // cause -> when it was last logged
@@ -58,8 +58,8 @@ const (
 )
 
 func (f *ReaderFaults) now() time.Time {
-	if f.Now != nil {
-		return f.Now()
+	if f.Clock != nil {
+		return f.Clock()
 	}
 	return time.Now()
 }
@@ -123,77 +123,70 @@ func (f *ReaderFaults) Fetched() {
 	}
 }
 
-// assigned records the partitions of a new assignment: the reader could not
-// fetch them before, so its idle time starts now.
-func (f *ReaderFaults) assigned(parts []int) {
-	f.parts.Store(&parts)
-	f.fetched.Store(f.now().UnixNano())
-}
-
-// CheckStall decides whether the reader is stalled: it has partitions
-// assigned, has not fetched for bound, is not waiting for a message's due
-// time (a delay tier's head: waiting), and lag reports messages of those
-// partitions not yet committed, or cannot tell (the broker that does not
-// serve the reader does not answer lag either). lag is only asked when the
-// rest holds. A stall is logged at error when it starts (how long the reader
-// has been idle, the messages waiting or lag's error); it ends at the next
-// fetch, or when lag finds nothing waiting. lag's error is returned.
-func (f *ReaderFaults) CheckStall(bound time.Duration, waiting bool, lag func(parts []int) (int64, error)) error {
+// CheckStall decides whether the reader is stalled: it has not fetched for
+// bound, is not waiting for a message's due time (a delay tier's head:
+// waiting), has partitions assigned (assignment, the group's answer, read
+// only then; when it cannot be read, the last one read counts), and lag
+// reports messages of those partitions not yet committed, or cannot tell (the
+// broker that does not serve the reader does not answer lag either). An
+// assignment that differs from the last one read is new: the reader could not
+// fetch its partitions before, so its idle time starts again. A stall is
+// logged at error when it starts (how long the reader has been idle, the
+// messages waiting or lag's error); it ends at the next fetch, or when lag
+// finds nothing waiting. CheckStall is called from one goroutine; the error
+// of assignment or lag is returned.
+func (f *ReaderFaults) CheckStall(bound time.Duration, waiting bool, assignment func() ([]int, error), lag func(parts []int) (int64, error)) error {
 	if f == nil {
 		return nil
 	}
 	now := f.now()
 	f.fetched.CompareAndSwap(0, now.UnixNano()) // the first look: idle from here
 	idle := now.Sub(time.Unix(0, f.fetched.Load()))
-	var parts []int
-	if p := f.parts.Load(); p != nil {
-		parts = *p
-	}
-	if len(parts) == 0 || idle < bound || waiting {
+	if idle < bound || waiting {
 		f.stalled.Store(false)
 		return nil
 	}
-	n, err := lag(parts)
-	if err == nil && n == 0 {
+	parts, err := assignment()
+	switch {
+	case err != nil && f.parts == nil:
+		f.stall(nil, idle, bound, 0, fmt.Errorf("its assignment: %w", err))
+		return err
+	case err != nil:
+		parts = f.parts
+	case f.parts != nil && !slices.Equal(parts, f.parts):
+		f.parts = parts // a new assignment: idle from now
+		f.fetched.Store(now.UnixNano())
 		f.stalled.Store(false)
 		return nil
+	default:
+		f.parts = parts
 	}
-	if !f.stalled.Swap(true) && f.Logger != nil {
-		waiting := any(n)
-		if err != nil {
-			waiting = "unknown: " + err.Error()
-		}
-		f.Logger.Error("the Kafka reader has not fetched while its partitions hold messages; not ready until it reads again",
-			"reader", f.What, "partitions", parts, "idle", idle.Round(time.Millisecond).String(), "waiting", waiting,
-			"bound", bound.String(), "fix", "see the reader's warnings (fetch, join, heartbeat) and the broker's state")
+	if len(parts) == 0 {
+		f.stalled.Store(false)
+		return err
 	}
-	return err
+	n, lerr := lag(parts)
+	if lerr == nil && n == 0 {
+		f.stalled.Store(false)
+		return err
+	}
+	f.stall(parts, idle, bound, n, lerr)
+	return cmp.Or(lerr, err)
 }
 
-// subscribed is the line kafka-go 0.4.51's group reader logs when it is
-// assigned partitions; its argument prints as map[{topic:T partition:N}:OFFSET ...].
-const subscribed = "subscribed to topics and partitions: %+v"
-
-var partitionOf = regexp.MustCompile(`partition:(\d+)\}`)
-
-// InfoLogger returns kafka-go's logger for the reader: it learns each
-// assignment from the line kafka-go logs when it subscribes (kafka-go tells
-// it no other way), and passes every line to next.
-func (f *ReaderFaults) InfoLogger(next kafka.Logger) kafka.LoggerFunc {
-	return func(msg string, args ...any) {
-		if f != nil && msg == subscribed && len(args) == 1 {
-			parts := []int{}
-			for _, m := range partitionOf.FindAllStringSubmatch(fmt.Sprintf("%+v", args[0]), -1) {
-				if p, err := strconv.Atoi(m[1]); err == nil {
-					parts = append(parts, p)
-				}
-			}
-			f.assigned(parts)
-		}
-		if next != nil {
-			next.Printf(msg, args...)
-		}
+// stall marks the reader stalled and logs it when the stall starts; with
+// unknown set, what waits could not be told.
+func (f *ReaderFaults) stall(parts []int, idle, bound time.Duration, n int64, unknown error) {
+	if f.stalled.Swap(true) || f.Logger == nil {
+		return
 	}
+	waiting := any(n)
+	if unknown != nil {
+		waiting = "unknown: " + unknown.Error()
+	}
+	f.Logger.Error("the Kafka reader has not fetched while its partitions hold messages; not ready until it reads again",
+		"reader", f.What, "partitions", parts, "idle", idle.Round(time.Millisecond).String(), "waiting", waiting,
+		"bound", bound.String(), "fix", "see the reader's warnings (fetch, join, heartbeat) and the broker's state")
 }
 
 // ErrorLogger returns kafka-go's error logger for the reader: a line whose

@@ -15,7 +15,7 @@ import (
 func TestReaderFaults(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	var logs bytes.Buffer
-	f := &ReaderFaults{What: "topic sends, group capper", Logger: slog.New(slog.NewTextHandler(&logs, nil)), Now: func() time.Time { return now }}
+	f := &ReaderFaults{What: "topic sends, group capper", Logger: slog.New(slog.NewTextHandler(&logs, nil)), Clock: func() time.Time { return now }}
 	errorLines := func() int { return strings.Count(logs.String(), "level=ERROR") }
 
 	if f.Report("fetch failed", errors.New("connection reset by peer")) || f.Failing() {
@@ -60,38 +60,51 @@ func TestReaderFaults(t *testing.T) {
 	}
 }
 
-// TestReaderStall: a reader with partitions that has not fetched for the
-// bound while they hold messages is stalled (not ready, one error line) until
-// it fetches again; an idle reader with nothing waiting, one without
-// partitions and a delay tier waiting for its head's due time are not.
+// TestReaderStall: a reader with partitions (the group's answer) that has
+// not fetched for the bound while they hold messages is stalled (not ready,
+// one error line) until it fetches again; an idle reader with nothing
+// waiting, one without partitions and a delay tier waiting for its head's due
+// time are not. A new assignment starts the idle time again; when the group
+// cannot be asked, the last assignment counts.
 func TestReaderStall(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	var logs bytes.Buffer
-	f := &ReaderFaults{What: "topic sends, group capper", Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Now: func() time.Time { return now }}
+	f := &ReaderFaults{What: "topic sends, group capper", Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Clock: func() time.Time { return now }}
 	const bound = 30 * time.Second
 	waiting := int64(0)
+	var assigned []int // the group's answer
+	var groupErr error
+	described := 0
+	assignment := func() ([]int, error) { described++; return assigned, groupErr }
 	var asked [][]int
 	lag := func(parts []int) (int64, error) { asked = append(asked, parts); return waiting, nil }
 	check := func(tier bool) {
 		t.Helper()
-		if err := f.CheckStall(bound, tier, lag); err != nil {
+		if err := f.CheckStall(bound, tier, assignment, lag); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	// No assignment yet: never stalled, lag not asked.
+	// Within the bound of the first look the group is not even asked.
 	check(false)
+	now = now.Add(bound - time.Millisecond)
+	check(false)
+	if described != 0 || len(asked) != 0 {
+		t.Fatalf("within the bound: the group asked %d times, lag %v", described, asked)
+	}
+	// No partitions: never stalled, lag not asked.
+	assigned = []int{}
 	now = now.Add(time.Hour)
 	check(false)
 	if f.Failing() || len(asked) != 0 {
 		t.Fatalf("a reader without partitions: failing %v, lag asked %v", f.Failing(), asked)
 	}
-	// kafka-go logs the assignment; the idle time starts there.
-	f.InfoLogger(nil)(subscribed, map[struct {
-		topic     string
-		partition int32
-	}]int64{{"sends", 0}: -2, {"sends", 3}: 12})
-	waiting = 7
+	// A new assignment: the idle time starts again.
+	assigned, waiting = []int{0, 3}, 7
+	check(false)
+	if f.Failing() || len(asked) != 0 {
+		t.Fatalf("at a new assignment: failing %v, lag asked %v", f.Failing(), asked)
+	}
 	now = now.Add(bound - time.Millisecond)
 	check(false)
 	if f.Failing() || len(asked) != 0 {
@@ -128,25 +141,42 @@ func TestReaderStall(t *testing.T) {
 	if f.Failing() {
 		t.Error("stalled on partitions with nothing waiting")
 	}
-	// Idle for the bound and the lag cannot be told (the broker does not answer): stalled.
-	if err := f.CheckStall(bound, false, func([]int) (int64, error) { return 0, errors.New("broker away") }); err == nil || !f.Failing() {
+	// Idle for the bound, the group and the lag cannot be told (the broker
+	// does not answer): the last assignment counts, stalled.
+	groupErr = errors.New("broker away")
+	asked = nil
+	if err := f.CheckStall(bound, false, assignment, func(parts []int) (int64, error) {
+		asked = append(asked, parts)
+		return 0, errors.New("broker away")
+	}); err == nil || !f.Failing() {
 		t.Errorf("a failed lag query: err %v, failing %v; want the error and stalled", err, f.Failing())
+	}
+	if fmt.Sprint(asked) != "[[0 3]]" {
+		t.Errorf("lag asked for %v while the group did not answer, want the last assignment [0 3]", asked)
 	}
 	if !strings.Contains(logs.String(), `"waiting":"unknown: broker away"`) {
 		t.Errorf("the second stall's line does not say the lag is unknown:\n%s", logs.String())
 	}
 	// A new assignment with no partitions (a replica beyond the partition count) is never stalled.
-	f.InfoLogger(nil)(subscribed, map[struct {
-		topic     string
-		partition int32
-	}]int64{})
+	f.Fetched()
+	groupErr, assigned = nil, []int{}
+	now = now.Add(2 * bound)
+	check(false)
 	now = now.Add(2 * bound)
 	check(false)
 	if f.Failing() {
 		t.Error("a reader assigned no partitions is stalled")
 	}
+	// A reader whose group never answered cannot tell its partitions: stalled, the error said.
+	g := &ReaderFaults{What: "topic sends, group other", Logger: slog.New(slog.NewJSONHandler(&logs, nil)), Clock: func() time.Time { return now }}
+	g.CheckStall(bound, false, assignment, lag)
+	now = now.Add(bound)
+	groupErr = errors.New("coordinator away")
+	if err := g.CheckStall(bound, false, assignment, lag); err == nil || !g.Failing() || !strings.Contains(logs.String(), "its assignment: coordinator away") {
+		t.Errorf("no assignment ever read and the group away: err %v, failing %v\n%s", err, g.Failing(), logs.String())
+	}
 	var none *ReaderFaults
-	if none.CheckStall(bound, false, lag) != nil || none.Failing() {
+	if none.CheckStall(bound, false, assignment, lag) != nil || none.Failing() {
 		t.Error("a nil ReaderFaults stalled")
 	}
 }

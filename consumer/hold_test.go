@@ -60,7 +60,7 @@ func TestCappedJobIsHeld(t *testing.T) {
 	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
 		return capping.Decision{Cap: "daily", RetryAt: retry[r.JobID], At: t0}, nil
 	}}
-	h := start(t, consumer.Config{Rules: rs, Decider: d, Wheel: wheel(t), Now: func() time.Time { return t0 }})
+	h := start(t, consumer.Config{Rules: rs, Decider: d, Wheel: wheel(t), Clock: func() time.Time { return t0 }})
 	h.send(job("held", 1, ""), job("never", 2, ""), job("late", 3, ""), withExpiry(job("expiring", 4, ""), t0.Add(time.Minute)))
 	outs := h.waitOutputs(t, 5)
 	var tier, audit kafka.Message
@@ -117,7 +117,7 @@ func TestTierWorkerMovesOrReleases(t *testing.T) {
 	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
 		return capping.Decision{Allowed: true, At: t0}, nil
 	}}
-	h := start(t, consumer.Config{Rules: rs, Decider: d, Wheel: wheel(t), Tier: "10s", Now: func() time.Time { return t0 }})
+	h := start(t, consumer.Config{Rules: rs, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 }})
 	since := t0.Add(-5 * time.Minute)
 	h.send(
 		tierMessage("later", 1, hold.State{Since: since, Due: t0.Add(15 * time.Second), Wake: t0, Count: 2, Reason: "daily"}),
@@ -165,7 +165,7 @@ func TestQuietHoursAndExpiry(t *testing.T) {
 		}
 		return capping.Decision{Allowed: true, At: t0}, nil
 	}}
-	h := start(t, consumer.Config{Rules: rs, Decider: d, Wheel: wheel(t), Now: func() time.Time { return t0 }})
+	h := start(t, consumer.Config{Rules: rs, Decider: d, Wheel: wheel(t), Clock: func() time.Time { return t0 }})
 	h.send(job("promo", 1, "promo"), job("digest", 2, "digest"), withExpiry(job("old", 3, "promo"), t0.Add(-time.Second)),
 		job("receipt", 4, "transactional"))
 	outs := h.waitOutputs(t, 5)

@@ -116,8 +116,8 @@ type Config struct {
 	// hold.Reader) returns held jobs at their wake time, and the worker moves
 	// each to a shorter tier or, once it is due, decides it again.
 	Tier string
-	// Now is the clock of hold decisions (due, expiry, quiet hours). Defaults to time.Now.
-	Now func() time.Time
+	// Clock is the clock of hold decisions (due, expiry, quiet hours). Defaults to time.Now.
+	Clock func() time.Time
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Faults collects the Reader's failures that no retry fixes (also those
@@ -211,8 +211,8 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	w := &Worker{cfg: cfg, m: cfg.Metrics}
 	w.rules.Store(cfg.Rules)
@@ -330,7 +330,7 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	w.commit(ctx, d.batch)
 	w.ready.Store(true)
 	w.m.batchSize.Observe(float64(len(d.batch)))
-	w.m.batchSeconds.Observe(w.cfg.Now().Sub(d.start).Seconds())
+	w.m.batchSeconds.Observe(w.cfg.Clock().Sub(d.start).Seconds())
 	return nil
 }
 

@@ -485,7 +485,7 @@ func TestFailOpenAfterItsLimit(t *testing.T) {
 		return capping.Decision{Allowed: true, At: now}, nil
 	}}
 	limit := 50 * time.Millisecond
-	h := start(t, consumer.Config{Decider: d, Rules: compile(t, 10, rules.FailOpen{Category: "alerts", After: rules.Duration(limit)}), BatchSize: 1, Now: clock})
+	h := start(t, consumer.Config{Decider: d, Rules: compile(t, 10, rules.FailOpen{Category: "alerts", After: rules.Duration(limit)}), BatchSize: 1, Clock: clock})
 	h.send(job("alert", 1, "alerts"))
 	outs := h.waitOutputs(t, 1)
 	if header(outs[0], output.HeaderDecision) != output.DecisionUnchecked || outs[0].Topic != "allowed" {

@@ -27,7 +27,7 @@
 #                  capper (the worker: exactly $REDIS_CAPPER_ACL below) and capper-noperm (capper without FCALL, EVALSHA or EVAL)
 #   Kafka          one Apache Kafka broker with the StandardAuthorizer (allow.everyone.if.no.acl.found=false):
 #                  SASL_SSL with SCRAM-SHA-512 on $CAPPER_SECURE_KAFKA_PORT (default 9192), users admin (super
-#                  user), capper (exactly internal/kafkaacl's grants on the stack's topics) and capper-noperm (no
+#                  user), capper (exactly internal/kafkaadmin's grants on the stack's topics) and capper-noperm (no
 #                  ACL), created at format time; and an mTLS listener on $CAPPER_SECURE_MTLS_PORT (9193) that
 #                  requires a client certificate of the stack's CA and maps CN=capper to User:capper, so the same
 #                  ACLs hold; the controller on port+2 (TLS, the broker's own certificate). Started empty each time.

@@ -34,8 +34,8 @@ type Client interface {
 // Config configures a Monitor.
 type Config struct {
 	Client Client // (Required)
-	// Now is the clock decisions use. Defaults to time.Now.
-	Now func() time.Time
+	// Clock is the clock decisions use. Defaults to time.Now.
+	Clock func() time.Time
 	// MaxSkew is the largest difference from Redis at which the worker still
 	// decides. 0 disables the bound (the skew is still measured). Defaults to 0.
 	MaxSkew time.Duration
@@ -69,8 +69,8 @@ func New(cfg Config) (*Monitor, error) {
 	if cfg.MaxSkew < 0 {
 		return nil, fmt.Errorf("skew: max skew %v must not be negative", cfg.MaxSkew)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 30 * time.Second
@@ -121,9 +121,9 @@ func (m *Monitor) Check(ctx context.Context) error {
 	var worst, bound time.Duration
 	var mu sync.Mutex
 	measure := func(ctx context.Context, c Client) error {
-		t0 := m.cfg.Now()
+		t0 := m.cfg.Clock()
 		ts, err := c.Time(ctx).Result()
-		t1 := m.cfg.Now()
+		t1 := m.cfg.Clock()
 		if err != nil {
 			return err
 		}

@@ -22,7 +22,7 @@ func TestMeasuresTheOffset(t *testing.T) {
 	var offset time.Duration
 	var log bytes.Buffer
 	reg := prometheus.NewRegistry()
-	m, err := skew.New(skew.Config{Client: rdb, Now: func() time.Time { return time.Now().Add(offset) }, MaxSkew: time.Second,
+	m, err := skew.New(skew.Config{Client: rdb, Clock: func() time.Time { return time.Now().Add(offset) }, MaxSkew: time.Second,
 		Logger: slog.New(slog.NewTextHandler(&log, nil)), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func TestMeasuresTheOffset(t *testing.T) {
 }
 
 func TestZeroDisablesTheBound(t *testing.T) {
-	m, err := skew.New(skew.Config{Client: testenv.ClusterClient(t), Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	m, err := skew.New(skew.Config{Client: testenv.ClusterClient(t), Clock: func() time.Time { return time.Now().Add(time.Hour) }})
 	if err != nil {
 		t.Fatal(err)
 	}

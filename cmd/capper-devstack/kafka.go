@@ -14,8 +14,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/capper-dev/capper/internal/config"
-	"github.com/capper-dev/capper/internal/kafkaacl"
-	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/internal/kafkaadmin"
 )
 
 // kafkaSetup creates the stack's topics on a broker that has just started
@@ -29,7 +28,7 @@ func kafkaSetup(args []string) error {
 	ca := fs.String("ca", "", "CA (PEM) of the broker's certificate; enables TLS")
 	user := fs.String("sasl-user", "", "SCRAM-SHA-512 user with the right to create topics and ACLs (a super user)")
 	passwordFile := fs.String("sasl-password-file", "", "file holding -sasl-user's password")
-	grant := fs.String("grant", "", "user granted capper's ACLs (internal/kafkaacl) on the default topics and group "+config.DefaultGroupID)
+	grant := fs.String("grant", "", "user granted capper's ACLs (internal/kafkaadmin) on the default topics and group "+config.DefaultGroupID)
 	timeout := fs.Duration("timeout", 60*time.Second, "how long to retry while the broker is starting")
 	_ = fs.Parse(args)
 	if *topics == "" {
@@ -71,7 +70,7 @@ func kafkaSetup(args []string) error {
 	addrs := splitList(*brokers)
 	names := splitList(*topics)
 	err := retry(ctx, func(ctx context.Context) error {
-		return loadtest.CreateTopics(ctx, dialer, addrs, *partitions, names...)
+		return kafkaadmin.CreateTopics(ctx, dialer, addrs, *partitions, names...)
 	})
 	if err != nil {
 		return err
@@ -81,7 +80,7 @@ func kafkaSetup(args []string) error {
 		return nil
 	}
 	var entries []kafka.ACLEntry
-	for _, g := range kafkaacl.Grants(kafkaacl.NamesOf(config.DefaultGroupID, config.DefaultTopics, true)) {
+	for _, g := range kafkaadmin.Grants(kafkaadmin.NamesOf(config.DefaultGroupID, config.DefaultTopics, true)) {
 		entries = append(entries, g.Entry("User:"+*grant))
 	}
 	client := &kafka.Client{Addr: kafka.TCP(addrs...), Transport: transport, Timeout: 10 * time.Second}

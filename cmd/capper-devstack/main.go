@@ -11,7 +11,7 @@
 // The S3 endpoint listens on 127.0.0.1 only and keeps its objects in memory;
 // it runs until SIGINT or SIGTERM. kafka-setup creates the topics a broker
 // does not have yet and, on the secured broker (-sasl-user, -ca), grants the
-// user of -grant exactly capper's ACLs (internal/kafkaacl) on them. calls
+// user of -grant exactly capper's ACLs (internal/kafkaadmin) on them. calls
 // drives a Lua script on the Redis Cluster with capper's own arguments, the
 // load whose cost scripts/bench-calls.sh measures (see calls.go). drop-keys
 // removes a run's keys (keys.go), drop-topics its topics (topics.go).

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/kafkaadmin"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/internal/daemon"
@@ -89,7 +90,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 				topics = append(topics, t.Topic)
 			}
 		}
-		if err := loadtest.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, *partitions, topics...); err != nil {
+		if err := kafkaadmin.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, *partitions, topics...); err != nil {
 			return err
 		}
 		if g.Jobs == 0 {

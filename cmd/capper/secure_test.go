@@ -22,7 +22,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/capper-dev/capper/internal/kafkaacl"
+	"github.com/capper-dev/capper/internal/kafkaadmin"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -273,30 +273,30 @@ func TestSecuredStartupMissingRead(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		resource kafka.ResourceType
-		pick     func(kafkaacl.Names) string
-		want     func(kafkaacl.Names) []string
+		pick     func(kafkaadmin.Names) string
+		want     func(kafkaadmin.Names) []string
 	}{
-		{"input topic", kafka.ResourceTypeTopic, func(n kafkaacl.Names) string { return n.Input },
-			func(n kafkaacl.Names) []string {
+		{"input topic", kafka.ResourceTypeTopic, func(n kafkaadmin.Names) string { return n.Input },
+			func(n kafkaadmin.Names) []string {
 				return []string{"permission denied", "topic " + n.Input + ": Read refused", "Topic Authorization Failed"}
 			}},
-		{"input group", kafka.ResourceTypeGroup, func(n kafkaacl.Names) string { return n.Group },
-			func(n kafkaacl.Names) []string {
+		{"input group", kafka.ResourceTypeGroup, func(n kafkaadmin.Names) string { return n.Group },
+			func(n kafkaadmin.Names) []string {
 				return []string{"permission denied", "consumer group " + n.Group + ": Read refused", "Group Authorization Failed"}
 			}},
-		{"delay topics", kafka.ResourceTypeTopic, func(n kafkaacl.Names) string { return n.DelayPrefix },
-			func(n kafkaacl.Names) []string {
+		{"delay topics", kafka.ResourceTypeTopic, func(n kafkaadmin.Names) string { return n.DelayPrefix },
+			func(n kafkaadmin.Names) []string {
 				return []string{"permission denied", "topic " + n.DelayPrefix + "1s: Read refused", "Topic Authorization Failed"}
 			}},
-		{"delay groups", kafka.ResourceTypeGroup, func(n kafkaacl.Names) string { return n.Group + ".delay." },
-			func(n kafkaacl.Names) []string {
+		{"delay groups", kafka.ResourceTypeGroup, func(n kafkaadmin.Names) string { return n.Group + ".delay." },
+			func(n kafkaadmin.Names) []string {
 				return []string{"permission denied", "consumer group " + n.Group + ".delay.1s: Read refused", "Group Authorization Failed"}
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			omitted := false
 			s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{HoldTiers: []string{"1s"},
-				Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
+				Omit: func(g kafkaadmin.Grant, n kafkaadmin.Names) bool {
 					if g.Resource == tc.resource && g.Name == tc.pick(n) && g.Operation == kafka.ACLOperationTypeRead {
 						omitted = true
 						return true
@@ -318,7 +318,7 @@ func TestSecuredStartupMissingRead(t *testing.T) {
 func TestSecuredStartupUndescribableTopic(t *testing.T) {
 	sec := testenv.SecureStack(t)
 	omitted := 0
-	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
+	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaadmin.Grant, n kafkaadmin.Names) bool {
 		if g.Resource == kafka.ResourceTypeTopic && g.Name == n.DLQ {
 			omitted++
 			return true
@@ -339,8 +339,8 @@ func TestSecuredStartupUndescribableTopic(t *testing.T) {
 // is given, every job reaches its topic exactly as decided.
 func TestSecuredMissingWriteGrant(t *testing.T) {
 	sec := testenv.SecureStack(t)
-	var missing kafkaacl.Grant
-	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaacl.Grant, n kafkaacl.Names) bool {
+	var missing kafkaadmin.Grant
+	s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{Omit: func(g kafkaadmin.Grant, n kafkaadmin.Names) bool {
 		if g.Name == n.Capped && g.Operation == kafka.ACLOperationTypeWrite {
 			missing = g
 			return true
@@ -423,8 +423,8 @@ func TestSecuredReadGrantTakenAway(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testenv.NewSecureStack(t, testenv.SCRAM, 3, testenv.SecureOptions{})
 			names := s.ACLNames()
-			var read kafkaacl.Grant
-			for _, g := range kafkaacl.Grants(names) {
+			var read kafkaadmin.Grant
+			for _, g := range kafkaadmin.Grants(names) {
 				if g.Resource == tc.resource && (g.Name == names.Input || g.Name == names.Group) && g.Operation == kafka.ACLOperationTypeRead {
 					read = g
 				}
@@ -491,11 +491,11 @@ func TestSecuredDelayReadTakenAway(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		resource kafka.ResourceType
-		pick     func(kafkaacl.Names) string
+		pick     func(kafkaadmin.Names) string
 		refused  string // the broker's error
 	}{
-		{"delay topics", kafka.ResourceTypeTopic, func(n kafkaacl.Names) string { return n.DelayPrefix }, "Topic Authorization Failed"},
-		{"delay groups", kafka.ResourceTypeGroup, func(n kafkaacl.Names) string { return n.Group + ".delay." }, "Group Authorization Failed"},
+		{"delay topics", kafka.ResourceTypeTopic, func(n kafkaadmin.Names) string { return n.DelayPrefix }, "Topic Authorization Failed"},
+		{"delay groups", kafka.ResourceTypeGroup, func(n kafkaadmin.Names) string { return n.Group + ".delay." }, "Group Authorization Failed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testenv.NewSecureStack(t, testenv.SCRAM, 1, testenv.SecureOptions{HoldTiers: []string{"1s"}})
@@ -506,8 +506,8 @@ rules:
   default_caps: [{name: burst, window: 3s, limit: 1}]
 `)
 			names := s.ACLNames()
-			var read kafkaacl.Grant
-			for _, g := range kafkaacl.Grants(names) {
+			var read kafkaadmin.Grant
+			for _, g := range kafkaadmin.Grants(names) {
 				if g.Resource == tc.resource && g.Name == tc.pick(names) && g.Operation == kafka.ACLOperationTypeRead {
 					read = g
 				}

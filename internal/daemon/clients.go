@@ -185,25 +185,25 @@ func NewWriter(c config.Kafka, transport *kafka.Transport, topic string, batchSi
 	}
 }
 
-func newKafka(c config.Kafka, batchSize int, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
+func newKafka(c config.Kafka, batchSize int, member []byte, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, *kafka.Writer, error) {
 	dialer, transport, err := KafkaClients(c)
 	if err != nil {
 		return nil, nil, err
 	}
-	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), faults, logger)
+	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), member, faults, logger)
 	return r, NewWriter(c, transport, "", batchSize, logger), nil
 }
 
 // newTierReader reads one delay tier in its own consumer group
 // (group_id.delay.TIER), so that each tier is consumed in order and waits on
 // its own head.
-func newTierReader(c config.Kafka, t hold.Tier, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, error) {
+func newTierReader(c config.Kafka, t hold.Tier, member []byte, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, error) {
 	dialer, _, err := KafkaClients(c)
 	if err != nil {
 		return nil, err
 	}
 	// A small queue: messages wait there for their head.
-	return newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, faults, logger), nil
+	return newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, member, faults, logger), nil
 }
 
 // TierGroup is the consumer group that reads the delay tier named tier.
@@ -211,8 +211,10 @@ func TierGroup(group, tier string) string { return group + ".delay." + tier }
 
 // newReader is a consumer-group reader of topic that commits only when told
 // (after the outputs are acknowledged). kafka-go's errors go through faults,
-// which sees the refusals it only logs.
-func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
+// which sees the refusals it only logs. member (newMember) is carried in its
+// join metadata, so that the group's answer tells which partitions are its
+// (memberPartitions).
+func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, member []byte, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           c.Brokers,
 		GroupID:           group,
@@ -227,10 +229,33 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 		RebalanceTimeout:  time.Duration(c.SessionTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		QueueCapacity:     queue,
-		Logger:            faults.InfoLogger(kafkaLogger(logger, slog.LevelDebug)),
+		GroupBalancers:    []kafka.GroupBalancer{memberBalancer{member: member}, kafka.RoundRobinGroupBalancer{}},
+		Logger:            kafkaLogger(logger, slog.LevelDebug),
 		ErrorLogger:       faults.ErrorLogger(kafkaLogger(logger, slog.LevelWarn)),
 	})
 }
+
+// memberBalancer is kafka-go's range balancer (its default's first) with the
+// reader's member token as the user data of its join metadata: the group
+// coordinator keeps it and DescribeGroups answers it with the member's
+// assignment. The assignment itself is the range balancer's, so members of
+// earlier versions, which send no token, share a group with it.
+type memberBalancer struct {
+	kafka.RangeGroupBalancer
+	member []byte
+}
+
+func (b memberBalancer) UserData() ([]byte, error) { return b.member, nil }
+
+var members atomic.Int64
+
+// newMember returns a token no other reader of any process has: the
+// process's id, its start and a count.
+func newMember() []byte {
+	return fmt.Appendf(nil, "capper %d-%d-%d", os.Getpid(), processStart.UnixNano(), members.Add(1))
+}
+
+var processStart = time.Now()
 
 // newCacheReader reads topic from its end in a consumer group of this
 // process's own that never commits (Kafka deletes it once the process

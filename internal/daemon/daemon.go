@@ -104,7 +104,7 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		b.Close()
 		return nil, err
 	}
-	if b.Skew, err = skew.New(skew.Config{Client: rdb, Now: clock, MaxSkew: time.Duration(cfg.MaxClockSkew),
+	if b.Skew, err = skew.New(skew.Config{Client: rdb, Clock: clock, MaxSkew: time.Duration(cfg.MaxClockSkew),
 		Interval: time.Duration(cfg.ClockCheckInterval), Logger: b.Log, Registerer: b.Registry}); err != nil {
 		b.Close()
 		return nil, err
@@ -225,12 +225,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 	}
 	var input *kafka.Reader
 	inputFaults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", cfg.Kafka.Topics.Input, cfg.Kafka.GroupID), Logger: d.Log}
-	if input, d.writer, err = newKafka(cfg.Kafka, batchSize, inputFaults, d.Log); err != nil {
+	inputMember := newMember()
+	if input, d.writer, err = newKafka(cfg.Kafka, batchSize, inputMember, inputFaults, d.Log); err != nil {
 		d.Close()
 		return nil, err
 	}
 	d.readers = append(d.readers, input)
-	d.watched = append(d.watched, watchedReader{inputFaults, cfg.Kafka.Topics.Input, cfg.Kafka.GroupID, nil})
+	d.watched = append(d.watched, watchedReader{inputFaults, cfg.Kafka.Topics.Input, cfg.Kafka.GroupID, inputMember, nil})
 	var decider consumer.Decider = skewGuard{d.Limiter, d.Skew}
 	if opts.Decider != nil {
 		d.Log.Warn("the decider is replaced: capping is skipped (a benchmark baseline, never production)")
@@ -248,7 +249,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	wc := consumer.Config{
-		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, Now: opts.Clock,
+		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, Clock: opts.Clock,
 		Segments: d.segments,
 		Rules:    d.Rules,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
@@ -264,14 +265,15 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		for _, t := range wheel.Tiers() {
 			log := d.Log.With("tier", t.Name)
 			faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name)), Logger: log}
-			r, err := newTierReader(cfg.Kafka, t, faults, d.Log)
+			member := newMember()
+			r, err := newTierReader(cfg.Kafka, t, member, faults, d.Log)
 			if err != nil {
 				d.Close()
 				return nil, err
 			}
 			d.readers = append(d.readers, r)
 			hr := hold.NewReader(r, nil)
-			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), hr.Waiting})
+			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), member, hr.Waiting})
 			tc := wc
 			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hr, t.Name, log, faults
 			tc.BatchWait = cfg.Hold.BatchWait() // released jobs come due one by one: a short wait
@@ -310,12 +312,13 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 		group := EventGroup(cfg.Kafka.GroupID, e.kind)
 		log := d.Log.With("events", e.kind.String())
 		faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", e.topic, group), Logger: log}
-		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, faults, d.Log)
+		member := newMember()
+		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, member, faults, d.Log)
 		d.readers = append(d.readers, r)
-		d.watched = append(d.watched, watchedReader{faults, e.topic, group, nil})
+		d.watched = append(d.watched, watchedReader{faults, e.topic, group, member, nil})
 		w, err := consumer.NewEventWorker(consumer.EventConfig{Kind: e.kind, Reader: r, Writer: d.writer, DLQ: cfg.Kafka.Topics.DLQ,
 			Recorder: d.Limiter, Rules: d.workers[0].Rules, MaxFuture: time.Duration(cfg.MaxClockSkew),
-			BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), Now: wc.Now, Logger: log, Faults: faults,
+			BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), Clock: wc.Clock, Logger: log, Faults: faults,
 			Metrics: d.metrics, EventMetrics: em})
 		if err != nil {
 			return err

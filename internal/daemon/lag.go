@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -143,11 +144,43 @@ func stallBound(c config.Kafka) time.Duration {
 }
 
 // watchedReader is a reader the stall watch checks: its faults, its topic and
-// group, and whether it waits for a due time (a delay tier's head; nil: never).
+// group, its member token (newMember), and whether it waits for a due time (a
+// delay tier's head; nil: never).
 type watchedReader struct {
 	faults       *consumer.ReaderFaults
 	topic, group string
+	member       []byte
 	waiting      func() bool
+}
+
+// memberPartitions returns the partitions of topic that the group's
+// coordinator assigned to the member whose join metadata carries member: the
+// group's own answer, which kafka-go's reader does not expose. None when no
+// member carries it (not joined yet, or between generations).
+func memberPartitions(ctx context.Context, client *kafka.Client, group, topic string, member []byte) ([]int, error) {
+	resp, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	if err != nil {
+		return nil, err
+	}
+	for _, g := range resp.Groups {
+		if g.Error != nil {
+			return nil, fmt.Errorf("describe group %s: %w", group, g.Error)
+		}
+		for _, m := range g.Members {
+			if !bytes.Equal(m.MemberMetadata.UserData, member) {
+				continue
+			}
+			parts := []int{}
+			for _, t := range m.MemberAssignments.Topics {
+				if t.Topic == topic {
+					parts = append(parts, t.Partitions...)
+				}
+			}
+			slices.Sort(parts)
+			return parts, nil
+		}
+	}
+	return []int{}, nil
 }
 
 // watchStalls checks every reader for a stall every stallCheck; the lag of a
@@ -169,7 +202,11 @@ func (d *Daemon) watchStalls(ctx context.Context, c config.Kafka) {
 		}
 		for _, w := range d.watched {
 			waiting := w.waiting != nil && w.waiting()
-			err := w.faults.CheckStall(bound, waiting, func(parts []int) (int64, error) {
+			err := w.faults.CheckStall(bound, waiting, func() ([]int, error) {
+				actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				defer cancel()
+				return memberPartitions(actx, client, w.group, w.topic, w.member)
+			}, func(parts []int) (int64, error) {
 				lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
 				return groupLag(lctx, client, w.group, w.topic, parts)

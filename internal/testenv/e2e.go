@@ -25,7 +25,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/capping"
-	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/internal/kafkaadmin"
 	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/segments/segtool"
 )
@@ -101,7 +101,7 @@ func (s *Stack) create(partitions int, extra map[string][]uint32, b backend) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.Topics[:]...); err != nil {
+	if err := kafkaadmin.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.Topics[:]...); err != nil {
 		t.Fatal(err)
 	}
 	s.Prefix = b.keyPrefix(name)
@@ -185,7 +185,7 @@ func (s *Stack) EnableHold(partitions int, tiers ...string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, topics...); err != nil {
+	if err := kafkaadmin.CreateTopics(ctx, s.dialer, s.Brokers, partitions, topics...); err != nil {
 		s.T.Fatal(err)
 	}
 	s.EditConfig("dlq: "+s.Topics[3]+"}", fmt.Sprintf("dlq: %s, held: %s, delay_prefix: %s.delay.}", s.Topics[3], s.Held, name))
@@ -200,7 +200,7 @@ func (s *Stack) EnableEvents(partitions int) {
 	s.External, s.Feedback, s.Preferences = s.Topics[0]+".external", s.Topics[0]+".feedback", s.Topics[0]+".preferences"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := loadtest.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.External, s.Feedback, s.Preferences); err != nil {
+	if err := kafkaadmin.CreateTopics(ctx, s.dialer, s.Brokers, partitions, s.External, s.Feedback, s.Preferences); err != nil {
 		s.T.Fatal(err)
 	}
 	s.EditConfig("dlq: "+s.Topics[3], fmt.Sprintf("external: %s, feedback: %s, preferences: %s, dlq: %s", s.External, s.Feedback, s.Preferences, s.Topics[3]))

@@ -27,7 +27,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/capper-dev/capper/internal/config"
-	"github.com/capper-dev/capper/internal/kafkaacl"
+	"github.com/capper-dev/capper/internal/kafkaadmin"
 )
 
 // Secure is the secured stack.
@@ -88,14 +88,14 @@ const (
 // SecureOptions shape a secured slice.
 type SecureOptions struct {
 	// Omit drops grants from capper's Kafka ACLs, to test a missing one.
-	Omit func(kafkaacl.Grant, kafkaacl.Names) bool
+	Omit func(kafkaadmin.Grant, kafkaadmin.Names) bool
 	// HoldTiers, when set, enables holding on these delay tiers (EnableHold)
 	// before the grants, which then cover the delay topics and groups.
 	HoldTiers []string
 }
 
 // NewSecureStack is NewStack on the secured stack: the admin creates the
-// topics and grants User:capper exactly kafkaacl.Grants on them; the worker's
+// topics and grants User:capper exactly kafkaadmin.Grants on them; the worker's
 // config reaches Redis and Kafka as capper over TLS (SCRAM, or the client
 // certificate CN=capper in mode MTLS), with the passwords in files. Its key prefix starts with "fc:" (the Redis user's key pattern).
 func NewSecureStack(t *testing.T, mode string, partitions int, o SecureOptions) *Stack {
@@ -137,11 +137,11 @@ func NewSecureStack(t *testing.T, mode string, partitions int, o SecureOptions) 
 }
 
 // grant gives the user capper its ACLs on this slice's topics and group.
-func (s *Stack) grant(omit func(kafkaacl.Grant, kafkaacl.Names) bool) {
+func (s *Stack) grant(omit func(kafkaadmin.Grant, kafkaadmin.Names) bool) {
 	s.T.Helper()
 	var entries []kafka.ACLEntry
 	names := s.ACLNames()
-	for _, g := range kafkaacl.Grants(names) {
+	for _, g := range kafkaadmin.Grants(names) {
 		if omit == nil || !omit(g, names) {
 			entries = append(entries, g.Entry("User:capper"))
 		}
@@ -150,8 +150,8 @@ func (s *Stack) grant(omit func(kafkaacl.Grant, kafkaacl.Names) bool) {
 }
 
 // ACLNames returns the Kafka resources of this slice's worker.
-func (s *Stack) ACLNames() kafkaacl.Names {
-	return kafkaacl.NamesOf(s.group(), config.Topics{Input: s.Topics[0], Allowed: s.Topics[1], Capped: s.Topics[2], DLQ: s.Topics[3],
+func (s *Stack) ACLNames() kafkaadmin.Names {
+	return kafkaadmin.NamesOf(s.group(), config.Topics{Input: s.Topics[0], Allowed: s.Topics[1], Capped: s.Topics[2], DLQ: s.Topics[3],
 		Held: s.Held, DelayPrefix: s.Topics[0] + ".delay."}, s.Held != "")
 }
 

@@ -25,9 +25,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/capper-dev/capper/internal/kafkaadmin"
 	"github.com/redis/go-redis/v9"
-
-	"github.com/capper-dev/capper/internal/loadtest"
 )
 
 // Environment variables naming the stack.
@@ -108,7 +107,7 @@ func CreateTopics(t testing.TB, brokers []string, partitions int, topics ...stri
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := loadtest.CreateTopics(ctx, nil, brokers, partitions, topics...); err != nil {
+	if err := kafkaadmin.CreateTopics(ctx, nil, brokers, partitions, topics...); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -1,8 +1,11 @@
-// Package kafkaacl is the one list of what capper's Kafka principal needs:
-// the least-privilege ACLs docs/security.md prints as kafka-acls.sh lines, that the
-// secured local stack grants on its topics (cmd/capper-devstack kafka-setup), and that the secured
-// end-to-end tests create for their own topics.
-package kafkaacl
+// Package kafkaadmin is what capper asks of a Kafka cluster's administrator,
+// in one place: the topics (CreateTopics, for the local stack, loadgen
+// --create-topics and the tests; capper run never creates one) and the one
+// list of what capper's Kafka principal needs: the least-privilege ACLs
+// docs/security.md prints as kafka-acls.sh lines, that the secured local
+// stack grants on its topics (cmd/capper-devstack kafka-setup), and that the
+// secured end-to-end tests create for their own topics.
+package kafkaadmin
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package kafkaacl
+package kafkaadmin
 
 import (
 	"os"

@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// TestMemberPartitions: two readers from newReader in one group on a topic
+// of 4 partitions; the group's own answer, found by each reader's member
+// token, gives each the partitions it fetches from, together all of them and
+// none twice. A token no member carries has none.
+func TestMemberPartitions(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic, group := testenv.Unique("member"), testenv.Unique("member-group")
+	testenv.CreateTopics(t, brokers, 4, topic)
+	c := config.Kafka{Brokers: brokers, SessionTimeout: config.Duration(6 * time.Second)}
+	dialer, transport, err := KafkaClients(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	w := NewWriter(c, transport, topic, 100, log)
+	defer w.Close()
+	var msgs []kafka.Message
+	for i := range 400 {
+		msgs = append(msgs, kafka.Message{Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")})
+	}
+	for err := w.WriteMessages(ctx, msgs...); err != nil; err = w.WriteMessages(ctx, msgs...) {
+		if ctx.Err() != nil {
+			t.Fatalf("write: %v", err)
+		}
+		t.Logf("write: %v", err)
+		time.Sleep(100 * time.Millisecond) // the topic's metadata follows its creation
+	}
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 5 * time.Second}
+	members := [][]byte{newMember(), newMember()}
+	fetchedFrom := []map[int]bool{{}, {}}
+	readers := make([]*kafka.Reader, 2)
+	for i := range readers {
+		readers[i] = newReader(c, dialer, group, topic, 1<<20, 100, members[i], &consumer.ReaderFaults{}, log)
+		defer readers[i].Close()
+	}
+	// Both members joined and the group settled: every partition fetched
+	// from, and each member's answer is the partitions it fetched from since
+	// its answer last changed (a member that joined first held them all).
+	last := [][]int{nil, nil}
+	for {
+		for i, r := range readers {
+			fctx, fcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			if m, err := r.FetchMessage(fctx); err == nil {
+				fetchedFrom[i][m.Partition] = true
+			}
+			fcancel()
+		}
+		a, errA := memberPartitions(ctx, client, group, topic, members[0])
+		b, errB := memberPartitions(ctx, client, group, topic, members[1])
+		if errA != nil || errB != nil {
+			t.Fatalf("memberPartitions: %v, %v", errA, errB)
+		}
+		for i, parts := range [][]int{a, b} {
+			if !slices.Equal(parts, last[i]) {
+				last[i], fetchedFrom[i] = parts, map[int]bool{}
+			}
+		}
+		all := slices.Sorted(slices.Values(append(slices.Clone(a), b...)))
+		if len(a) > 0 && len(b) > 0 && slices.Equal(all, []int{0, 1, 2, 3}) && covers(a, fetchedFrom[0]) && covers(b, fetchedFrom[1]) {
+			t.Logf("member 0: %v (fetched from %v), member 1: %v (fetched from %v)", a, fetchedFrom[0], b, fetchedFrom[1])
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the group's answer never settled: %v and %v, fetched from %v and %v", a, b, fetchedFrom[0], fetchedFrom[1])
+		}
+	}
+	if parts, err := memberPartitions(ctx, client, group, topic, newMember()); err != nil || len(parts) != 0 {
+		t.Errorf("a token no member carries: %v, %v; want no partitions", parts, err)
+	}
+}
+
+// covers reports whether every partition fetched from is in parts, and
+// every one of parts was fetched from.
+func covers(parts []int, fetched map[int]bool) bool {
+	if len(parts) != len(fetched) {
+		return false
+	}
+	for _, p := range parts {
+		if !fetched[p] {
+			return false
+		}
+	}
+	return true
+}
