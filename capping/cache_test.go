@@ -68,9 +68,8 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	cached, plain := newLim(1000), newLim(0)
 	rng := rand.New(rand.NewPCG(42, 7))
 	const users = 40
-	set := make([]int, users+1) // each user's cap list ("segment")
-	var sent []capping.Request  // for redeliveries
-	channels := []string{"email", "push", "sms"}
+	st := &stream{rng: rng, users: users, set: make([]int, users+1)}
+	set := st.set
 	decisions, batches := 0, 400
 	if testing.Short() {
 		batches = 100
@@ -117,44 +116,7 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			clk.Add(time.Duration(rng.IntN(120_000)) * time.Millisecond)
 		}
 		now := clk.Now()
-		reqs := make([]capping.Request, 1+rng.IntN(12))
-		for i := range reqs {
-			if len(sent) > 0 && rng.Float64() < 0.1 {
-				reqs[i] = sent[rng.IntN(len(sent))] // a redelivery: same job, its caps as computed now
-				reqs[i].Caps = capSets(now, reqs[i].Campaign)[set[reqs[i].UserID]]
-				continue
-			}
-			u := uint32(1 + rng.IntN(users))
-			if rng.Float64() < 0.6 {
-				u = uint32(1 + rng.IntN(5)) // hot users: several sends in a batch
-			}
-			campaign := fmt.Sprint("c", rng.IntN(3))
-			r := capping.Request{UserID: u, JobID: fmt.Sprintf("j%d-%d", b, i), Channel: channels[rng.IntN(3)], Campaign: campaign,
-				Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour, Preferences: rng.IntN(2) == 0}
-			if rng.IntN(2) == 0 {
-				r.Tags = append(r.Tags, "promotional")
-			}
-			switch f := rng.Float64(); {
-			case f < 0.05:
-				r.Tags[0], r.Preferences = "receipt", false // count-only: recorded without a check
-			case f < 0.09: // refused elsewhere (a budget, quiet hours): a mark in the log, which no copy counts
-				r.DuplicateOnly, r.Refused = true, "budget"
-				reqs[i] = r
-				continue
-			case f < 0.12: // sent elsewhere, a while ago: an entry among the log's, not after them
-				r.SentAt = now.Add(-time.Duration(rng.IntN(3_600_000)) * time.Millisecond)
-				reqs[i] = r
-				continue
-			default:
-				r.Caps = capSets(now, campaign)[set[u]]
-				r.Caps = priced(r.Caps, rng.IntN(3), rng.IntN(4) == 0)
-				if r.Caps[0].Arbitrated {
-					r.Arbitration, r.Priority = time.Minute, rng.IntN(10)
-				}
-			}
-			reqs[i] = r
-			sent = append(sent, r)
-		}
+		reqs := st.batch(b, now)
 		want, err := plain.Decide(ctx, reqs)
 		if err != nil {
 			t.Fatal(err)
@@ -171,13 +133,13 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			}
 		}
 	}
-	st := cached.Stats()
+	cs := cached.Stats()
 	t.Logf("%d decisions: %d from the cache, %d sent to Redis (%d script calls; %d new logs, %d appended to a copy's log, %d copies stale) with it vs %d (%d) without; %d copies, %d bytes",
-		decisions, st.CacheHits, st.Requests, st.ScriptCalls, st.NewLogs, st.CopyAppends, st.CopyMisses,
-		plain.Stats().Requests, plain.Stats().ScriptCalls, st.CacheEntries, st.CacheBytes)
-	if st.CacheHits < uint64(decisions)/5 || st.CopyAppends < 5 || st.NewLogs == 0 {
+		decisions, cs.CacheHits, cs.Requests, cs.ScriptCalls, cs.NewLogs, cs.CopyAppends, cs.CopyMisses,
+		plain.Stats().Requests, plain.Stats().ScriptCalls, cs.CacheEntries, cs.CacheBytes)
+	if cs.CacheHits < uint64(decisions)/5 || cs.CopyAppends < 5 || cs.NewLogs == 0 {
 		t.Fatalf("%d of %d decisions came from the cache, %d were appended to a copy's log, %d were new logs: the stream does not exercise them",
-			st.CacheHits, decisions, st.CopyAppends, st.NewLogs)
+			cs.CacheHits, decisions, cs.CopyAppends, cs.NewLogs)
 	}
 	// What each path wrote is what the script alone wrote, byte for byte.
 	for u := uint32(1); u <= users; u++ {
@@ -187,9 +149,65 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 			t.Errorf("user %d's log: %x (%v) with the cache, %x (%v) by the script alone", u, a, errA, b, errB)
 		}
 	}
-	if st.Requests+st.CacheHits != plain.Stats().Requests {
-		t.Fatalf("%d requests to Redis + %d cache hits, want the %d requests without the cache", st.Requests, st.CacheHits, plain.Stats().Requests)
+	if cs.Requests+cs.CacheHits != plain.Stats().Requests {
+		t.Fatalf("%d requests to Redis + %d cache hits, want the %d requests without the cache", cs.Requests, cs.CacheHits, plain.Stats().Requests)
 	}
+}
+
+// stream is the random stream of TestNearCacheDecidesAsRedis: its users,
+// their cap lists ("segments"), and the sends so far, for redeliveries.
+type stream struct {
+	rng   *rand.Rand
+	users int
+	set   []int
+	sent  []capping.Request
+}
+
+var streamChannels = []string{"email", "push", "sms"}
+
+// batch is the b-th batch of requests at now: redeliveries, hot users'
+// several sends, count-only sends, refusals marked elsewhere, sends made
+// elsewhere back in time, reserved and arbitrated last slots.
+func (s *stream) batch(b int, now time.Time) []capping.Request {
+	reqs := make([]capping.Request, 1+s.rng.IntN(12))
+	for i := range reqs {
+		if len(s.sent) > 0 && s.rng.Float64() < 0.1 {
+			reqs[i] = s.sent[s.rng.IntN(len(s.sent))] // a redelivery: same job, its caps as computed now
+			reqs[i].Caps = capSets(now, reqs[i].Campaign)[s.set[reqs[i].UserID]]
+			continue
+		}
+		u := uint32(1 + s.rng.IntN(s.users))
+		if s.rng.Float64() < 0.6 {
+			u = uint32(1 + s.rng.IntN(5)) // hot users: several sends in a batch
+		}
+		campaign := fmt.Sprint("c", s.rng.IntN(3))
+		r := capping.Request{UserID: u, JobID: fmt.Sprintf("j%d-%d", b, i), Channel: streamChannels[s.rng.IntN(3)], Campaign: campaign,
+			Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour, Preferences: s.rng.IntN(2) == 0}
+		if s.rng.IntN(2) == 0 {
+			r.Tags = append(r.Tags, "promotional")
+		}
+		switch f := s.rng.Float64(); {
+		case f < 0.05:
+			r.Tags[0], r.Preferences = "receipt", false // count-only: recorded without a check
+		case f < 0.09: // refused elsewhere (a budget, quiet hours): a mark in the log, which no copy counts
+			r.DuplicateOnly, r.Refused = true, "budget"
+			reqs[i] = r
+			continue
+		case f < 0.12: // sent elsewhere, a while ago: an entry among the log's, not after them
+			r.SentAt = now.Add(-time.Duration(s.rng.IntN(3_600_000)) * time.Millisecond)
+			reqs[i] = r
+			continue
+		default:
+			r.Caps = capSets(now, campaign)[s.set[u]]
+			r.Caps = priced(r.Caps, s.rng.IntN(3), s.rng.IntN(4) == 0)
+			if r.Caps[0].Arbitrated {
+				r.Arbitration, r.Priority = time.Minute, s.rng.IntN(10)
+			}
+		}
+		reqs[i] = r
+		s.sent = append(s.sent, r)
+	}
+	return reqs
 }
 
 // priced is caps as rules hand them to a send of some priority: with kind

@@ -121,8 +121,8 @@ func TestBudgetTokensFollowTheOutcome(t *testing.T) {
 // expected back (on the delay tiers, with the budget named), without asking
 // Redis, and gives back the tokens of its other budgets. Without delay tiers
 // it is capped naming the budget, with the retry-at, after Redis only
-// checked whether it is a redelivery (issue 24, defect 1: it was capped by
-// a cap called "refused" with no retry-at).
+// checked whether it is a redelivery (an earlier version capped it by a cap
+// called "refused" with no retry-at).
 func TestBudgetShortHoldsOrCaps(t *testing.T) {
 	due := t0.Add(1500 * time.Millisecond)
 	for _, tiers := range []bool{true, false} {

@@ -168,67 +168,7 @@ func TestManifests(t *testing.T) {
 			t.Errorf("image %s is not the kustomization's %v", c.Image, m.kust.Images)
 		}
 	})
-	t.Run("config mounted in place", func(t *testing.T) {
-		mounts := map[string]corev1.VolumeMount{}
-		for _, vm := range c.VolumeMounts {
-			mounts[vm.Name] = vm
-		}
-		volumes := map[string]corev1.Volume{}
-		for _, v := range pod.Volumes {
-			volumes[v.Name] = v
-		}
-		var configPath string
-		for i, a := range c.Args {
-			if a == "--config" && i+1 < len(c.Args) {
-				configPath = c.Args[i+1]
-			}
-		}
-		found := false
-		for name, v := range volumes {
-			if v.ConfigMap != nil && v.ConfigMap.Name == m.configMap.Name {
-				vm := mounts[name]
-				found = true
-				if vm.SubPath != "" {
-					t.Errorf("the config is mounted with subPath: the kubelet never updates it, so rules never reload")
-				}
-				if filepath.Join(vm.MountPath, "capper.yaml") != configPath {
-					t.Errorf("--config %s is not the mounted %s/capper.yaml", configPath, vm.MountPath)
-				}
-			}
-		}
-		if !found {
-			t.Errorf("no volume of ConfigMap %s", m.configMap.Name)
-		}
-		var secretMount string
-		for name, v := range volumes {
-			if v.Secret != nil {
-				secretMount = mounts[name].MountPath
-				if v.Secret.SecretName != "capper-credentials" {
-					t.Errorf("credentials from Secret %s, want capper-credentials", v.Secret.SecretName)
-				}
-			}
-		}
-		for _, f := range []string{cfg.Redis.PasswordFile, cfg.Kafka.SASLPasswordFile} {
-			if secretMount == "" || !strings.HasPrefix(f, secretMount+"/") {
-				t.Errorf("password file %s is not in the Secret's mount %q", f, secretMount)
-			}
-		}
-		if c.SecurityContext == nil || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
-			t.Error("the root filesystem is writable")
-		}
-		if cfg.Segments.CacheDir == "" {
-			t.Error("segments.cache_dir is unset: the default temporary directory is on the read-only root filesystem")
-		}
-		writable := false
-		for name, v := range volumes {
-			if v.EmptyDir != nil && strings.HasPrefix(cfg.Segments.CacheDir, mounts[name].MountPath) {
-				writable = true
-			}
-		}
-		if !writable {
-			t.Errorf("segments.cache_dir %s is not on a writable emptyDir", cfg.Segments.CacheDir)
-		}
-	})
+	t.Run("config mounted in place", func(t *testing.T) { checkMounts(t, m, cfg, pod, c) })
 	t.Run("probes and shutdown", func(t *testing.T) {
 		_, port, _ := strings.Cut(cfg.MetricsAddr, ":")
 		var metricsPort string
@@ -289,35 +229,7 @@ func TestManifests(t *testing.T) {
 			t.Errorf("PDB maxUnavailable %v, want 1", m.pdb.Spec.MaxUnavailable)
 		}
 	})
-	t.Run("autoscaling on lag", func(t *testing.T) {
-		s := m.scaled.Spec
-		if s.ScaleTargetRef.Name != d.Name || len(s.Triggers) != 1 || s.Triggers[0].Type != "kafka" {
-			t.Fatalf("ScaledObject targets %q with %d triggers, want %s and one kafka trigger", s.ScaleTargetRef.Name, len(s.Triggers), d.Name)
-		}
-		md := s.Triggers[0].Metadata
-		for k, want := range map[string]string{
-			"bootstrapServers": strings.Join(cfg.Kafka.Brokers, ","), "consumerGroup": cfg.Kafka.GroupID, "topic": cfg.Kafka.Topics.Input,
-			"sasl": map[string]string{"": "none", "plain": "plaintext", "scram-sha-256": "scram_sha256", "scram-sha-512": "scram_sha512"}[cfg.Kafka.SASLMechanism], "tls": map[bool]string{true: "enable", false: "disable"}[cfg.Kafka.TLS.Enabled],
-		} {
-			if md[k] != want {
-				t.Errorf("kafka trigger %s = %q, the config says %q", k, md[k], want)
-			}
-		}
-		if n, err := strconv.Atoi(md["lagThreshold"]); err != nil || n < 1000 {
-			t.Errorf("lagThreshold %q", md["lagThreshold"])
-		}
-		if s.MinReplicaCount < 1 || s.MaxReplicaCount < s.MinReplicaCount || *d.Spec.Replicas < int32(s.MinReplicaCount) {
-			t.Errorf("replicas: deployment %d, KEDA %d..%d", *d.Spec.Replicas, s.MinReplicaCount, s.MaxReplicaCount)
-		}
-		if s.Triggers[0].AuthenticationRef.Name != m.auth.Metadata["name"] {
-			t.Errorf("the trigger authenticates with %q, the TriggerAuthentication is %q", s.Triggers[0].AuthenticationRef.Name, m.auth.Metadata["name"])
-		}
-		for _, ref := range m.auth.Spec.SecretTargetRef {
-			if ref.Name != "capper-credentials" {
-				t.Errorf("KEDA reads %s from Secret %s, want capper-credentials", ref.Parameter, ref.Name)
-			}
-		}
-	})
+	t.Run("autoscaling on lag", func(t *testing.T) { checkAutoscaling(t, m, cfg, &d) })
 }
 
 // TestDockerfileUsesTheReleaseBuild: the image is built by scripts/build.sh
@@ -332,6 +244,104 @@ func TestDockerfileUsesTheReleaseBuild(t *testing.T) {
 		`(?m)^USER 65532:65532$`, `(?m)^ENTRYPOINT \["/capper"\]$`} {
 		if !regexp.MustCompile(re).MatchString(df) {
 			t.Errorf("Dockerfile does not match %s", re)
+		}
+	}
+}
+
+// checkMounts: the config mounted as a directory (so the kubelet updates it), the
+// passwords from the Secret, the cache directory on a writable volume.
+func checkMounts(t *testing.T, m *manifests, cfg *config.Config, pod corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	mounts := map[string]corev1.VolumeMount{}
+	for _, vm := range c.VolumeMounts {
+		mounts[vm.Name] = vm
+	}
+	volumes := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		volumes[v.Name] = v
+	}
+	var configPath string
+	for i, a := range c.Args {
+		if a == "--config" && i+1 < len(c.Args) {
+			configPath = c.Args[i+1]
+		}
+	}
+	found := false
+	for name, v := range volumes {
+		if v.ConfigMap != nil && v.ConfigMap.Name == m.configMap.Name {
+			vm := mounts[name]
+			found = true
+			if vm.SubPath != "" {
+				t.Errorf("the config is mounted with subPath: the kubelet never updates it, so rules never reload")
+			}
+			if filepath.Join(vm.MountPath, "capper.yaml") != configPath {
+				t.Errorf("--config %s is not the mounted %s/capper.yaml", configPath, vm.MountPath)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no volume of ConfigMap %s", m.configMap.Name)
+	}
+	var secretMount string
+	for name, v := range volumes {
+		if v.Secret != nil {
+			secretMount = mounts[name].MountPath
+			if v.Secret.SecretName != "capper-credentials" {
+				t.Errorf("credentials from Secret %s, want capper-credentials", v.Secret.SecretName)
+			}
+		}
+	}
+	for _, f := range []string{cfg.Redis.PasswordFile, cfg.Kafka.SASLPasswordFile} {
+		if secretMount == "" || !strings.HasPrefix(f, secretMount+"/") {
+			t.Errorf("password file %s is not in the Secret's mount %q", f, secretMount)
+		}
+	}
+	if c.SecurityContext == nil || c.SecurityContext.ReadOnlyRootFilesystem == nil || !*c.SecurityContext.ReadOnlyRootFilesystem {
+		t.Error("the root filesystem is writable")
+	}
+	if cfg.Segments.CacheDir == "" {
+		t.Error("segments.cache_dir is unset: the default temporary directory is on the read-only root filesystem")
+	}
+	writable := false
+	for name, v := range volumes {
+		if v.EmptyDir != nil && strings.HasPrefix(cfg.Segments.CacheDir, mounts[name].MountPath) {
+			writable = true
+		}
+	}
+	if !writable {
+		t.Errorf("segments.cache_dir %s is not on a writable emptyDir", cfg.Segments.CacheDir)
+	}
+}
+
+// checkAutoscaling: KEDA's Kafka trigger reads the config's brokers, group,
+// topic, SASL and TLS, and its replicas fit the deployment's.
+func checkAutoscaling(t *testing.T, m *manifests, cfg *config.Config, d *appsv1.Deployment) {
+	t.Helper()
+	s := m.scaled.Spec
+	if s.ScaleTargetRef.Name != d.Name || len(s.Triggers) != 1 || s.Triggers[0].Type != "kafka" {
+		t.Fatalf("ScaledObject targets %q with %d triggers, want %s and one kafka trigger", s.ScaleTargetRef.Name, len(s.Triggers), d.Name)
+	}
+	md := s.Triggers[0].Metadata
+	for k, want := range map[string]string{
+		"bootstrapServers": strings.Join(cfg.Kafka.Brokers, ","), "consumerGroup": cfg.Kafka.GroupID, "topic": cfg.Kafka.Topics.Input,
+		"sasl": map[string]string{"": "none", "plain": "plaintext", "scram-sha-256": "scram_sha256", "scram-sha-512": "scram_sha512"}[cfg.Kafka.SASLMechanism], "tls": map[bool]string{true: "enable", false: "disable"}[cfg.Kafka.TLS.Enabled],
+	} {
+		if md[k] != want {
+			t.Errorf("kafka trigger %s = %q, the config says %q", k, md[k], want)
+		}
+	}
+	if n, err := strconv.Atoi(md["lagThreshold"]); err != nil || n < 1000 {
+		t.Errorf("lagThreshold %q", md["lagThreshold"])
+	}
+	if s.MinReplicaCount < 1 || s.MaxReplicaCount < s.MinReplicaCount || *d.Spec.Replicas < int32(s.MinReplicaCount) {
+		t.Errorf("replicas: deployment %d, KEDA %d..%d", *d.Spec.Replicas, s.MinReplicaCount, s.MaxReplicaCount)
+	}
+	if s.Triggers[0].AuthenticationRef.Name != m.auth.Metadata["name"] {
+		t.Errorf("the trigger authenticates with %q, the TriggerAuthentication is %q", s.Triggers[0].AuthenticationRef.Name, m.auth.Metadata["name"])
+	}
+	for _, ref := range m.auth.Spec.SecretTargetRef {
+		if ref.Name != "capper-credentials" {
+			t.Errorf("KEDA reads %s from Secret %s, want capper-credentials", ref.Parameter, ref.Name)
 		}
 	}
 }

@@ -6,7 +6,7 @@
 # from first produce to last forward, the worker's CPU per job and peak RSS, its
 # script calls and near cache hits per job, the Redis memory the run added (used_memory summed over the
 # masters, before vs after), and the report's verdict (0 unaccounted, 0 violations).
-# Goal (issue 14): at most 3 minutes on a 2-core machine, 0 lost, 0 violations.
+# Goal: at most 3 minutes on a 2-core machine, 0 lost, 0 violations.
 #   BLAST_JOBS=2000000 BLAST_USERS=400000 scripts/bench-blast.sh   (a smaller blast of the same shape)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"

@@ -6,7 +6,7 @@
 # (default 3). For each run, capper report counts the allowed SMS per whole window (from the second window to the one before the last,
 # by decision time) and the most in any sliding window. Prints per replica count the medians over the rounds of
 # the windows' median, minimum and maximum as a share of the limit, and the most in any window.
-# Goal (issue 30): every whole window at least 95% of the limit, none over it (the report's judge allows one
+# Goal: every whole window at least 95% of the limit, none over it (the report's judge allows one
 # bucket's share more by decision time: limit + limit/40). The demand is loadgen's mix on one channel (a tenth
 # of the users get 30% of the jobs, so some are capped by config.example.yaml's caps after taking a token)
 # without resends (see LOADGEN_EXTRA below). Each run: DURATION s of demand, max_hold 10s, then the report.

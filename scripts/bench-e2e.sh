@@ -17,7 +17,7 @@
 # 50,000, six calls each: logs with a history) and the FCALL ceiling of decide.lua (bench-capping.sh, median of 3).
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
-# the ratios against the goals of issue 27.
+# the ratios against the seed's script and the pass-through.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 JOBS=${BENCH_JOBS:-1000000}
@@ -102,7 +102,7 @@ print("decide.lua per call / seed per call          %5.2f   (goal <= 1.0)" % (ca
 print("decide.lua per decision, 16 per call / seed   %5.2f   (as capper calls it)" % (call["batch"] / call["seed"]))
 print("decide.lua mode 4 (a whole copy's send) / seed %5.2f per call, %.2f per decision at 16 per call" % (call["copy1"] / call["seed"], call["copy"] / call["seed"]))
 print("with a history: decide.lua / seed, per call   %5.2f   16 per call, per decision / seed %5.2f" % (hist["decide"] / hist["seed"], hist["batch"] / hist["seed"]))
-print("16 users per call / one per call (decide.lua) %5.2f   (issue 27's first lever)" % (call["batch"] / call["decide"]))
+print("16 users per call / one per call (decide.lua) %5.2f   (batching users of one node in one call)" % (call["batch"] / call["decide"]))
 print("decide.lua FCALL / EVALSHA, per call         %5.2f   with a history %.2f (its function library)" % (call["decide"] / call["evalsha"], hist["decide"] / hist["evalsha"]))
 print("decide.lua EVALSHA / its floor, per call     %5.2f   (what its logic adds to the commands it needs; both scripts)" % (call["evalsha"] / call["floor"]))
 print("floor / seed, per call                       %5.2f   with a history %.2f (below 1.0 leaves decide.lua's logic room under the seed)" % (call["floor"] / call["seed"], hist["floor"] / hist["seed"]))

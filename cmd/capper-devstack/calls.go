@@ -155,24 +155,40 @@ func calls(args []string) error {
 	if *setup {
 		cmds, total = cmds[total:], len(cmds)-total // the SETs, not the calls
 	}
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: splitList(*addrs), PoolSize: *clients})
+	start := time.Now()
+	if err := pipelined(splitList(*addrs), *clients, *pipeline, cmds[:total], *kind == "copy" && !*setup); err != nil {
+		return err
+	}
+	per := 1
+	if (*kind == "batch" || *kind == "copy") && !*setup {
+		per = *batch
+	}
+	fmt.Printf("%.0f\n", float64(total*per)/time.Since(start).Seconds())
+	return nil
+}
+
+// pipelined sends cmds from clients connections, each a pipeline of
+// pipeline calls at a time; with checkCopy, every reply must be '=' per user
+// (each send appended to its copy's log: the path measured).
+func pipelined(addrs []string, clients, pipeline int, cmds [][]any, checkCopy bool) error {
+	total := len(cmds)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, PoolSize: clients})
 	defer rdb.Close()
 	ctx := context.Background()
-	start := time.Now()
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, *clients)
-	for range *clients {
+	errs := make(chan error, clients)
+	for range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for {
-				from := int(next.Add(int64(*pipeline))) - *pipeline
+				from := int(next.Add(int64(pipeline))) - pipeline
 				if from >= total {
 					return
 				}
 				p := rdb.Pipeline()
-				for _, c := range cmds[from:min(from+*pipeline, total)] {
+				for _, c := range cmds[from:min(from+pipeline, total)] {
 					p.Do(ctx, c...)
 				}
 				res, err := p.Exec(ctx)
@@ -180,7 +196,7 @@ func calls(args []string) error {
 					errs <- fmt.Errorf("calls: %w", err)
 					return
 				}
-				if *kind == "copy" && !*setup { // each send appended to its copy's log: the path measured
+				if checkCopy { // each send appended to its copy's log: the path measured
 					for _, c := range res {
 						if v, _ := c.(*redis.Cmd).Slice(); len(v) == 0 || v[0] != "=" {
 							errs <- fmt.Errorf("calls: a copy call answered %q, want '=' per user (the log is the copy)", v)
@@ -193,13 +209,5 @@ func calls(args []string) error {
 	}
 	wg.Wait()
 	close(errs)
-	if err := <-errs; err != nil {
-		return err
-	}
-	per := 1
-	if (*kind == "batch" || *kind == "copy") && !*setup {
-		per = *batch
-	}
-	fmt.Printf("%.0f\n", float64(total*per)/time.Since(start).Seconds())
-	return nil
+	return <-errs
 }

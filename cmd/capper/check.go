@@ -87,6 +87,22 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	printCaps(stdout, caps, &d, &plan, zone)
+	if b.Config.Kafka.Topics.Preferences != "" {
+		ps, err := b.Limiter.Preferences(ctx, uid)
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			fmt.Fprintf(stdout, "  the user's %s\n", p)
+		}
+	}
+	printVerdict(stdout, *channel, &d, &plan, zone)
+	return nil
+}
+
+// printCaps prints each cap of the plan with its count in d.
+func printCaps(stdout io.Writer, caps []capping.Cap, d *capping.Decision, plan *rules.Plan, zone *time.Location) {
 	for i, c := range caps {
 		since, window := c.Since, ""
 		if c.Window > 0 {
@@ -104,31 +120,26 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		fmt.Fprintf(stdout, "  cap %-20s %3d of %3d since %s (%s)%s\n", c.Name, d.Counts[i], c.Limit, since.In(zone).Format("2006-01-02 15:04 MST"), window, state)
 	}
-	if b.Config.Kafka.Topics.Preferences != "" {
-		ps, err := b.Limiter.Preferences(ctx, uid)
-		if err != nil {
-			return err
-		}
-		for _, p := range ps {
-			fmt.Fprintf(stdout, "  the user's %s\n", p)
-		}
-	}
+}
+
+// printVerdict prints what a send of channel now would become.
+func printVerdict(stdout io.Writer, channel string, d *capping.Decision, plan *rules.Plan, zone *time.Location) {
 	for _, s := range d.Shadow {
 		fmt.Fprintf(stdout, "shadow cap %s would cap this send\n", s)
 	}
 	if until := plan.QuietUntil; !until.IsZero() {
-		fmt.Fprintf(stdout, "a %s send now: in quiet hours until %s; %s\n", *channel, until.In(zone).Format(time.RFC3339),
+		fmt.Fprintf(stdout, "a %s send now: in quiet hours until %s; %s\n", channel, until.In(zone).Format(time.RFC3339),
 			policy(plan.OnCapped("")))
-		return nil
+		return
 	}
 	if d.Candidate {
 		fmt.Fprintf(stdout, "a %s send now: would take the last slot of %s, which is arbitrated: it would wait until %s, when the highest priority among the sends that asked for it meanwhile gets it\n",
-			*channel, d.Cap, d.RetryAt.In(zone).Format(time.RFC3339))
-		return nil
+			channel, d.Cap, d.RetryAt.In(zone).Format(time.RFC3339))
+		return
 	}
 	if d.Allowed || plan.CountOnly {
-		fmt.Fprintf(stdout, "a %s send now: allowed\n", *channel)
-		return nil
+		fmt.Fprintf(stdout, "a %s send now: allowed\n", channel)
+		return
 	}
 	retry := "never (a limit of 0)"
 	if !d.RetryAt.IsZero() {
@@ -139,8 +150,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		_, min := plan.Reservation(d.Cap)
 		by += fmt.Sprintf(" (the slots left are reserved for priority %d and above)", min)
 	}
-	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", *channel, by, retry, policy(plan.OnCapped(d.Cap)))
-	return nil
+	fmt.Fprintf(stdout, "a %s send now: capped by %s; retry after %s; %s\n", channel, by, retry, policy(plan.OnCapped(d.Cap)))
 }
 
 // policy says what happens to a refused send under p.

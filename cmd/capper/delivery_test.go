@@ -30,7 +30,7 @@ import (
 // default): three replicas with the whole limit free to go at once once
 // forwarded all of it in one window and none in the next (tokens freed
 // together are taken together again a window and a bucket later, and the
-// lump drifts across a window's edge; issue 30).
+// lump drifts across a window's edge).
 func TestBudgetDeliversItsLimit(t *testing.T) {
 	for _, replicas := range []int{1, 3} {
 		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {

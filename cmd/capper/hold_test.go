@@ -148,7 +148,7 @@ func TestHoldAndRelease(t *testing.T) {
 			t.Errorf("job %s: held %d times, want held=%v", id, o.HoldCount, held)
 		}
 	}
-	// Quiet hours under drop say when they end (issue 30); no header capper
+	// Quiet hours under drop say when they end; no header capper
 	// writes is null, where a Java or librdkafka consumer would read no value
 	// (a limit of 0 and an expired job have an empty retry-at).
 	if o := final["digest"]; !o.RetryAt.Equal(quietEnd) {
@@ -166,7 +166,21 @@ func TestHoldAndRelease(t *testing.T) {
 	lags := checkReleases(t, final, 2*time.Second)
 	t.Logf("%d released jobs, release lag %s", len(lags), summarize(lags))
 	checkWindow(t, final, 100, 110, 3*time.Second, 2)
-	// What an operator sees.
+	checkHoldMetrics(t, w)
+	checkHeldRecords(t, s, final)
+	// Redis logged each allowed send once.
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
+	defer rdb.Close()
+	for u := 100; u < 110; u++ {
+		if n := testenv.LogLen(t, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u)); n != 5 {
+			t.Errorf("user %d: %d sends logged, want 5", u, n)
+		}
+	}
+}
+
+// checkHoldMetrics: what an operator sees of TestHoldAndRelease's holds.
+func checkHoldMetrics(t *testing.T, w *worker) {
+	t.Helper()
 	for series, want := range map[string]func(float64) bool{
 		`capper_held_total{reason="cap"}`:                 func(v float64) bool { return v >= 31 }, // re-holds add more
 		`capper_held_total{reason="quiet_hours"}`:         func(v float64) bool { return v == 1 },
@@ -181,7 +195,12 @@ func TestHoldAndRelease(t *testing.T) {
 			t.Errorf("%s = %v (-1: absent)", series, v)
 		}
 	}
-	// Every hold has its audit record on the held topic.
+}
+
+// checkHeldRecords: every hold of a final job has its audit record on the
+// held topic.
+func checkHeldRecords(t *testing.T, s *testenv.Stack, final map[string]testenv.Output) {
+	t.Helper()
 	audits := s.CollectAll(s.Held, 30*time.Second) // written before the releases that made the outputs above
 	holds := map[string]int{}
 	for _, a := range audits {
@@ -193,14 +212,6 @@ func TestHoldAndRelease(t *testing.T) {
 	for id, o := range final {
 		if holds[id] < o.HoldCount {
 			t.Errorf("job %s held %d times, %d held records", id, o.HoldCount, holds[id])
-		}
-	}
-	// Redis logged each allowed send once.
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: s.Redis})
-	defer rdb.Close()
-	for u := 100; u < 110; u++ {
-		if n := testenv.LogLen(t, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u)); n != 5 {
-			t.Errorf("user %d: %d sends logged, want 5", u, n)
 		}
 	}
 }

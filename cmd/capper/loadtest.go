@@ -28,8 +28,96 @@ import (
 // writes its manifest.
 func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper loadgen", flag.ContinueOnError)
-	path := configFlag(fs)
-	var g loadtest.GenConfig
+	o := loadgenFlags(fs)
+	if err := parseFlags(fs, "capper loadgen --config FILE --manifest FILE [flags]", args, stdout, stderr); err != nil {
+		return err
+	}
+	if o.manifest == "" {
+		fmt.Fprintln(stderr, "capper loadgen: --config and --manifest are required")
+		return errUsage
+	}
+	if o.rate < 0 {
+		fmt.Fprintln(stderr, "capper loadgen: --rate must be 0 or more")
+		return errUsage
+	}
+	for _, c := range strings.Split(o.channels, ",") {
+		if c = strings.TrimSpace(c); c != "" {
+			o.g.Channels = append(o.g.Channels, c)
+		}
+	}
+	cfg, err := loadConfig(*o.path)
+	if err != nil {
+		return err
+	}
+	dialer, transport, err := daemon.KafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	ts := cfg.Kafka.Topics
+	if o.partitions > 0 {
+		topics, err := createConfigTopics(ctx, cfg, dialer, o.partitions)
+		if err != nil {
+			return err
+		}
+		if o.g.Jobs == 0 {
+			fmt.Fprintf(stdout, "loadgen: topics %s ready\n", strings.Join(topics, ", "))
+			return nil
+		}
+	}
+	if (o.externalShare > 0 && ts.External == "") || (o.feedbackShare > 0 && ts.Feedback == "") || ((o.prefsShare > 0 || o.vipMidway > 0) && ts.Preferences == "") {
+		return errors.New("loadgen: --external-share, --feedback-share, --prefs-share and --vip-midway-share need kafka.topics.external, .feedback and .preferences")
+	}
+	var prefEvs []loadtest.Event
+	if o.prefsShare > 0 {
+		msgs, evs := loadtest.GeneratePreferences(o.g.Users, o.prefsShare, o.g.Seed, time.Now())
+		if err = applyPreferences(ctx, cfg, transport, msgs, evs, stderr); err != nil {
+			return err
+		}
+		prefEvs = evs
+	}
+	msgs, sent, err := loadtest.Generate(o.g)
+	if err != nil {
+		return err
+	}
+	ext, fb, evs := loadtest.GenerateEvents(sent, o.externalShare, o.feedbackShare, o.g.Seed, time.Now())
+	if err := writeFile(o.manifest, func(f io.Writer) error { return loadtest.WriteManifest(f, sent) }); err != nil {
+		return err
+	}
+	start := time.Now()
+	vevs, err := produceBlast(ctx, cfg, transport, o, msgs, sent, prefEvs, stderr)
+	if err != nil {
+		return err
+	}
+	if len(vevs) > 0 {
+		prefEvs = append(prefEvs, vevs...)
+		fmt.Fprintf(stdout, "loadgen: %d VIP exemptions sent halfway through the blast, applied by %s\n", len(vevs), vevs[0].ProducedAt.Format(time.RFC3339Nano))
+	}
+	fmt.Fprintf(stdout, "loadgen: produced %d messages for %d users to %s in %v; manifest %s\n", len(msgs), o.g.Users, ts.Input, time.Since(start).Round(time.Millisecond), o.manifest)
+	if len(evs)+len(prefEvs) == 0 {
+		return nil
+	}
+	if err := produceEvents(ctx, cfg, transport, ext, fb, evs); err != nil {
+		return err
+	}
+	if err := writeFile(o.manifest+".events", func(f io.Writer) error { return loadtest.WriteEvents(f, append(evs, prefEvs...)) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "loadgen: produced %d external sends, %d feedback events and %d preferences; manifest %s.events\n", len(ext), len(fb), len(prefEvs), o.manifest)
+	return nil
+}
+
+// loadgenOpts are capper loadgen's flags.
+type loadgenOpts struct {
+	path                                                *string
+	g                                                   loadtest.GenConfig
+	externalShare, prefsShare, vipMidway, feedbackShare float64
+	channels, manifest                                  string
+	rate, partitions                                    int
+}
+
+func loadgenFlags(fs *flag.FlagSet) *loadgenOpts {
+	o := &loadgenOpts{path: configFlag(fs)}
+	g := &o.g
 	fs.IntVar(&g.Jobs, "jobs", 200000, "messages to produce (duplicates and malformed included); 0 with --create-topics only creates the topics")
 	fs.IntVar(&g.Users, "users", 50000, "users 1..N receive the jobs")
 	fs.Float64Var(&g.RepeatShare, "repeat", 0.3, "share of jobs sent to a hot tenth of the users, so caps bite")
@@ -39,93 +127,60 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&g.ExpireShare, "expire-share", 0, "share of jobs with an expires_at")
 	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
 	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
-	externalShare := fs.Float64("external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
-	prefsShare := fs.Float64("prefs-share", 0, "give this share of the users a preference (at most one email a day, no promotions, or VIP for a day) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
-	vipMidway := fs.Float64("vip-midway-share", 0, "halfway through the blast, give this share of the users without a preference (and without a job sent twice) a VIP exemption for a day, while the rest of the blast is produced (with --rate, sends of theirs follow); the report exempts a send from the rules' caps from when the exemption was produced, and holds it to the exemption from when it was seen applied (kafka.topics.preferences)")
-	feedbackShare := fs.Float64("feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
+	fs.Float64Var(&o.externalShare, "external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
+	fs.Float64Var(&o.prefsShare, "prefs-share", 0, "give this share of the users a preference (at most one email a day, no promotions, or VIP for a day) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
+	fs.Float64Var(&o.vipMidway, "vip-midway-share", 0, "halfway through the blast, give this share of the users without a preference (and without a job sent twice) a VIP exemption for a day, while the rest of the blast is produced (with --rate, sends of theirs follow); the report exempts a send from the rules' caps from when the exemption was produced, and holds it to the exemption from when it was seen applied (kafka.topics.preferences)")
+	fs.Float64Var(&o.feedbackShare, "feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
 	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
-	channels := fs.String("channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
-	rate := fs.Int("rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
-	manifest := fs.String("manifest", "", "file to record what was sent, for capper report (Required)")
-	partitions := fs.Int("create-topics", 0, "create the input, output and configured event topics with this many partitions when missing (0: do not)")
-	if err := parseFlags(fs, "capper loadgen --config FILE --manifest FILE [flags]", args, stdout, stderr); err != nil {
-		return err
-	}
-	if *manifest == "" {
-		fmt.Fprintln(stderr, "capper loadgen: --config and --manifest are required")
-		return errUsage
-	}
-	if *rate < 0 {
-		fmt.Fprintln(stderr, "capper loadgen: --rate must be 0 or more")
-		return errUsage
-	}
-	for _, c := range strings.Split(*channels, ",") {
-		if c = strings.TrimSpace(c); c != "" {
-			g.Channels = append(g.Channels, c)
-		}
-	}
-	cfg, err := loadConfig(*path)
-	if err != nil {
-		return err
-	}
-	dialer, transport, err := daemon.KafkaClients(cfg.Kafka)
-	if err != nil {
-		return err
-	}
+	fs.StringVar(&o.channels, "channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
+	fs.IntVar(&o.rate, "rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
+	fs.StringVar(&o.manifest, "manifest", "", "file to record what was sent, for capper report (Required)")
+	fs.IntVar(&o.partitions, "create-topics", 0, "create the input, output and configured event topics with this many partitions when missing (0: do not)")
+	return o
+}
+
+// createConfigTopics creates every topic of cfg that is missing (the delay
+// tiers and the held topic when it holds) and returns their names.
+func createConfigTopics(ctx context.Context, cfg *config.Config, dialer *kafka.Dialer, partitions int) ([]string, error) {
 	ts := cfg.Kafka.Topics
-	if *partitions > 0 {
-		topics := []string{ts.Input, ts.Allowed, ts.Capped, ts.DLQ}
-		for _, t := range []string{ts.External, ts.Feedback, ts.Preferences} { // the event topics configured
-			if t != "" {
-				topics = append(topics, t)
-			}
-		}
-		wheel, err := cfg.Wheel()
-		if err != nil {
-			return err
-		}
-		if wheel != nil {
-			topics = append(topics, ts.Held)
-			for _, t := range wheel.Tiers() {
-				topics = append(topics, t.Topic)
-			}
-		}
-		if err := kafkaadmin.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, *partitions, topics...); err != nil {
-			return err
-		}
-		if g.Jobs == 0 {
-			fmt.Fprintf(stdout, "loadgen: topics %s ready\n", strings.Join(topics, ", "))
-			return nil
+	topics := []string{ts.Input, ts.Allowed, ts.Capped, ts.DLQ}
+	for _, t := range []string{ts.External, ts.Feedback, ts.Preferences} { // the event topics configured
+		if t != "" {
+			topics = append(topics, t)
 		}
 	}
-	if (*externalShare > 0 && ts.External == "") || (*feedbackShare > 0 && ts.Feedback == "") || ((*prefsShare > 0 || *vipMidway > 0) && ts.Preferences == "") {
-		return errors.New("loadgen: --external-share, --feedback-share, --prefs-share and --vip-midway-share need kafka.topics.external, .feedback and .preferences")
+	wheel, err := cfg.Wheel()
+	if err != nil {
+		return nil, err
 	}
-	var prefEvs []loadtest.Event
-	if *prefsShare > 0 {
-		msgs, evs := loadtest.GeneratePreferences(g.Users, *prefsShare, g.Seed, time.Now())
-		if err = applyPreferences(ctx, cfg, transport, msgs, evs, stderr); err != nil {
-			return err
+	if wheel != nil {
+		topics = append(topics, ts.Held)
+		for _, t := range wheel.Tiers() {
+			topics = append(topics, t.Topic)
 		}
-		prefEvs = evs
 	}
-	msgs, sent, err := loadtest.Generate(g)
+	return topics, kafkaadmin.CreateTopics(ctx, dialer, cfg.Kafka.Brokers, partitions, topics...)
+}
+
+// writeFile creates path and writes it with write.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	ext, fb, evs := loadtest.GenerateEvents(sent, *externalShare, *feedbackShare, g.Seed, time.Now())
-	f, err := os.Create(*manifest)
-	if err != nil {
-		return err
-	}
-	if err := loadtest.WriteManifest(f, sent); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
-		return fmt.Errorf("write manifest %s: %w", *manifest, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	w := daemon.NewWriter(cfg.Kafka, transport, ts.Input, 5000, daemon.NewLogger("warn", os.Stderr))
+	return f.Close()
+}
+
+// produceBlast produces msgs to the input topic, paced by o.rate, with a
+// progress line; with o.vipMidway, a wave of VIP exemptions goes out halfway
+// and is waited for until applied while the second half is produced. It
+// returns those exemptions, their ProducedAt set once applied.
+func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Transport, o *loadgenOpts, msgs []kafka.Message, sent []loadtest.Sent, prefEvs []loadtest.Event, stderr io.Writer) ([]loadtest.Event, error) {
+	w := daemon.NewWriter(cfg.Kafka, transport, cfg.Kafka.Topics.Input, 5000, daemon.NewLogger("warn", os.Stderr))
 	defer w.Close()
 	start, last := time.Now(), time.Now()
 	progress := func(done int) {
@@ -135,49 +190,44 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		}
 	}
 	produce := func(from, to int) error {
-		if *rate == 0 {
+		if o.rate == 0 {
 			return loadtest.Produce(ctx, w, msgs[from:to], 5000, func(done int) { progress(from + done) })
 		}
-		return producePaced(ctx, w, msgs[from:to], *rate, start.Add(time.Duration(from)*time.Second/time.Duration(*rate)), func(done int) { progress(from + done) })
+		return producePaced(ctx, w, msgs[from:to], o.rate, start.Add(time.Duration(from)*time.Second/time.Duration(o.rate)), func(done int) { progress(from + done) })
 	}
 	half := len(msgs)
-	if *vipMidway > 0 {
+	if o.vipMidway > 0 {
 		half = len(msgs) / 2
 	}
 	if err := produce(0, half); err != nil {
-		return err
+		return nil, err
 	}
 	// The midway wave: produced, and waited for until applied, while the
 	// second half of the blast goes out.
 	midway := make(chan error, 1)
-	var vevs []loadtest.Event // their ProducedAt set once applied
-	if *vipMidway > 0 {
+	var vevs []loadtest.Event
+	if o.vipMidway > 0 {
 		var vmsgs []kafka.Message
-		vmsgs, vevs = loadtest.GenerateVIP(g.Users, *vipMidway, g.Seed, time.Now(), prefEvs, sent)
+		vmsgs, vevs = loadtest.GenerateVIP(o.g.Users, o.vipMidway, o.g.Seed, time.Now(), prefEvs, sent)
 		go func() { midway <- applyPreferences(ctx, cfg, transport, vmsgs, vevs, stderr) }()
 	} else {
 		midway <- nil
 	}
-	err = produce(half, len(msgs))
+	err := produce(half, len(msgs))
 	if merr := <-midway; err == nil {
 		err = merr
 	}
-	if err != nil {
-		return err
-	}
-	if len(vevs) > 0 {
-		prefEvs = append(prefEvs, vevs...)
-		fmt.Fprintf(stdout, "loadgen: %d VIP exemptions sent halfway through the blast, applied by %s\n", len(vevs), vevs[0].ProducedAt.Format(time.RFC3339Nano))
-	}
-	fmt.Fprintf(stdout, "loadgen: produced %d messages for %d users to %s in %v; manifest %s\n", len(msgs), g.Users, ts.Input, time.Since(start).Round(time.Millisecond), *manifest)
-	if len(evs)+len(prefEvs) == 0 {
-		return nil
-	}
-	// The events after the blast: external sends, then the feedback of sends
-	// the worker has decided (or will: feedback for a job not yet recorded is
-	// counted and ignored). Each event's time is taken before its chunk is
-	// written, so no worker can have applied it earlier.
+	return vevs, err
+}
+
+// produceEvents produces the events after the blast: external sends, then
+// the feedback of sends the worker has decided (or will: feedback for a job
+// not yet recorded is counted and ignored). Each event's time is taken
+// before its chunk is written, so no worker can have applied it earlier: it
+// is set in evs (external sends first, then feedback, in order).
+func produceEvents(ctx context.Context, cfg *config.Config, transport *kafka.Transport, ext, fb []kafka.Message, evs []loadtest.Event) error {
 	k := 0
+	ts := cfg.Kafka.Topics
 	for _, e := range []struct {
 		topic string
 		msgs  []kafka.Message
@@ -193,18 +243,6 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			k++
 		}
 	}
-	ef, err := os.Create(*manifest + ".events")
-	if err != nil {
-		return err
-	}
-	if err := loadtest.WriteEvents(ef, append(evs, prefEvs...)); err != nil {
-		ef.Close()
-		return err
-	}
-	if err := ef.Close(); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "loadgen: produced %d external sends, %d feedback events and %d preferences; manifest %s.events\n", len(ext), len(fb), len(prefEvs), *manifest)
 	return nil
 }
 

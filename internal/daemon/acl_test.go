@@ -76,22 +76,7 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	time.Sleep(600 * time.Millisecond)
 	decide("j4", true)
 
-	// An arbitration of the last slot: a candidate is registered (HSET,
-	// PEXPIRE), and at its window's end resolved (HGET, HGETALL, HDEL).
-	at := time.Now()
-	arb, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: func() time.Time { return at }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := capping.Request{UserID: 8, JobID: "cand", Channel: "email", Caps: []capping.Cap{{Name: "one", Limit: 1, Window: time.Hour, Arbitrated: true}},
-		Arbitration: time.Second, Priority: 5}
-	if ds, err := arb.Decide(ctx, []capping.Request{req}); err != nil || !ds[0].Candidate {
-		t.Fatalf("an arbitration candidate as capper: %+v %v", ds, err)
-	}
-	at, req.Candidate = at.Add(time.Second), true
-	if ds, err := arb.Decide(ctx, []capping.Request{req}); err != nil || !ds[0].Allowed {
-		t.Fatalf("the candidate back at its window's end, as capper: %+v %v", ds, err)
-	}
+	arb, at := arbitrateAs(t, ctx, rdb, prefix) // HSET, PEXPIRE, HGET, HGETALL, HDEL; arb's clock stays at
 
 	// Feedback gives a failed send back (GET, then DEL: the log is empty); an
 	// external send is recorded at its time.
@@ -151,4 +136,27 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	if line := "ACL SETUSER capper on >PASSWORD " + sec.RedisACL; !strings.Contains(string(readme), line) {
 		t.Errorf("docs/security.md does not print the ACL line this test ran with:\n%s", line)
 	}
+}
+
+// arbitrateAs runs an arbitration of the last slot through rdb: a candidate
+// is registered (HSET, PEXPIRE), and at its window's end resolved (HGET,
+// HGETALL, HDEL). It returns the Limiter it decided with and its clock's
+// reading, which stays.
+func arbitrateAs(t *testing.T, ctx context.Context, rdb capping.Client, prefix string) (*capping.Limiter, time.Time) {
+	t.Helper()
+	at := time.Now()
+	arb, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: func() time.Time { return at }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := capping.Request{UserID: 8, JobID: "cand", Channel: "email", Caps: []capping.Cap{{Name: "one", Limit: 1, Window: time.Hour, Arbitrated: true}},
+		Arbitration: time.Second, Priority: 5}
+	if ds, err := arb.Decide(ctx, []capping.Request{req}); err != nil || !ds[0].Candidate {
+		t.Fatalf("an arbitration candidate as capper: %+v %v", ds, err)
+	}
+	at, req.Candidate = at.Add(time.Second), true
+	if ds, err := arb.Decide(ctx, []capping.Request{req}); err != nil || !ds[0].Allowed {
+		t.Fatalf("the candidate back at its window's end, as capper: %+v %v", ds, err)
+	}
+	return arb, at
 }

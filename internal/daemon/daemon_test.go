@@ -121,7 +121,7 @@ func TestReloadRules(t *testing.T) {
 		"a changed segment list": {strings.Replace(string(valid), "- name: dormant", "- name: lapsed", 1), "segments changed"},
 		// The worker started without delay tiers: rules that hold cannot run
 		// on it, even when the new file adds tiers (they need a restart).
-		// Issue 24, defect 2: these were accepted, and held nothing.
+		// An earlier version accepted these, and held nothing.
 		"a hold policy": {strings.Replace(string(valid), "default_caps:", "on_capped: {policy: hold, max_hold: 1h}\n  default_caps:", 1), "no delay tiers"},
 		"tiers and a budget": {strings.Replace(strings.Replace(strings.Replace(string(valid), "  tiers: []", "  tiers: [1s]", 1),
 			"dlq: ", "held: "+s.Topics[3]+".held, dlq: ", 1),
