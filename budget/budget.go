@@ -92,6 +92,11 @@ type Want struct {
 // Grant answers a Want.
 type Grant struct {
 	OK bool
+	// Until, when OK, is when the token's bucket ends: the token is counted
+	// in that bucket, so a send that uses it must be decided before Until
+	// for the budget to hold by decision time (a later one must wait for a
+	// new token: the consumer dates a decision within it, or lets it lapse).
+	Until time.Time
 	// RetryAt, when not OK, is when a token is expected back for this job:
 	// the start of the earliest bucket with a token not yet promised to a job
 	// refused before it in this process (see refuse), so released jobs arrive
@@ -371,7 +376,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 // returns the others.
 func (st *state) grant(idx []int, grants []Grant, n int) []int {
 	for _, i := range idx[:n] {
-		grants[i].OK = true
+		grants[i] = Grant{OK: true, Until: st.expires}
 	}
 	st.reserve -= n
 	st.used += n
@@ -481,6 +486,13 @@ func (b *Budgets) Return(w Want, n int) {
 		st.used -= n
 		st.putBackC.Add(float64(n))
 	}
+}
+
+// Lapse counts n tokens of w that were granted and not used before their
+// bucket ended (Grant.Until): they stay counted in Redis until they leave
+// the window, and are never used.
+func (b *Budgets) Lapse(w Want, n int) {
+	b.state(w).lapsedC.Add(float64(n))
 }
 
 // Close gives the unused tokens of every live lease back to Redis, so that

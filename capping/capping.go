@@ -225,6 +225,11 @@ type Request struct {
 	// capped) and a Retention; it counts toward every cap whose scope it
 	// matches from SentAt on.
 	SentAt time.Time
+	// At, when set, is the instant the send is decided and recorded at
+	// instead of the clock's reading (Decision.At is At): a caller dates a
+	// decision within the bucket of the budget tokens it holds. It must not
+	// be later than the clock, nor earlier than Config.ClockMargin before it.
+	At time.Time
 	// Preferences reads the user's own preferences (SetPreference) in the
 	// same call: a VIP exemption lifts Caps, and the user's limits and
 	// opt-outs apply as caps of their own (Decision.Cap names them
@@ -245,6 +250,9 @@ func (r *Request) validate() error {
 	}
 	if len(r.Tags) > MaxTags {
 		return fmt.Errorf("%d tags, at most %d", len(r.Tags), MaxTags)
+	}
+	if !r.At.IsZero() && !r.SentAt.IsZero() {
+		return errors.New("both At and SentAt")
 	}
 	if (r.DuplicateOnly || !r.SentAt.IsZero()) && len(r.Caps) > 0 {
 		return errors.New("a duplicate check or an external send with caps")

@@ -390,6 +390,9 @@ func (r *round) settle(pending []int) retries {
 // leaves in the near cache (or drops the user's copy).
 func (r *round) decided(i int, setNX, inScript bool) error {
 	l, b, now := r.l, r.b, r.now
+	if r.reqs[i].SentAt.IsZero() {
+		now = b.args[i].at // the round's clock, or the request's own At
+	}
 	v := b.results[i].v
 	var tail, raw string // the log after the decision: its entries, and whole when known (see install)
 	var err error

@@ -192,6 +192,8 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 		a.at, a.now = now, nowMs
 		if !r.SentAt.IsZero() {
 			a.at, a.now = r.SentAt, r.SentAt.UnixMilli()
+		} else if !r.At.IsZero() {
+			a.at, a.now = r.At, r.At.UnixMilli()
 		}
 		if need := memberLen(len(r.Tags)); cap(members)-len(members) < need {
 			members = make([]byte, 0, max(need, 8<<10))

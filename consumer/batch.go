@@ -191,6 +191,9 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		if !g.OK && (t.short == "" || g.RetryAt.After(t.retryAt)) {
 			t.short, t.retryAt = wants[j].Spec.Name, g.RetryAt
 		}
+		if g.OK && (t.until.IsZero() || g.Until.Before(t.until)) {
+			t.until = g.Until
+		}
 	}
 	for j, g := range grants {
 		if g.OK && es[owners[j]].facts.tokens.short != "" {
@@ -267,12 +270,19 @@ func (w *Worker) decide(ctx context.Context, es []entry) error {
 	defer func() { clear(reqs); w.buf.reqs = reqs }()
 	for len(pending) > 0 {
 		now := w.cfg.Clock()
+		if pending = w.lapseTokens(es, pending, now); len(pending) == 0 {
+			return nil
+		}
 		reqs = reqs[:0]
 		for _, i := range pending {
 			e := &es[i]
 			e.at = now
 			w.route(e)
-			reqs = append(reqs, w.request(e))
+			r := w.request(e)
+			if e.out.Ask == AskDecision && w.holdsTokens(e) && !e.facts.tokens.until.IsZero() {
+				r.At = minTime(now, tokenDate(e.facts.tokens.until)) // within its tokens' bucket
+			}
+			reqs = append(reqs, r)
 		}
 		ds, err := w.cfg.Decider.Decide(ctx, reqs)
 		re := requestErrors(err, len(reqs))
@@ -304,6 +314,45 @@ func (w *Worker) decide(ctx context.Context, es []entry) error {
 		pending = again
 	}
 	return nil
+}
+
+// tokenDate is the latest instant a send whose tokens' buckets end at until
+// may be decided at: the budget holds by decision time.
+func tokenDate(until time.Time) time.Time { return until.Add(-time.Millisecond) }
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// lapseTokens lets the budget tokens of the pending jobs lapse whose
+// decision cannot be dated within their tokens' bucket any more (it ended
+// more than TokenGrace before now: the batch stalled, or Redis failed for
+// that long). Such a job is short of a token again, held until one is
+// expected back (or capped, after a duplicate check, when it cannot wait);
+// the jobs still pending for Redis are returned.
+func (w *Worker) lapseTokens(es []entry, pending []int, now time.Time) []int {
+	kept := pending[:0]
+	for _, i := range pending {
+		e := &es[i]
+		t := &e.facts.tokens
+		if !w.holdsTokens(e) || t.until.IsZero() || !now.After(tokenDate(t.until).Add(w.cfg.TokenGrace)) {
+			kept = append(kept, i)
+			continue
+		}
+		for _, wt := range e.plan.Wants {
+			w.cfg.Budgets.Lapse(wt, 1)
+		}
+		t.short, t.retryAt, t.until = e.plan.Wants[0].Spec.Name, now, time.Time{}
+		e.at = now
+		w.route(e)
+		if e.out.Kind == Pending { // capped after a duplicate check: still Redis's
+			kept = append(kept, i)
+		}
+	}
+	return kept
 }
 
 // redisHealth tracks how long decisions have been failing: it starts the

@@ -12,6 +12,7 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
@@ -24,6 +25,8 @@ type fakeBudgets struct {
 	grant   func(call int, w budget.Want) (budget.Grant, error) // nil: grant all
 	taken   map[string]int
 	returns int
+	lapsed  int
+	after   func() // called at the end of each Take (a stall after the tokens)
 }
 
 func (b *fakeBudgets) Take(_ context.Context, wants []budget.Want) ([]budget.Grant, error) {
@@ -47,7 +50,17 @@ func (b *fakeBudgets) Take(_ context.Context, wants []budget.Want) ([]budget.Gra
 		}
 		gs = append(gs, g)
 	}
+	if b.after != nil {
+		b.after()
+	}
 	return gs, nil
+}
+
+func (b *fakeBudgets) Lapse(w budget.Want, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.taken[w.Key] -= n // never used: not forwarded
+	b.lapsed += n
 }
 
 func (b *fakeBudgets) Return(w budget.Want, n int) {
@@ -191,5 +204,59 @@ func TestBudgetFailureIsRetried(t *testing.T) {
 	b.mu.Unlock()
 	if got := b.balance(); calls != 2 || returns != 1 || got["sms"] != 1 || got["all-sms"] != 1 {
 		t.Errorf("%d calls, %d tokens given back, kept %v; want 2 calls, sms's first token given back, one of each kept", calls, returns, got)
+	}
+}
+
+// TestDecisionDatedWithinItsTokensBucket: a send holding budget tokens is
+// decided and recorded at a time within the bucket its tokens are counted in
+// (budget.Grant.Until), so the budget holds by capper-decided-at: at the
+// clock's reading while the bucket lasts; dated back to the bucket's last
+// millisecond when the decision comes up to TokenGrace after it (a slow call,
+// a stall); and beyond that its tokens lapse and it is refused for the
+// budget (here without delay tiers: capped after a duplicate check) instead
+// of being sent outside the bucket.
+func TestDecisionDatedWithinItsTokensBucket(t *testing.T) {
+	until := t0.Add(100 * time.Millisecond) // the tokens' bucket ends
+	for _, c := range []struct {
+		name  string
+		stall time.Duration // from the tokens to the decision
+		at    time.Time     // the decision's date; zero: not decided, refused
+	}{
+		{"within the bucket", 50 * time.Millisecond, t0.Add(50 * time.Millisecond)},
+		{"after it, within the grace", 700 * time.Millisecond, until.Add(-time.Millisecond)},
+		{"beyond the grace", 1500 * time.Millisecond, time.Time{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clk := testclock.At(t0)
+			b := &fakeBudgets{grant: func(int, budget.Want) (budget.Grant, error) { return budget.Grant{OK: true, Until: until}, nil },
+				after: func() { clk.Add(c.stall) }}
+			d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+				if r.DuplicateOnly {
+					return capping.Decision{At: clk.Now()}, nil
+				}
+				return capping.Decision{Allowed: true, At: r.At}, nil
+			}}
+			h := start(t, consumer.Config{Rules: budgetRules(t), Decider: d, Budgets: b, Clock: clk.Now, TokenGrace: time.Second})
+			h.send(smsJob("s", 1))
+			o := byJob(h.waitOutputs(t, 1))["s"]
+			d.mu.Lock()
+			reqs := d.calls[0]
+			d.mu.Unlock()
+			if c.at.IsZero() {
+				if got := header(o, output.HeaderDecision); got != "capped" || header(o, output.HeaderCap) != "sms" || !reqs[0].DuplicateOnly {
+					t.Errorf("decision %q by %q (asked %+v); want capped by the budget sms after a duplicate check", got, header(o, output.HeaderCap), reqs[0])
+				}
+				if b.lapsed != 2 || len(b.balance()) != 0 {
+					t.Errorf("lapsed %d tokens, kept %v; want both budgets' tokens lapsed, none kept", b.lapsed, b.balance())
+				}
+				return
+			}
+			if !reqs[0].At.Equal(c.at) || header(o, output.HeaderDecidedAt) != output.FormatTime(c.at) || header(o, output.HeaderDecision) != "allowed" {
+				t.Errorf("asked at %v, output %q decided at %s; want allowed at %v", reqs[0].At, header(o, output.HeaderDecision), header(o, output.HeaderDecidedAt), c.at)
+			}
+			if b.lapsed != 0 {
+				t.Errorf("%d tokens lapsed", b.lapsed)
+			}
+		})
 	}
 }

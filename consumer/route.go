@@ -53,6 +53,7 @@ type grant struct {
 	taken   bool      // the plan's tokens were asked for (or budgets are not enforced)
 	short   string    // the budget that had no token for it; "": all granted
 	retryAt time.Time // when a token of short is expected back
+	until   time.Time // when the first of the tokens' buckets ends (budget.Grant.Until); zero: none held
 }
 
 // answer is what Redis answered to the job's request.

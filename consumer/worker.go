@@ -50,7 +50,10 @@ type Decider interface {
 // Budgeter hands out tokens of global send-rate budgets (*budget.Budgets).
 type Budgeter interface {
 	Take(ctx context.Context, wants []budget.Want) ([]budget.Grant, error)
+	// Return puts back n tokens of w that were not used (the job was not
+	// forwarded); Lapse counts n tokens that went unused past their bucket.
 	Return(w budget.Want, n int)
+	Lapse(w budget.Want, n int)
 }
 
 // Segmenter resolves a user's segment (*segments.Snapshot).
@@ -75,6 +78,14 @@ type Config struct {
 	// Budgets hands out the tokens of the rules' budgets; nil: budgets are not
 	// enforced (the daemon always sets it).
 	Budgets Budgeter
+	// TokenGrace is how far back a send that holds budget tokens may be
+	// decided and recorded, so that its decision is dated within the bucket
+	// its tokens are counted in (budget.Grant.Until) and the budget holds by
+	// decision time; a job decided later than that (a stall, a Redis outage,
+	// a starved CPU) lets its tokens lapse and waits for new ones. The daemon
+	// sets max_clock_skew, the margin the logs keep for clocks that differ.
+	// Defaults to 0: never dated back.
+	TokenGrace time.Duration
 	// Segments returns the current segment snapshot. (Required)
 	Segments func() Segmenter
 	// Rules are the initial rules. (Required)

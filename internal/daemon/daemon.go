@@ -249,7 +249,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	wc := consumer.Config{
-		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, Clock: opts.Clock,
+		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, TokenGrace: time.Duration(cfg.MaxClockSkew), Clock: opts.Clock,
 		Segments: d.segments,
 		Rules:    d.Rules,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
