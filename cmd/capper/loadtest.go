@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -80,12 +82,17 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	ext, fb, evs := loadtest.GenerateEvents(sent, o.externalShare, o.feedbackShare, o.g.Seed, time.Now())
-	if err := writeFile(o.manifest, func(f io.Writer) error { return loadtest.WriteManifest(f, sent) }); err != nil {
+	if err := reachable(ctx, cfg, transport, ts.Input); err != nil {
 		return err
 	}
 	start := time.Now()
 	vevs, err := produceBlast(ctx, cfg, transport, o, msgs, sent, prefEvs, stderr)
 	if err != nil {
+		return fmt.Errorf("loadgen: %w (no manifest written: the broker did not acknowledge the whole blast)", err)
+	}
+	// Written once the broker acknowledged every message: a manifest lists
+	// only jobs that were sent.
+	if err := writeFile(o.manifest, func(f io.Writer) error { return loadtest.WriteManifest(f, sent) }); err != nil {
 		return err
 	}
 	if len(vevs) > 0 {
@@ -323,6 +330,18 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("%s: %w", *manifest, err)
 	}
+	dialer, transport, err := daemon.KafkaClients(cfg.Kafka)
+	if err != nil {
+		return err
+	}
+	ts := cfg.Kafka.Topics
+	topics := map[string]string{loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ}
+	if wheel, err := cfg.Wheel(); err == nil && wheel != nil {
+		topics[loadtest.RoleHeld] = ts.Held
+	}
+	if err := reachable(ctx, cfg, transport, slices.Collect(maps.Values(topics))...); err != nil {
+		return err
+	}
 	rs, err := rules.Compile(cfg.Rules, 0)
 	if err != nil {
 		return err
@@ -344,15 +363,6 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	want := make(map[string]bool, len(sent))
 	for _, s := range sent {
 		want[s.ID] = true
-	}
-	dialer, _, err := daemon.KafkaClients(cfg.Kafka)
-	if err != nil {
-		return err
-	}
-	ts := cfg.Kafka.Topics
-	topics := map[string]string{loadtest.RoleAllowed: ts.Allowed, loadtest.RoleCapped: ts.Capped, loadtest.RoleDLQ: ts.DLQ}
-	if wheel, err := cfg.Wheel(); err == nil && wheel != nil {
-		topics[loadtest.RoleHeld] = ts.Held
 	}
 	rctx, cancel := context.WithTimeout(ctx, *wait)
 	defer cancel()
@@ -400,6 +410,30 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	return nil
 }
+
+// reachable fails, naming the setting to check, when the brokers do not
+// answer within brokerTimeout or one of topics does not exist: a load test
+// or a report against a broker that is not there says so at once instead of
+// blaming the worker.
+func reachable(ctx context.Context, cfg *config.Config, transport *kafka.Transport, topics ...string) error {
+	ctx, cancel := context.WithTimeout(ctx, brokerTimeout)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(cfg.Kafka.Brokers...), Transport: transport, Timeout: brokerTimeout}
+	md, err := client.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err != nil {
+		return fmt.Errorf("the Kafka brokers %v do not answer within %v: check kafka.brokers (CAPPER_KAFKA_BROKERS) and that the broker runs: %w",
+			cfg.Kafka.Brokers, brokerTimeout, err)
+	}
+	for _, t := range md.Topics {
+		if t.Error != nil {
+			return fmt.Errorf("the topic %s on %v: %w: create it (capper loadgen --create-topics P) or check kafka.topics", t.Name, cfg.Kafka.Brokers, t.Error)
+		}
+	}
+	return nil
+}
+
+// brokerTimeout bounds how long a one-shot command waits for the brokers.
+const brokerTimeout = 10 * time.Second
 
 // producePaced produces msgs at rate per second, a tenth of a second's share
 // at a time, each share when its time has come (a demand's pace, for the

@@ -73,6 +73,21 @@ func TestCheckCleanRun(t *testing.T) {
 	}
 }
 
+// TestCheckNeverPassesOnNothing: an empty manifest is a failure that says
+// why; jobs with no output read at all are unaccounted and the report says
+// that nothing came out of the topics.
+func TestCheckNeverPassesOnNothing(t *testing.T) {
+	r := loadtest.Check(nil, nil, policy, t0.Add(time.Hour))
+	if r.OK() || len(r.Problems) != 1 || !strings.Contains(r.Problems[0], "the manifest lists no jobs") {
+		t.Fatalf("an empty manifest: ok %v, problems %q; want a failure naming the empty manifest", r.OK(), r.Problems)
+	}
+	sent, _ := scenario()
+	r = loadtest.Check(sent, nil, policy, t0.Add(time.Hour))
+	if r.OK() || r.Unaccounted != len(sent) || len(r.Problems) == 0 || !strings.Contains(r.Problems[0], "no message was read from the output topics") {
+		t.Fatalf("no outputs: ok %v, unaccounted %d, problems %q; want every job unaccounted and the empty topics named first", r.OK(), r.Unaccounted, r.Problems)
+	}
+}
+
 func TestCheckCatchesProblems(t *testing.T) {
 	tests := []struct {
 		name                    string

@@ -141,6 +141,7 @@ type Policy struct {
 //     limit plus a fortieth (budget.Spec.Bound: a decision follows its token
 //     by moments), by decision time.
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
+//   - A manifest without jobs is a violation: a verifier never passes on nothing.
 //   - Every allowed send of a user (by unique job id; not exempt, not count-only,
 //     not unchecked) must have been within every cap of the user's rules that
 //     applies to it: fewer sends of the cap's scope than its limit before it in
@@ -158,6 +159,14 @@ type Policy struct {
 //     naming a rules cap is a violation).
 func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 	c := newChecker(sent, p)
+	if len(sent) == 0 { // a verifier never passes on nothing
+		c.r.Violations++
+		c.r.problem("the manifest lists no jobs: nothing was judged (did capper loadgen send any, to this config's input topic?)")
+		return c.r
+	}
+	if len(outs) == 0 {
+		c.r.problem("no message was read from the output topics: is a worker running with this config (its topics, its group)?")
+	}
 	j, err := newJudge(p.Rules)
 	if err != nil {
 		c.r.Violations++
