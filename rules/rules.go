@@ -149,7 +149,7 @@ type Duration time.Duration
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := ParseDuration(n.Value)
 	if err != nil {
-		return err
+		return fmt.Errorf("line %d, column %d: %w", n.Line, n.Column, err)
 	}
 	*d = Duration(v)
 	return nil
@@ -157,20 +157,26 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 func (d Duration) String() string { return time.Duration(d).String() }
 
-// ParseDuration is time.ParseDuration plus a "d" (24h) suffix for whole days.
+// ParseDuration is time.ParseDuration plus a "d" (24h) suffix for whole
+// days: the one duration syntax of the configuration, the rules, the events
+// and every command's flags.
 func ParseDuration(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.Atoi(days)
 		if err != nil {
-			return 0, fmt.Errorf("invalid duration %q", s)
+			return 0, durationError(s)
 		}
 		return time.Duration(n) * 24 * time.Hour, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q", s)
+		return 0, durationError(s)
 	}
 	return d, nil
+}
+
+func durationError(s string) error {
+	return fmt.Errorf("invalid duration %q: a number and a unit, without spaces: 500ms, 30s, 5m, 24h, 7d", s)
 }
 
 // Calendar periods.

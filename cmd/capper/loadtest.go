@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"os"
 	"runtime/debug"
@@ -528,5 +529,12 @@ func loadConfig(path string) (*config.Config, error) {
 	if path == "" {
 		return nil, errors.New("--config is required")
 	}
-	return config.Load(path)
+	cfg, err := config.Load(path)
+	if err == nil {
+		log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+		for _, w := range config.UnknownVariables(os.Environ()) {
+			log.Warn(w)
+		}
+	}
+	return cfg, err
 }

@@ -36,3 +36,13 @@ func TestLoadgenAndReportNameAnUnreachableBroker(t *testing.T) {
 		t.Errorf("both commands took %v to fail on a broker that is not there", d)
 	}
 }
+
+// TestUnknownVariableIsWarned: a typo in a CAPPER_* variable is not ignored
+// in silence: the command warns, naming the nearest setting's variable.
+func TestUnknownVariableIsWarned(t *testing.T) {
+	out, _ := capper(t, "", []string{"CAPPER_REDIS_ADDR=127.0.0.1:1", "CAPPER_KAFKA_BROKERS=" + freeAddr(t)},
+		"report", "--config", "../../config.example.yaml", "--manifest", filepath.Join(t.TempDir(), "none.csv"))
+	if !strings.Contains(out, `"level":"WARN"`) || !strings.Contains(out, "CAPPER_REDIS_ADDR is not a setting capper reads") || !strings.Contains(out, "did you mean CAPPER_REDIS_ADDRS?") {
+		t.Fatalf("no warning for CAPPER_REDIS_ADDR:\n%s", out)
+	}
+}

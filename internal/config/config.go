@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -225,7 +227,7 @@ func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("config: %w", err)
+		return nil, fmt.Errorf("config: %w", located(data, err))
 	}
 	if err := applyEnv(reflect.ValueOf(&c).Elem(), "CAPPER", env); err != nil {
 		return nil, err
@@ -238,6 +240,67 @@ func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// located names the field of a value error that says only its line ("line
+// 12: invalid duration ..."): "kafka.session_timeout (CAPPER_...), line 12:
+// invalid duration ...". Other errors (the YAML's syntax, unknown fields)
+// say where they are already.
+func located(data []byte, err error) error {
+	m := lineError.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	line, _ := strconv.Atoi(m[1])
+	col, _ := strconv.Atoi(m[2])
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil {
+		return err
+	}
+	path := pathAt(&root, line, col, "")
+	switch {
+	case path == "":
+		return err
+	case strings.Contains(path, "["): // in a list: the file alone sets it
+		return fmt.Errorf("%s, line %d: %s", path, line, m[3])
+	}
+	return fmt.Errorf("%s (%s), line %d: %s", path, envName(path), line, m[3])
+}
+
+var lineError = regexp.MustCompile(`^line (\d+), column (\d+): (.*)$`)
+
+// pathAt returns the field path of the scalar value at line and col under n
+// ("rules.segments[0].caps[1].window"), or "".
+func pathAt(n *yaml.Node, line, col int, prefix string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p := pathAt(c, line, col, prefix); p != "" {
+				return p
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			path := k.Value
+			if prefix != "" {
+				path = prefix + "." + k.Value
+			}
+			if v.Kind == yaml.ScalarNode && v.Line == line && v.Column == col {
+				return path
+			}
+			if p := pathAt(v, line, col, path); p != "" {
+				return p
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if p := pathAt(c, line, col, fmt.Sprintf("%s[%d]", prefix, i)); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 func (c *Config) readSecrets(env func(string) (string, bool)) error {
@@ -342,8 +405,22 @@ func (c *Config) Validate() error {
 	if c.Batch.Size < 0 || c.Batch.Size > 100000 {
 		bad("batch.size", "%d is not in 0..100000 (0: the default, %d)", c.Batch.Size, consumer.DefaultBatchSize)
 	}
-	if c.MaxClockSkew < 0 {
-		bad("max_clock_skew", "%v is negative", time.Duration(c.MaxClockSkew))
+	for _, f := range []struct {
+		field string
+		d     Duration
+	}{{"max_clock_skew", c.MaxClockSkew}, {"shutdown_timeout", c.ShutdownTimeout}, {"clock_check_interval", c.ClockCheckInterval},
+		{"kafka.session_timeout", c.Kafka.SessionTimeout}, {"rules.reload_interval", c.Rules.ReloadInterval},
+		{"redis.dial_timeout", c.Redis.DialTimeout}, {"redis.read_timeout", c.Redis.ReadTimeout}, {"redis.write_timeout", c.Redis.WriteTimeout}} {
+		if f.d < 0 {
+			bad(f.field, "%v is negative", time.Duration(f.d))
+		}
+	}
+	if c.MetricsAddr != "off" {
+		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			bad("metrics_addr", "%q is not host:port, :port or off (%v)", c.MetricsAddr, err)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad("metrics_addr", "%q: the port %q is not a number in 0..65535", c.MetricsAddr, port)
+		}
 	}
 	if time.Duration(c.Batch.MaxWait) > time.Second {
 		bad("batch.max_wait", "%v is over 1s", time.Duration(c.Batch.MaxWait))

@@ -86,6 +86,13 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"tier too short", map[string]string{"CAPPER_HOLD_TIERS": "10ms"}, "", "hold.tiers"},
 		{"holding rules without tiers", map[string]string{"CAPPER_HOLD_TIERS": ""}, "", "CAPPER_HOLD_TIERS"},
 		{"delay topic is the input", map[string]string{"CAPPER_KAFKA_TOPICS_INPUT": "sends.delay.1s"}, "", "kafka.topics.delay_prefix"},
+		{"negative shutdown timeout", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nshutdown_timeout: -5s\nrules: {default_caps: [{window: 24h, limit: 1}]}\n", "shutdown_timeout (CAPPER_SHUTDOWN_TIMEOUT): -5s is negative"},
+		{"metrics address without a port", map[string]string{"CAPPER_METRICS_ADDR": "localhost"}, "", "metrics_addr (CAPPER_METRICS_ADDR): \"localhost\" is not host:port"},
+		{"metrics address with a bad port", map[string]string{"CAPPER_METRICS_ADDR": "localhost:http9"}, "", "the port \"http9\" is not a number"},
+		// A value the YAML cannot hold: its field and its line, as every other error.
+		{"duration without a unit", nil, "kafka:\n  brokers: [x]\n  session_timeout: 30\n", "kafka.session_timeout (CAPPER_KAFKA_SESSION_TIMEOUT), line 3: invalid duration \"30\""},
+		{"duration with a space", nil, "kafka: {brokers: [x]}\nrules:\n  default_caps:\n    - {name: d, limit: 1, window: 100 ms}\n", "rules.default_caps[0].window, line 4: invalid duration \"100 ms\""},
+		{"duration in words", nil, "max_clock_skew: 1day\n", "max_clock_skew (CAPPER_MAX_CLOCK_SKEW), line 1: invalid duration \"1day\": a number and a unit"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -150,5 +157,22 @@ func TestMaxClockSkew(t *testing.T) {
 				t.Errorf("max_clock_skew %v, clock margin %v; want %v", time.Duration(c.MaxClockSkew), c.Limiter().ClockMargin, tc.want)
 			}
 		})
+	}
+}
+
+// TestUnknownVariables: a CAPPER_* variable no setting reads is warned about,
+// with the nearest one that does; the settings' own, the secrets' and the
+// local stack's tools' are not.
+func TestUnknownVariables(t *testing.T) {
+	got := config.UnknownVariables([]string{"CAPPER_REDIS_ADDR=127.0.0.1:7000", "CAPPER_KAFKA_BROKERS=x", "CAPPER_REDIS_PASSWORD=p",
+		"CAPPER_TEST_REDIS_ADDRS=y", "CAPPER_KAFKA_PORT=9092", "CAPPER_SEGMENTS_S3_ENDPOINT=z", "CAPPER_WHATEVER_ELSE_ENTIRELY=1", "HOME=/root"})
+	if len(got) != 2 || !strings.Contains(got[0], "CAPPER_REDIS_ADDR is not a setting capper reads") || !strings.Contains(got[0], "did you mean CAPPER_REDIS_ADDRS?") ||
+		!strings.Contains(got[1], "CAPPER_WHATEVER_ELSE_ENTIRELY") || strings.Contains(got[1], "did you mean") {
+		t.Fatalf("warnings %q", got)
+	}
+	for _, v := range config.Variables() {
+		if w := config.UnknownVariables([]string{v + "=1"}); len(w) != 0 {
+			t.Errorf("%s, a setting's own variable, is warned about: %q", v, w)
+		}
 	}
 }
