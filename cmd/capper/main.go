@@ -70,6 +70,8 @@ const usage = `capper — per-user frequency capping for campaign messages
 
 Usage:
   capper run --config FILE                     run the worker (consume, cap, forward, commit)
+  capper validate --config FILE                check a configuration offline: every error with its field
+                                               (and line); contacts nothing; exit 0 or 1
   capper check --config FILE --user ID [--channel C]
                                                show a user's segment, counted sends and whether a send
                                                now would be allowed; records nothing
@@ -107,6 +109,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runWorker(ctx, args[1:], stderr)
 	case "check":
 		return runCheck(ctx, args[1:], stdout, stderr)
+	case "validate":
+		return runValidate(args[1:], stdout, stderr)
 	case "segments":
 		return runSegments(ctx, args[1:], stdout, stderr)
 	case "loadgen":

@@ -46,3 +46,33 @@ func TestUnknownVariableIsWarned(t *testing.T) {
 		t.Fatalf("no warning for CAPPER_REDIS_ADDR:\n%s", out)
 	}
 }
+
+// TestValidate: capper validate checks a configuration offline (backends
+// pointed at ports where nothing listens change nothing): the example is
+// valid (exit 0); a bad one lists every error with its field and variable,
+// and a value's line (exit 1).
+func TestValidate(t *testing.T) {
+	closed := []string{"CAPPER_KAFKA_BROKERS=" + freeAddr(t), "CAPPER_REDIS_ADDRS=" + freeAddr(t)}
+	out, err := capper(t, "", closed, "validate", "--config", "../../config.example.yaml")
+	if err != nil || !strings.Contains(out, "config.example.yaml: valid") {
+		t.Fatalf("the example config: %v\n%s", err, out)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("kafka:\n  brokers: [localhost]\n  session_timeout: 30\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = capper(t, "", nil, "validate", "--config", bad)
+	if err == nil || !strings.Contains(out, "kafka.session_timeout (CAPPER_KAFKA_SESSION_TIMEOUT), line 3: invalid duration \"30\"") {
+		t.Fatalf("a duration without a unit: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(bad, []byte("kafka:\n  brokers: [localhost]\nshutdown_timeout: -5s\nmetrics_addr: localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = capper(t, "", nil, "validate", "--config", bad)
+	for _, want := range []string{"invalid", `kafka.brokers (CAPPER_KAFKA_BROKERS): "localhost" is not host:port`, "shutdown_timeout (CAPPER_SHUTDOWN_TIMEOUT): -5s is negative",
+		`metrics_addr (CAPPER_METRICS_ADDR): "localhost" is not host:port`, "redis.addrs (CAPPER_REDIS_ADDRS): at least one address is required", "segments.source", "default_caps"} {
+		if err == nil || !strings.Contains(out, want) {
+			t.Errorf("want %q in the errors (exit %v):\n%s", want, err, out)
+		}
+	}
+}

@@ -396,6 +396,18 @@ func (c *Config) Validate() error {
 	if len(c.Redis.Addrs) == 0 {
 		bad("redis.addrs", "at least one address is required")
 	}
+	for _, f := range []struct {
+		field string
+		addrs []string
+	}{{"kafka.brokers", c.Kafka.Brokers}, {"redis.addrs", c.Redis.Addrs}} {
+		field := f.field
+		for _, a := range f.addrs {
+			host, port, err := net.SplitHostPort(a)
+			if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 1 || n > 65535 || host == "" {
+				bad(field, "%q is not host:port with a port in 1..65535", a)
+			}
+		}
+	}
 	if err := c.Redis.Limiter().Validate(); err != nil {
 		bad("redis", "%v", err)
 	}

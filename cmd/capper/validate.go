@@ -1,0 +1,48 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/rules"
+)
+
+// runValidate is capper validate: the configuration checked offline, as
+// promtool check config or terraform validate do: the file, the CAPPER_*
+// overrides, the rules compiled, the addresses' form. It contacts nothing
+// and exits 0 when the configuration would start, 1 with every error
+// otherwise.
+func runValidate(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("capper validate", flag.ContinueOnError)
+	path := configFlag(fs)
+	if err := parseFlags(fs, "capper validate --config FILE\n\nexamples:\n  capper validate --config capper.yaml\n  CAPPER_KAFKA_BROKERS=b-1:9092 capper validate --config capper.yaml", args, stdout, stderr); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "capper validate: --config FILE is required")
+		return errUsage
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		fmt.Fprintf(stdout, "%s: invalid\n%s\n", *path, indent(err.Error()))
+		return errLogged
+	}
+	for _, w := range config.UnknownVariables(os.Environ()) {
+		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	rs, _ := rules.Compile(cfg.Rules, 0) // Load compiled them already
+	wheel, _ := cfg.Wheel()
+	tiers := 0
+	if wheel != nil {
+		tiers = len(wheel.Tiers())
+	}
+	fmt.Fprintf(stdout, "%s: valid: %d segments with caps, %d budgets, %d delay tiers, holding %v\n", *path,
+		len(rs.SegmentNames()), len(cfg.Rules.Budgets), tiers, rs.Holds())
+	return nil
+}
+
+func indent(s string) string { return "  " + strings.ReplaceAll(s, "\n", "\n  ") }
