@@ -48,8 +48,11 @@ func main() {
 		err = dropKeys(os.Args[2:])
 	case "drop-topics":
 		err = dropTopics(os.Args[2:])
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(os.Stdout, devstackUsage)
+		return
 	default:
-		fmt.Fprintln(os.Stderr, "usage: capper-devstack s3|kafka-setup|calls|drop-keys|drop-topics [flags] (-h for the flags)")
+		fmt.Fprint(os.Stderr, devstackUsage)
 		os.Exit(2)
 	}
 	if err != nil {
@@ -57,6 +60,22 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+const devstackUsage = `usage: capper-devstack s3|kafka-setup|calls|drop-keys|drop-topics [flags]
+
+the local stack's development tool (capper itself does not link it):
+  s3           the S3-compatible endpoint of the local stack
+  kafka-setup  creates the stack's topics and grants capper's ACLs
+  calls        drives decide.lua's calls for the benchmarks
+  drop-keys    deletes a run's Redis keys by prefix
+  drop-topics  deletes a run's topics by prefix
+
+capper-devstack COMMAND -h lists a command's flags.
+
+examples:
+  capper-devstack drop-keys -addrs 127.0.0.1:7000 -prefix demo-1:
+  capper-devstack calls -addrs 127.0.0.1:7000 -args decide -n 10000
+`
 
 func first(args []string) string {
 	if len(args) == 0 {

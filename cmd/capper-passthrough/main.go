@@ -29,9 +29,27 @@ func main() {
 	}
 }
 
+const usage = `usage: capper-passthrough --config FILE
+
+the benchmark baseline of capper run: the same daemon (consume, produce,
+commit) with capping skipped, every job forwarded as allowed
+
+flags:
+`
+
 func run(ctx context.Context) error {
-	path := flag.String("config", os.Getenv("CAPPER_CONFIG"), "config file (or CAPPER_CONFIG)")
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), usage)
+		flag.PrintDefaults()
+		fmt.Fprint(flag.CommandLine.Output(), "\nexamples:\n  capper-passthrough --config config.example.yaml\n")
+	}
+	path := flag.String("config", os.Getenv("CAPPER_CONFIG"), "config `FILE` (or CAPPER_CONFIG)")
 	flag.Parse()
+	if *path == "" {
+		flag.CommandLine.SetOutput(os.Stderr)
+		flag.Usage()
+		os.Exit(2)
+	}
 	cfg, err := config.Load(*path)
 	if err != nil {
 		return err

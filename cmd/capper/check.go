@@ -19,23 +19,29 @@ import (
 func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper check", flag.ContinueOnError)
 	path := configFlag(fs)
-	user := fs.Uint64("user", 1<<63, "user id (Required unless --budget)")
+	var user optUint
+	fs.Var(&user, "user", "user `ID`, 0..4294967295 (Required unless --budget)")
 	budgetName := fs.String("budget", "", "show this budget's current use instead (with --campaign for a per-campaign budget)")
 	channel := fs.String("channel", "email", "channel of the hypothetical send")
 	category := fs.String("category", "marketing", "category of the hypothetical send")
 	tags := fs.String("tags", "", "comma-separated tags of the hypothetical send")
 	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
 	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
-	priority := fs.Int("priority", -1, "priority of the hypothetical send, 0..100 (default: the rules' default for it)")
+	var prio optInt
+	fs.Var(&prio, "priority", "`priority` of the hypothetical send, 0..100 (default: the rules' default for it)")
 	if err := parseFlags(fs, "capper check --config FILE (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *budgetName != "" {
 		return checkBudget(ctx, *path, *budgetName, *campaign, stdout)
 	}
-	if *user > 1<<32-1 {
+	if !user.set || user.v > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")
 		return errUsage
+	}
+	priority := &prio.v
+	if !prio.set {
+		*priority = -1 // the rules' default
 	}
 	zone, err := rules.Location(*timezone)
 	if err != nil {
@@ -49,7 +55,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *timezone == "" {
 		zone = b.Rules.DefaultZone()
 	}
-	uid := uint32(*user)
+	uid := uint32(user.v)
 	segment, ok := b.Store.Snapshot().Lookup(uid)
 	now := time.Now()
 	allTags := []string{*category}

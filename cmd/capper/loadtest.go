@@ -48,6 +48,10 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			o.g.Channels = append(o.g.Channels, c)
 		}
 	}
+	if o.g.Seed == 0 {
+		o.g.Seed = uint64(time.Now().UnixNano())
+		fmt.Fprintf(stdout, "loadgen: seed %d (--seed %d repeats this blast)\n", o.g.Seed, o.g.Seed)
+	}
 	cfg, err := loadConfig(*o.path)
 	if err != nil {
 		return err
@@ -134,12 +138,13 @@ func loadgenFlags(fs *flag.FlagSet) *loadgenOpts {
 	fs.Float64Var(&g.MalformedShare, "malformed", 0.005, "share of malformed messages")
 	fs.Float64Var(&g.ExpireShare, "expire-share", 0, "share of jobs with an expires_at")
 	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
-	fs.DurationVar(&g.ExpiresIn, "expires-in", 10*time.Minute, "their expires_at: this long after the blast is generated")
+	g.ExpiresIn = 10 * time.Minute
+	fs.Var((*durationFlag)(&g.ExpiresIn), "expires-in", "their expires_at: this long after the blast is generated")
 	fs.Float64Var(&o.externalShare, "external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
 	fs.Float64Var(&o.prefsShare, "prefs-share", 0, "give this share of the users a preference (at most one email a day, no promotions, or VIP for a day) before the blast, and wait until the workers applied them (kafka.topics.preferences)")
 	fs.Float64Var(&o.vipMidway, "vip-midway-share", 0, "halfway through the blast, give this share of the users without a preference (and without a job sent twice) a VIP exemption for a day, while the rest of the blast is produced (with --rate, sends of theirs follow); the report exempts a send from the rules' caps from when the exemption was produced, and holds it to the exemption from when it was seen applied (kafka.topics.preferences)")
 	fs.Float64Var(&o.feedbackShare, "feedback-share", 0, "for this share of jobs, a failed or bounced feedback after the blast (kafka.topics.feedback)")
-	fs.Uint64Var(&g.Seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	fs.Uint64Var(&g.Seed, "seed", 0, "random seed, to repeat a blast (0: a new one each run, printed)")
 	fs.StringVar(&o.channels, "channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
 	fs.IntVar(&o.rate, "rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
 	fs.StringVar(&o.manifest, "manifest", "", "file to record what was sent, for capper report (Required)")
@@ -307,9 +312,11 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("capper report", flag.ContinueOnError)
 	path := configFlag(fs)
 	manifest := fs.String("manifest", "", "manifest written by capper loadgen (Required)")
-	wait := fs.Duration("wait", 5*time.Minute, "give up waiting for outputs after this long")
-	idle := fs.Duration("idle", 30*time.Second, "stop waiting when no new output arrived for this long")
-	holdWait := fs.Duration("hold-wait", time.Minute, "wait for the release of held jobs due within this; later ones are reported pending")
+	waitD, idleD, holdWaitD := durationFlag(5*time.Minute), durationFlag(30*time.Second), durationFlag(time.Minute)
+	fs.Var(&waitD, "wait", "give up waiting for outputs after this long")
+	fs.Var(&idleD, "idle", "stop waiting when no new output arrived for this long")
+	fs.Var(&holdWaitD, "hold-wait", "wait for the release of held jobs due within this (e.g. 1d); later ones are reported pending")
+	wait, idle, holdWait := (*time.Duration)(&waitD), (*time.Duration)(&idleD), (*time.Duration)(&holdWaitD)
 	if err := parseFlags(fs, "capper report --config FILE --manifest FILE [--wait D --idle D --hold-wait D]", args, stdout, stderr); err != nil {
 		return err
 	}

@@ -51,6 +51,9 @@ func parseFlags(fs *flag.FlagSet, synopsis string, args []string, stdout, stderr
 		fmt.Fprintf(stdout, "usage: %s\n\nflags:\n", synopsis)
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
+		if ex := examples[fs.Name()]; ex != "" {
+			fmt.Fprintf(stdout, "\nexamples:\n%s", ex)
+		}
 		return errHelp
 	case err != nil:
 		fmt.Fprintf(stderr, "%s: %v\nusage: %s\n", fs.Name(), err, synopsis)
@@ -59,6 +62,28 @@ func parseFlags(fs *flag.FlagSet, synopsis string, args []string, stdout, stderr
 		return errUsage
 	}
 	return nil
+}
+
+// examples are each command's real invocations, printed after its flags by
+// --help, keyed by the flag set's name.
+var examples = map[string]string{
+	"capper run": "  capper run --config /etc/capper/capper.yaml\n" +
+		"  CAPPER_LOG_LEVEL=debug capper run --config capper.yaml\n",
+	"capper check": "  capper check --config capper.yaml --user 42\n" +
+		"  capper check --config capper.yaml --user 42 --channel push --tags promotional --priority 7\n" +
+		"  capper check --config capper.yaml --budget sms-provider\n",
+	"capper validate": "  capper validate --config capper.yaml\n" +
+		"  CAPPER_KAFKA_BROKERS=b-1:9092 capper validate --config capper.yaml\n",
+	"capper segments build": "  capper segments build --name vip --out vip.roaring --from vip-ids.txt\n" +
+		"  cut -d, -f1 users.csv | capper segments build --name new --out new.roaring\n",
+	"capper prefs get": "  capper prefs get --config capper.yaml --user 42\n",
+	"capper prefs set": "  capper prefs set --config capper.yaml --user 42 --channel email --limit 1 --window 7d\n" +
+		"  capper prefs set --config capper.yaml --user 42 --tag promotional --opt-out\n" +
+		"  capper prefs set --config capper.yaml --user 42 --vip-until 2026-12-31T00:00:00Z\n",
+	"capper loadgen": "  capper loadgen --config capper.yaml --manifest blast.csv --jobs 200000 --users 50000\n" +
+		"  capper loadgen --config capper.yaml --manifest sms.csv --channels sms --rate 150 --create-topics 6\n",
+	"capper report": "  capper report --config capper.yaml --manifest blast.csv\n" +
+		"  capper report --config capper.yaml --manifest blast.csv --hold-wait 2m --idle 1m\n",
 }
 
 // isHelp reports whether args ask for help (for commands without flags).
@@ -86,6 +111,13 @@ Usage:
   capper report --config FILE --manifest FILE  check the output topics against the blast and the caps;
                                                the last line is JSON; exits 1 on loss or over-send
   capper version                               the version, VCS revision and Go version of this build
+
+Examples:
+  capper validate --config capper.yaml
+  capper run --config capper.yaml
+  capper check --config capper.yaml --user 42 --channel push
+  capper segments build --name vip --out vip.roaring --from vip-ids.txt
+  capper <command> --help                     a command's flags and examples
 
 Every config field can be overridden by an environment variable: kafka.topics.input is
 CAPPER_KAFKA_TOPICS_INPUT. Secrets come from CAPPER_REDIS_PASSWORD and CAPPER_KAFKA_SASL_PASSWORD
@@ -120,6 +152,10 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case "report":
 		return runReport(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
+		if isHelp(args[1:]) {
+			fmt.Fprint(stdout, "usage: capper version\n\nprints the version, VCS revision and Go version of this build\n\nexamples:\n  capper version\n")
+			return nil
+		}
 		fmt.Fprintln(stdout, version.Get())
 		return nil
 	case "help", "-h", "--help":

@@ -20,24 +20,37 @@ import (
 // preferences topic (set), which the workers apply: every replica then drops
 // its near cache's copy of the user's log.
 func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: capper prefs get --config FILE --user ID\n       capper prefs set --config FILE --user ID (--channel C | --tag T) (--limit N --window D | --opt-out | --clear)\n       capper prefs set --config FILE --user ID (--vip-until RFC3339 | --clear)\n\n`capper prefs get --help` and `capper prefs set --help` list their flags.\n"
+	if isHelp(args) {
+		fmt.Fprint(stdout, usage+"\nexamples:\n"+examples["capper prefs get"]+examples["capper prefs set"])
+		return nil
+	}
 	if len(args) == 0 || (args[0] != "get" && args[0] != "set") {
-		fmt.Fprintln(stderr, "usage: capper prefs get --config FILE --user ID\n       capper prefs set --config FILE --user ID (--channel C | --tag T) (--limit N --window D | --opt-out | --clear)\n       capper prefs set --config FILE --user ID (--vip-until RFC3339 | --clear)")
+		fmt.Fprint(stderr, usage)
 		return errUsage
 	}
 	fs := flag.NewFlagSet("capper prefs "+args[0], flag.ContinueOnError)
 	path := configFlag(fs)
-	user := fs.Uint64("user", 1<<63, "user id (Required)")
-	channel := fs.String("channel", "", "a limit or opt-out of this channel")
-	tag := fs.String("tag", "", "a limit or opt-out of sends with this tag")
-	limit := fs.Int("limit", 0, "at most this many such sends ...")
-	window := fs.String("window", "", "... in any window this long (e.g. 7d)")
-	optOut := fs.Bool("opt-out", false, "none at all")
-	vip := fs.String("vip-until", "", "the rules' caps do not apply to the user until this RFC 3339 time")
-	clear := fs.Bool("clear", false, "remove the channel's, the tag's or (with neither) the VIP preference")
-	if err := parseFlags(fs, "capper prefs "+args[0]+" --config FILE --user ID ...", args[1:], stdout, stderr); err != nil {
+	var user optUint
+	fs.Var(&user, "user", "user `ID`, 0..4294967295 (Required)")
+	var channel, tag, window, vip *string
+	var limit *int
+	var optOut, clear *bool
+	synopsis := "capper prefs get --config FILE --user ID"
+	if args[0] == "set" { // get has no other flags
+		channel = fs.String("channel", "", "a limit or opt-out of this channel")
+		tag = fs.String("tag", "", "a limit or opt-out of sends with this tag")
+		limit = fs.Int("limit", 0, "at most this many such sends ...")
+		window = fs.String("window", "", "... in any window this long (e.g. 7d)")
+		optOut = fs.Bool("opt-out", false, "none at all")
+		vip = fs.String("vip-until", "", "the rules' caps do not apply to the user until this RFC 3339 time")
+		clear = fs.Bool("clear", false, "remove the channel's, the tag's or (with neither) the VIP preference")
+		synopsis = "capper prefs set --config FILE --user ID ((--channel C | --tag T) (--limit N --window D | --opt-out | --clear) | --vip-until T | --clear)"
+	}
+	if err := parseFlags(fs, synopsis, args[1:], stdout, stderr); err != nil {
 		return err
 	}
-	if *user > 1<<32-1 {
+	if !user.set || user.v > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper prefs: --user ID (0..4294967295) is required")
 		return errUsage
 	}
@@ -51,11 +64,11 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		defer b.Close()
-		ps, err := b.Limiter.Preferences(ctx, uint32(*user))
+		ps, err := b.Limiter.Preferences(ctx, uint32(user.v))
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "user %d  key %s  %d preferences\n", *user, b.Limiter.PreferencesKey(uint32(*user)), len(ps))
+		fmt.Fprintf(stdout, "user %d  key %s  %d preferences\n", user.v, b.Limiter.PreferencesKey(uint32(user.v)), len(ps))
 		for _, p := range ps {
 			fmt.Fprintf(stdout, "  %s\n", p)
 		}
@@ -65,7 +78,7 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if topic == "" {
 		return errors.New("capper prefs set: kafka.topics.preferences is not configured (CAPPER_KAFKA_TOPICS_PREFERENCES): the workers apply preferences from it")
 	}
-	ev := map[string]any{"user_id": *user}
+	ev := map[string]any{"user_id": user.v}
 	for k, v := range map[string]string{"channel": *channel, "tag": *tag, "window": *window, "vip_until": *vip} {
 		if v != "" {
 			ev[k] = v
@@ -90,7 +103,7 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	w := daemon.NewWriter(cfg.Kafka, transport, topic, 1, daemon.NewLogger("warn", os.Stderr))
 	defer w.Close()
-	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte(strconv.FormatUint(*user, 10)), Value: value}); err != nil {
+	if err := w.WriteMessages(ctx, kafka.Message{Key: []byte(strconv.FormatUint(user.v, 10)), Value: value}); err != nil {
 		return fmt.Errorf("capper prefs set: write to %s: %w", topic, err)
 	}
 	fmt.Fprintf(stdout, "capper prefs: %s sent to %s\n", value, topic)

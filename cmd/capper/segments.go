@@ -15,8 +15,8 @@ import (
 
 func runSegments(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	const (
-		inspectUsage = "usage: capper segments inspect FILE|s3://bucket/key"
-		uploadUsage  = "usage: capper segments upload DIR s3://bucket/prefix"
+		inspectUsage = "usage: capper segments inspect FILE|s3://bucket/key\n\ncardinality, sizes, container kinds, min and max id of a roaring bitmap\n\nexamples:\n  capper segments inspect new.roaring\n  capper segments inspect s3://capper-segments/segments/new.roaring"
+		uploadUsage  = "usage: capper segments upload DIR s3://bucket/prefix\n\nvalidates every DIR/*.roaring, then uploads them (AWS credentials from the SDK's default chain;\nCAPPER_SEGMENTS_S3_ENDPOINT and CAPPER_SEGMENTS_S3_PATH_STYLE=true for S3-compatible stores)\n\nexamples:\n  capper segments upload ./segments s3://capper-segments/segments"
 	)
 	if len(args) == 0 || isHelp(args) {
 		fmt.Fprint(stdout, usage)

@@ -19,7 +19,7 @@ import (
 func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("capper validate", flag.ContinueOnError)
 	path := configFlag(fs)
-	if err := parseFlags(fs, "capper validate --config FILE\n\nexamples:\n  capper validate --config capper.yaml\n  CAPPER_KAFKA_BROKERS=b-1:9092 capper validate --config capper.yaml", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "capper validate --config FILE", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *path == "" {
