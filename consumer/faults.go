@@ -46,6 +46,9 @@ type ReaderFaults struct {
 	fetched atomic.Int64
 	parts   []int // nil: not read yet (CheckStall's goroutine alone uses it)
 	stalled atomic.Bool
+	// waiting is when a check first saw messages waiting on the reader's
+	// partitions since its last fetch (unix ns; 0: none seen).
+	waiting atomic.Int64
 	mu      sync.Mutex
 	logged  map[string]time.Time // cause -> when it was last logged
 }
@@ -115,6 +118,9 @@ func (f *ReaderFaults) Fetched() {
 		return
 	}
 	f.fetched.Store(f.now().UnixNano())
+	if f.waiting.Load() != 0 {
+		f.waiting.Store(0)
+	}
 	if f.last.Load() != 0 {
 		f.last.Store(0)
 	}
@@ -126,9 +132,12 @@ func (f *ReaderFaults) Fetched() {
 // CheckStall decides whether the reader is stalled: it has not fetched for
 // bound, is not waiting for a message's due time (a delay tier's head:
 // waiting), has partitions assigned (assignment, the group's answer, read
-// only then; when it cannot be read, the last one read counts), and lag
-// reports messages of those partitions not yet committed, or cannot tell (the
-// broker that does not serve the reader does not answer lag either). An
+// only then; when it cannot be read, the last one read counts), and messages
+// of those partitions have waited for bound without being fetched: lag has
+// reported messages not yet committed at every check for bound (a reader
+// idle for long is not stalled the moment messages arrive: it fetches them
+// within its wait), or lag cannot tell (the broker that does not serve the
+// reader does not answer lag either: stalled at once, idle as it is). An
 // assignment that differs from the last one read is new: the reader could not
 // fetch its partitions before, so its idle time starts again. A stall is
 // logged at error when it starts (how long the reader has been idle, the
@@ -156,6 +165,7 @@ func (f *ReaderFaults) CheckStall(bound time.Duration, waiting bool, assignment 
 	case f.parts != nil && !slices.Equal(parts, f.parts):
 		f.parts = parts // a new assignment: idle from now
 		f.fetched.Store(now.UnixNano())
+		f.waiting.Store(0)
 		f.stalled.Store(false)
 		return nil
 	default:
@@ -167,8 +177,16 @@ func (f *ReaderFaults) CheckStall(bound time.Duration, waiting bool, assignment 
 	}
 	n, lerr := lag(parts)
 	if lerr == nil && n == 0 {
+		f.waiting.Store(0)
 		f.stalled.Store(false)
 		return err
+	}
+	if lerr == nil { // messages wait: since the first check that saw them
+		f.waiting.CompareAndSwap(0, now.UnixNano())
+		if now.Sub(time.Unix(0, f.waiting.Load())) < bound {
+			f.stalled.Store(false)
+			return err
+		}
 	}
 	f.stall(parts, idle, bound, n, lerr)
 	return cmp.Or(lerr, err)

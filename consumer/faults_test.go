@@ -116,24 +116,56 @@ func TestReaderStall(t *testing.T) {
 	if f.Failing() || len(asked) != 0 {
 		t.Fatalf("a tier waiting for a due time: failing %v, lag asked %v", f.Failing(), asked)
 	}
-	// Idle for the bound with messages waiting: stalled, one error line.
+	// Idle for the bound, and messages seen waiting: not stalled yet (they
+	// may have just arrived); still waiting a bound later: stalled, one
+	// error line.
 	check(false)
+	if f.Failing() {
+		t.Fatal("stalled the moment messages were first seen waiting on an idle reader")
+	}
+	now = now.Add(bound)
 	check(false)
 	if !f.Failing() {
-		t.Fatal("idle for the bound with 7 messages waiting, and not failing")
+		t.Fatal("7 messages waiting for the bound, and not failing")
 	}
 	if len(asked) != 2 || fmt.Sprint(asked[0]) != "[0 3]" {
 		t.Errorf("lag asked for %v, want the assigned partitions [0 3] twice", asked)
 	}
 	if n := strings.Count(logs.String(), `"level":"ERROR"`); n != 1 || !strings.Contains(logs.String(), `"waiting":7`) ||
-		!strings.Contains(logs.String(), `"reader":"topic sends, group capper"`) || !strings.Contains(logs.String(), `"idle":"30s"`) {
-		t.Errorf("want one error line naming the reader, the 7 waiting and the 30s idle:\n%s", logs.String())
+		!strings.Contains(logs.String(), `"reader":"topic sends, group capper"`) || !strings.Contains(logs.String(), `"idle":"1m0s"`) {
+		t.Errorf("want one error line naming the reader, the 7 waiting and the 1m idle:\n%s", logs.String())
 	}
 	// A fetch ends it at once.
 	f.Fetched()
 	if f.Failing() {
 		t.Error("still stalled after a fetch")
 	}
+	// Long idle (an hour with nothing to read), then messages arrive: the
+	// reader fetches them within its wait; it is not stalled for having been
+	// idle before they came, and is if it does not fetch them for the bound.
+	waiting = 0
+	now = now.Add(time.Hour)
+	check(false)
+	waiting = 24
+	now = now.Add(time.Second)
+	check(false)
+	if f.Failing() {
+		t.Fatal("a reader idle for an hour is stalled a second after 24 messages arrived")
+	}
+	f.Fetched()
+	now = now.Add(bound + time.Second) // idle again, the next messages arrive
+	check(false)
+	now = now.Add(bound / 2)
+	check(false)
+	if f.Failing() {
+		t.Fatal("stalled before messages had waited the bound")
+	}
+	now = now.Add(bound / 2)
+	check(false)
+	if !f.Failing() {
+		t.Fatal("24 messages waited the bound unfetched, and not failing")
+	}
+	f.Fetched()
 	// Idle again with nothing waiting: ready (an idle topic).
 	waiting = 0
 	now = now.Add(2 * bound)
