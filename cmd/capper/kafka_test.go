@@ -212,7 +212,8 @@ func TestStalledReaderIsNotReady(t *testing.T) {
 // TestEndpointsServedDuringStartup: while start-up waits for a broker that
 // does not answer (retried for 30 s), /metrics and /readyz are served, and
 // /readyz answers 503, from the first moment: an orchestrator sees a pod
-// that is starting, not one that refuses connections.
+// that is starting, not one that refuses connections; capper_ready is 0 and
+// capper_build_info there from the first moment too.
 func TestEndpointsServedDuringStartup(t *testing.T) {
 	s := testenv.NewStack(t, 1, nil)
 	w := startWith(s, true, nil, "CAPPER_KAFKA_BROKERS="+freeAddr(t)) // nothing listens there
@@ -228,13 +229,27 @@ func TestEndpointsServedDuringStartup(t *testing.T) {
 	if code != 503 {
 		t.Fatalf("/readyz answers %d while the broker does not answer, want 503", code)
 	}
-	if !strings.Contains(scrape(t, w.metrics), "go_goroutines") {
-		t.Error("/metrics does not serve the registry during start-up")
+	if m := scrape(t, w.metrics); !strings.Contains(m, "go_goroutines") || !strings.Contains(m, "capper_build_info{") {
+		t.Error("/metrics does not serve the registry (capper_build_info) during start-up")
+	}
+	if v := scrapeMetric(t, w.metrics, "capper_ready"); v != 0 {
+		t.Errorf("capper_ready = %v during start-up (-1: absent); want 0 from the first moment, so that sum(capper_ready) == 0 can fire", v)
 	}
 	if _, _, ok := w.logTime("kafka not ready; retrying", time.Time{}); !ok {
 		w.waitLog(t, "kafka not ready; retrying", time.Time{})
 	}
 	if code := readyz(t, w.metrics); code != 503 {
 		t.Errorf("/readyz answers %d while start-up retries the broker, want 503", code)
+	}
+	// SIGINT while starting: a clean stop, exit 0, no error line.
+	_ = w.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-w.done:
+		if err != nil || strings.Contains(w.logText(), `"level":"ERROR"`) {
+			t.Errorf("SIGINT during start-up: exit %v, want 0 and no error line:\n%s", err, w.logText())
+		}
+		w.done <- err
+	case <-time.After(20 * time.Second):
+		t.Error("the worker did not stop within 20 s of SIGINT during start-up")
 	}
 }

@@ -26,7 +26,12 @@ func runWorker(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if err := work(ctx, *path, stderr); err != nil {
-		slog.New(slog.NewJSONHandler(stderr, nil)).Error("capper run failed", "err", err.Error())
+		log := slog.New(slog.NewJSONHandler(stderr, nil))
+		if ctx.Err() != nil { // SIGINT or SIGTERM while starting: a clean stop
+			log.Info("capper run stopped by a signal before it was started", "during", err.Error())
+			return nil
+		}
+		log.Error("capper run failed", "err", err.Error())
 		return errLogged
 	}
 	return nil

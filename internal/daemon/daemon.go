@@ -195,6 +195,12 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		opts.Registry = newRegistry()
 	}
 	d := &Daemon{opts: opts}
+	// capper_ready (0 until start-up ends) and capper_build_info from the
+	// first moment, so that sum(capper_ready) == 0 fires for replicas that
+	// never finish starting.
+	if err := d.registerProcess(opts.Registry); err != nil {
+		return nil, err
+	}
 	if cfg.MetricsAddr != "off" {
 		if err := d.serveHTTP(cfg.MetricsAddr, opts.Registry, cfg.DebugPprof); err != nil {
 			return nil, err
@@ -244,10 +250,6 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	d.metrics = metrics
-	if err := d.registerProcess(); err != nil {
-		d.Close()
-		return nil, err
-	}
 	wc := consumer.Config{
 		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, TokenGrace: time.Duration(cfg.MaxClockSkew), Clock: opts.Clock,
 		Segments: d.segments,
@@ -466,7 +468,7 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 }
 
 // registerProcess exports the build (capper_build_info) and /readyz's answer (capper_ready).
-func (d *Daemon) registerProcess() error {
+func (d *Daemon) registerProcess(reg prometheus.Registerer) error {
 	v := version.Get()
 	info := prometheus.NewGauge(prometheus.GaugeOpts{Name: "capper_build_info", Help: "Always 1; the labels name the build.",
 		ConstLabels: prometheus.Labels{"version": v.Version, "revision": v.Revision, "go_version": v.GoVersion}})
@@ -479,7 +481,7 @@ func (d *Daemon) registerProcess() error {
 			return 0
 		})
 	for _, c := range []prometheus.Collector{info, ready} {
-		if err := d.Registry.Register(c); err != nil {
+		if err := reg.Register(c); err != nil {
 			return err
 		}
 	}
