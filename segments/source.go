@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/smithy-go/logging"
 )
 
 // Ext is the file extension of a segment object.
@@ -152,7 +154,15 @@ type S3Config struct {
 
 // NewS3Client returns an S3 client for cfg.
 func NewS3Client(ctx context.Context, cfg S3Config) (*s3.Client, error) {
-	var opts []func(*awsconfig.LoadOptions) error
+	// The SDK's own lines (a retry, a checksum skipped) go through slog, so
+	// that a worker's log stays one stream of JSON lines.
+	opts := []func(*awsconfig.LoadOptions) error{awsconfig.WithLogger(logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
+		level := slog.LevelInfo
+		if c == logging.Warn {
+			level = slog.LevelWarn
+		}
+		slog.Default().Log(context.Background(), level, fmt.Sprintf(format, v...), "component", "aws")
+	}))}
 	if cfg.Region != "" {
 		opts = append(opts, awsconfig.WithRegion(cfg.Region))
 	}

@@ -37,6 +37,7 @@ func NewLogger(level string, w io.Writer) *slog.Logger {
 	_ = l.UnmarshalText([]byte(level))
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
 	redis.SetLogger(redisLogger{log.With("component", "redis")})
+	slog.SetDefault(log) // the AWS SDK's lines (segments) and any library's through slog: one stream of JSON lines
 	return log
 }
 
