@@ -253,3 +253,43 @@ func TestEndpointsServedDuringStartup(t *testing.T) {
 		t.Error("the worker did not stop within 20 s of SIGINT during start-up")
 	}
 }
+
+// TestBothBackendsNamedAtStartup: with neither backend answering, the
+// worker says so for both at once, each in a line naming the setting to
+// check, instead of a line per retry for Redis alone (go-redis's own
+// repeated dial failures are said once in five attempts); then a SIGINT
+// stops it cleanly.
+func TestBothBackendsNamedAtStartup(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	w := startWith(s, true, nil, "CAPPER_REDIS_ADDRS="+freeAddr(t), "CAPPER_KAFKA_BROKERS="+freeAddr(t))
+	w.waitLog(t, "kafka not ready", time.Time{})
+	w.waitLog(t, "redis not ready; retrying", time.Time{})
+	for end := time.Now().Add(30 * time.Second); !strings.Contains(w.logText(), `"attempt":5,`); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) { // five attempts, each a round of go-redis's dials
+			t.Fatalf("no fifth attempt at Redis within 30 s:\n%s", w.logText())
+		}
+	}
+	logs := w.logText()
+	if !strings.Contains(logs, "kafka.brokers (CAPPER_KAFKA_BROKERS)") || !strings.Contains(logs, "redis.addrs (CAPPER_REDIS_ADDRS)") {
+		t.Errorf("the start-up lines do not name both settings:\n%s", logs)
+	}
+	_ = w.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-w.done:
+		if err != nil {
+			t.Errorf("SIGINT while waiting for the backends: exit %v, want 0", err)
+		}
+		w.done <- err
+	case <-time.After(20 * time.Second):
+		t.Fatal("the worker did not stop within 20 s of SIGINT")
+	}
+	warned := 0
+	for _, l := range strings.Split(w.logText(), "\n") {
+		if strings.Contains(l, "connection pool: failed to dial") && strings.Contains(l, `"level":"WARN"`) {
+			warned++
+		}
+	}
+	if warned != 1 {
+		t.Errorf("go-redis's dial failure logged at warn %d times, want once (its repeats at debug):\n%s", warned, w.logText())
+	}
+}

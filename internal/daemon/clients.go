@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,16 +37,39 @@ func NewLogger(level string, w io.Writer) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(level))
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
-	redis.SetLogger(redisLogger{log.With("component", "redis")})
+	redis.SetLogger(&redisLogger{l: log.With("component", "redis"), seen: map[string]time.Time{}})
 	slog.SetDefault(log) // the AWS SDK's lines (segments) and any library's through slog: one stream of JSON lines
 	return log
 }
 
-// redisLogger is go-redis's internal logger, in slog.
-type redisLogger struct{ l *slog.Logger }
+// redisLogger is go-redis's internal logger, in slog: a line at warn once
+// per redisLogEvery, its repeats at debug (a node that refuses connections
+// makes go-redis say so on every dial).
+type redisLogger struct {
+	l    *slog.Logger
+	mu   sync.Mutex
+	seen map[string]time.Time // line -> when it was last logged at warn
+}
 
-func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	r.l.WarnContext(ctx, strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: "))
+const redisLogEvery = 30 * time.Second
+
+func (r *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	now := time.Now()
+	r.mu.Lock()
+	repeat := now.Sub(r.seen[msg]) < redisLogEvery
+	if !repeat {
+		if len(r.seen) > 1000 {
+			clear(r.seen)
+		}
+		r.seen[msg] = now
+	}
+	r.mu.Unlock()
+	if repeat {
+		r.l.DebugContext(ctx, msg)
+		return
+	}
+	r.l.WarnContext(ctx, msg)
 }
 
 // kafkaLogger is a kafka-go logger writing at level with component "kafka":

@@ -57,6 +57,8 @@ type Options struct {
 	// Clock is the time decisions, budgets and holds are taken at. Defaults
 	// to time.Now; tests set an offset to play a skewed clock.
 	Clock func() time.Time
+
+	probeKafka bool // New: say at once when the brokers do not answer, while Redis is awaited
 }
 
 // Backends are the worker's connections: the Redis limiter, the segment
@@ -96,6 +98,9 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 	rdb, err := newRedis(cfg.Redis, b.trips)
 	if err != nil {
 		return nil, err
+	}
+	if opts.probeKafka {
+		go probeKafka(ctx, cfg.Kafka, b.Log) // while Redis is awaited: both backends named at once
 	}
 	b.closes = append(b.closes, func() { _ = rdb.Close() })
 	lc := cfg.Limiter()
@@ -206,6 +211,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			return nil, err
 		}
 	}
+	opts.probeKafka = true
 	b, err := Connect(ctx, cfg, opts)
 	if err != nil {
 		if d.srv != nil {

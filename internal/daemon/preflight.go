@@ -57,8 +57,14 @@ func connectRedis(ctx context.Context, rdb capping.Client, addrs []string, lc ca
 			return nil, perr
 		}
 		d := retry.Next()
-		log.Warn("redis not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
+		if retry.Attempt() == 1 || retry.Attempt()%5 == 0 { // one line when it starts, then every few attempts
+			log.Warn("redis not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d,
+				"check", "redis.addrs ("+envOf("redis.addrs")+") and that the cluster runs", "gives_up_after", backendStartup.String())
+		}
 		if !backoff.Sleep(ctx, d) {
+			if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, fmt.Errorf("redis %v: no answer within %v: check redis.addrs (%s) and that the cluster runs: %w", addrs, backendStartup, envOf("redis.addrs"), err)
+			}
 			return nil, fmt.Errorf("redis %v: %w", addrs, err)
 		}
 	}
@@ -114,10 +120,35 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 			return merr
 		}
 		d := retry.Next()
-		log.Warn("kafka not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d)
+		if retry.Attempt() == 1 || retry.Attempt()%5 == 0 { // one line when it starts, then every few attempts
+			log.Warn("kafka not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d,
+				"check", "kafka.brokers ("+envOf("kafka.brokers")+") and that the brokers run", "gives_up_after", backendStartup.String())
+		}
 		if !backoff.Sleep(ctx, d) {
+			if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("kafka %v: no answer within %v: check kafka.brokers (%s) and that the brokers run: %w", c.Brokers, backendStartup, envOf("kafka.brokers"), err)
+			}
 			return fmt.Errorf("kafka %v: %w", c.Brokers, err)
 		}
+	}
+}
+
+// envOf is the environment variable of a config field.
+func envOf(field string) string { return "CAPPER_" + strings.ToUpper(strings.ReplaceAll(field, ".", "_")) }
+
+// probeKafka tells, in one warning line, that the brokers do not answer,
+// while start-up waits for Redis (checkKafka checks them in full after):
+// an operator whose both backends are wrong learns it at once, not after
+// Redis's wait.
+func probeKafka(ctx context.Context, c config.Kafka, log *slog.Logger) {
+	dialer, _, err := KafkaClients(c)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := connect(ctx, dialer, c.Brokers); err != nil && ctx.Err() == nil {
+		log.Warn("kafka not ready", "err", err, "check", "kafka.brokers ("+envOf("kafka.brokers")+") and that the brokers run")
 	}
 }
 
