@@ -134,7 +134,9 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 }
 
 // envOf is the environment variable of a config field.
-func envOf(field string) string { return "CAPPER_" + strings.ToUpper(strings.ReplaceAll(field, ".", "_")) }
+func envOf(field string) string {
+	return "CAPPER_" + strings.ToUpper(strings.ReplaceAll(field, ".", "_"))
+}
 
 // probeKafka tells, in one warning line, that the brokers do not answer,
 // while start-up waits for Redis (checkKafka checks them in full after):
