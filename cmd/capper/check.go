@@ -11,6 +11,7 @@ import (
 
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/daemon"
 	"github.com/capper-dev/capper/rules"
 )
@@ -27,13 +28,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tags := fs.String("tags", "", "comma-separated tags of the hypothetical send")
 	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
 	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
+	timeout := timeoutFlag(fs)
 	var prio optInt
 	fs.Var(&prio, "priority", "`priority` of the hypothetical send, 0..100 (default: the rules' default for it)")
 	if err := parseFlags(fs, "capper check --config FILE (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *budgetName != "" {
-		return checkBudget(ctx, *path, *budgetName, *campaign, stdout)
+		return checkBudget(ctx, *path, *budgetName, *campaign, *timeout, stdout)
 	}
 	if !user.set || user.v > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")
@@ -47,7 +49,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("--timezone: %w", err)
 	}
-	b, err := connect(ctx, *path)
+	b, err := connect(ctx, *path, *timeout)
 	if err != nil {
 		return err
 	}
@@ -168,8 +170,8 @@ func policy(p rules.Policy) string {
 }
 
 // checkBudget prints one budget key's current use.
-func checkBudget(ctx context.Context, path, name, campaign string, stdout io.Writer) error {
-	b, err := connect(ctx, path)
+func checkBudget(ctx context.Context, path, name, campaign string, timeout time.Duration, stdout io.Writer) error {
+	b, err := connect(ctx, path, timeout)
 	if err != nil {
 		return err
 	}
@@ -195,10 +197,32 @@ func checkBudget(ctx context.Context, path, name, campaign string, stdout io.Wri
 }
 
 // connect opens the backends of the config at path, read-only use.
-func connect(ctx context.Context, path string) (*daemon.Backends, error) {
+// connect opens the backends of a one-shot command (check, prefs get): it
+// gives up after timeout, the segments' first snapshot and Redis included,
+// naming --timeout, rather than the worker's minutes of patience.
+func connect(ctx context.Context, path string, timeout time.Duration) (*daemon.Backends, error) {
 	cfg, err := loadConfig(path)
 	if err != nil {
 		return nil, err
 	}
-	return daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	return connectConfig(ctx, cfg, timeout)
+}
+
+func connectConfig(ctx context.Context, cfg *config.Config, timeout time.Duration) (*daemon.Backends, error) {
+	cfg.Segments.StartupTimeout = config.Duration(min(time.Duration(cfg.Segments.StartupTimeout), timeout))
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	start := time.Now()
+	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	if err != nil && time.Since(start) >= timeout*9/10 {
+		return nil, fmt.Errorf("gave up after %v (--timeout D waits longer): %w", timeout, err)
+	}
+	return b, err
+}
+
+// timeoutFlag is a one-shot command's --timeout.
+func timeoutFlag(fs *flag.FlagSet) *time.Duration {
+	d := durationFlag(10 * time.Second)
+	fs.Var(&d, "timeout", "give up on a backend that does not answer after this long")
+	return (*time.Duration)(&d)
 }

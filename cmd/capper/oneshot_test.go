@@ -76,3 +76,17 @@ func TestValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckGivesUpWithinItsTimeout: capper check against Redis where
+// nothing listens gives up after its --timeout (2s here, not the worker's
+// 30 s of patience), naming --timeout.
+func TestCheckGivesUpWithinItsTimeout(t *testing.T) {
+	start := time.Now()
+	out, err := capper(t, "", []string{"CAPPER_REDIS_ADDRS=" + freeAddr(t)}, "check", "--config", "../../config.example.yaml", "--user", "42", "--timeout", "2s")
+	if err == nil || !strings.Contains(out, "gave up after 2s (--timeout D waits longer)") {
+		t.Fatalf("check against a closed Redis port: %v\n%s", err, out)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("check took %v to give up with --timeout 2s", d)
+	}
+}

@@ -33,6 +33,7 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	path := configFlag(fs)
 	var user optUint
 	fs.Var(&user, "user", "user `ID`, 0..4294967295 (Required)")
+	timeout := timeoutFlag(fs)
 	var channel, tag, window, vip *string
 	var limit *int
 	var optOut, clear *bool
@@ -59,7 +60,7 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if args[0] == "get" {
-		b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+		b, err := connectConfig(ctx, cfg, *timeout)
 		if err != nil {
 			return err
 		}
@@ -74,6 +75,8 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
 	topic := cfg.Kafka.Topics.Preferences
 	if topic == "" {
 		return errors.New("capper prefs set: kafka.topics.preferences is not configured (CAPPER_KAFKA_TOPICS_PREFERENCES): the workers apply preferences from it")
