@@ -63,7 +63,7 @@
 --          new log; otherwise empty
 -- KEYS[1]  the user's log, e.g. fc:{123} (the hash tag keeps a user's keys in one slot)
 -- KEYS[2]  (with an arbitration window) the user's candidates, e.g. fc:{123}:arb (same slot): a hash of
---          member -> "priority:registered_ms:window_end_ms"
+--          member -> "priority:registered_ms:window_end_ms:seq" (seq: its order of registration)
 -- KEYS[n]  (with prefs 1, last) the user's preferences, e.g. fc:{123}:prefs (same slot): a hash of
 --          "c:<channel>" or "t:<tag>" -> the 2-byte digest of the channel or tag, then "<limit>:<window_ms>"
 --          (the user's own limit of such sends in any window of that length; limit 0: opted out), and
@@ -73,7 +73,8 @@
 -- Arbitration: a send that every cap allows but that would take the last slot of an arbitrated cap
 -- that applies to it is not recorded: it becomes a candidate of the user's open window (or opens one,
 -- ending window ms from now) and must come back at its end (statusCandidate). When a candidate comes back at
--- or after its window's end, the window's highest priority (ties: the earliest registered) is decided
+-- or after its window's end, the window's highest priority (ties: the earliest registered, in the order of
+-- registration within a millisecond) is decided
 -- as any send; the others are capped by that cap (statusCapped), unless the slot is no longer the last
 -- (then there is room for them too). Sends that do not need the last slot never touch KEYS[2].
 -- A candidate is forgotten max(window, 60 s) after its window ends, so a job that never comes back
@@ -494,9 +495,11 @@ end
 -- status, hit and retry_at after the arbitration.
 local function arbitrate(arbkey, member, record, now, window, priority, last, last_at)
   local grace = math.max(window, 60000)
+  -- a candidate's value: priority:registered_ms:window_end_ms[:seq], seq its order of registration in the
+  -- user's hash (an older capper's values have none: 0)
   local function fields(v)
-    local p, r, e = string.match(v, '^(%d+):(%d+):(%d+)$')
-    return tonumber(p), tonumber(r), tonumber(e)
+    local p, r, e, q = string.match(v, '^(%d+):(%d+):(%d+):?(%d*)$')
+    return tonumber(p), tonumber(r), tonumber(e), tonumber(q) or 0
   end
   -- One read of the user's candidates serves this send's own entry and its window's others.
   local all = redis.call('HGETALL', arbkey)
@@ -521,11 +524,13 @@ local function arbitrate(arbkey, member, record, now, window, priority, last, la
   if wend and now < wend then -- a redelivery before its window ends
     return statusCandidate, last, wend
   elseif wend then -- back at its window's end: the best of its window takes the slot
-    local best, bp, br = nil, -1, 0
+    local best, bp, br, bq = nil, -1, 0, 0
     for j = 1, #all, 2 do
-      local p, r, e = fields(all[j + 1])
-      if e == wend and p > bp or (e == wend and p == bp and (r < br or (r == br and all[j] < best))) then
-        best, bp, br = all[j], p, r
+      local p, r, e, q = fields(all[j + 1])
+      -- the highest priority; ties: the earliest registered, in registration order within a millisecond (the
+      -- input's order: a user's jobs are on one partition, decided in order), then the member
+      if e == wend and (p > bp or (p == bp and (r < br or (r == br and (q < bq or (q == bq and all[j] < best)))))) then
+        best, bp, br, bq = all[j], p, r, q
       end
     end
     if record then
@@ -538,14 +543,16 @@ local function arbitrate(arbkey, member, record, now, window, priority, last, la
   end
   -- a new candidate: join the user's open window, or open one
   wend = now + window -- a forgotten entry of this send's (HDEL above) ended before now: never joined
+  local seq = 0
   for j = 2, #all, 2 do
-    local _, _, e = fields(all[j])
+    local _, _, e, q = fields(all[j])
     if e > now and e - window <= now and e < wend then
       wend = e
     end
+    seq = math.max(seq, q)
   end
   if record then
-    redis.call('HSET', arbkey, member, string.format('%d:%d:%d', priority, now, wend))
+    redis.call('HSET', arbkey, member, string.format('%d:%d:%d:%d', priority, now, wend, seq + 1))
     redis.call('PEXPIRE', arbkey, wend - now + grace)
   end
   return statusCandidate, last, wend

@@ -144,6 +144,26 @@ func TestArbitration(t *testing.T) {
 	check("c, after a was forgotten", send(33, "c", 1, false), want{candidate: true, retry: 3*win + time.Minute})
 	e.clock.Set(base.Add(3*win + time.Minute))
 	check("c back", send(33, "c", 1, true), want{allowed: true})
+
+	// Ties in one millisecond go to the order of registration (a user's jobs
+	// come in input order), not to the job ids' digests: here the second's
+	// digest is the smaller, and the first still wins.
+	first, second := "tie-0", ""
+	for i := 1; second == ""; i++ {
+		if id := fmt.Sprint("tie-", i); capping.Member(id, "push", "", nil) < capping.Member(first, "push", "", nil) {
+			second = id
+		}
+	}
+	e.clock.Set(base)
+	send(34, "first", 0, false)
+	ds := e.decide(t,
+		capping.Request{UserID: 34, JobID: first, Channel: "push", Caps: []capping.Cap{daily}, Arbitration: win, Priority: 5},
+		capping.Request{UserID: 34, JobID: second, Channel: "push", Caps: []capping.Cap{daily}, Arbitration: win, Priority: 5})
+	check("tie, registered first", ds[0], want{candidate: true, retry: win})
+	check("tie, registered second", ds[1], want{candidate: true, retry: win})
+	e.clock.Set(base.Add(win))
+	check("the second back: the first was registered before it", send(34, second, 5, true), want{retry: capping.Daily})
+	check("the first back", send(34, first, 5, true), want{allowed: true})
 }
 
 // TestExternalSendsAndForget: a send made elsewhere is recorded at its own
