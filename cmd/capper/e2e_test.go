@@ -151,15 +151,21 @@ func TestEndToEndDecisions(t *testing.T) {
 	w := start(s, false)
 	checkDecisions(t, s, s.Collect(len(jobs)+len(bad), 60*time.Second), len(jobs), len(bad))
 	// SIGTERM: the worker drains, leaves the group and exits 0.
-	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	if ok, err := w.signalAndWait(syscall.SIGTERM); !ok || err != nil {
+		t.Errorf("after SIGTERM: exited %v (within 20 s: %v), want 0", err, ok)
+	}
+}
+
+// signalAndWait sends sig and waits up to 20 s for the worker to exit:
+// whether it exited, and its exit error.
+func (w *worker) signalAndWait(sig os.Signal) (bool, error) {
+	_ = w.cmd.Process.Signal(sig)
 	select {
 	case err := <-w.done:
-		if err != nil {
-			t.Errorf("worker exited with %v after SIGTERM, want 0", err)
-		}
-		w.done <- err
+		w.done <- err // for the cleanup
+		return true, err
 	case <-time.After(20 * time.Second):
-		t.Error("worker did not stop within 20s of SIGTERM")
+		return false, nil
 	}
 }
 

@@ -242,15 +242,8 @@ func TestEndpointsServedDuringStartup(t *testing.T) {
 		t.Errorf("/readyz answers %d while start-up retries the broker, want 503", code)
 	}
 	// SIGINT while starting: a clean stop, exit 0, no error line.
-	_ = w.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case err := <-w.done:
-		if err != nil || strings.Contains(w.logText(), `"level":"ERROR"`) {
-			t.Errorf("SIGINT during start-up: exit %v, want 0 and no error line:\n%s", err, w.logText())
-		}
-		w.done <- err
-	case <-time.After(20 * time.Second):
-		t.Error("the worker did not stop within 20 s of SIGINT during start-up")
+	if ok, err := w.signalAndWait(syscall.SIGINT); !ok || err != nil || strings.Contains(w.logText(), `"level":"ERROR"`) {
+		t.Errorf("SIGINT during start-up: exit %v (within 20 s: %v), want 0 and no error line:\n%s", err, ok, w.logText())
 	}
 }
 
@@ -273,15 +266,8 @@ func TestBothBackendsNamedAtStartup(t *testing.T) {
 	if !strings.Contains(logs, "kafka.brokers (CAPPER_KAFKA_BROKERS)") || !strings.Contains(logs, "redis.addrs (CAPPER_REDIS_ADDRS)") {
 		t.Errorf("the start-up lines do not name both settings:\n%s", logs)
 	}
-	_ = w.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case err := <-w.done:
-		if err != nil {
-			t.Errorf("SIGINT while waiting for the backends: exit %v, want 0", err)
-		}
-		w.done <- err
-	case <-time.After(20 * time.Second):
-		t.Fatal("the worker did not stop within 20 s of SIGINT")
+	if ok, err := w.signalAndWait(syscall.SIGINT); !ok || err != nil {
+		t.Errorf("SIGINT while waiting for the backends: exit %v (within 20 s: %v), want 0", err, ok)
 	}
 	warned := 0
 	for _, l := range strings.Split(w.logText(), "\n") {
