@@ -249,7 +249,7 @@ func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
 func located(data []byte, err error) error {
 	m := lineError.FindStringSubmatch(err.Error())
 	if m == nil {
-		return err
+		return unclosed(data, err)
 	}
 	line, _ := strconv.Atoi(m[1])
 	col, _ := strconv.Atoi(m[2])
@@ -265,6 +265,27 @@ func located(data []byte, err error) error {
 		return fmt.Errorf("%s, line %d: %s", path, line, m[3])
 	}
 	return fmt.Errorf("%s (%s), line %d: %s", path, envName(path), line, m[3])
+}
+
+// unclosed points at the line of an unclosed flow list or map, which
+// YAML's parser reports at the line its enclosing block starts on ("yaml:
+// line 1: did not find expected ',' or ']'" for a [ left open on line 2).
+func unclosed(data []byte, err error) error {
+	open, close := byte(0), byte(0)
+	switch msg := err.Error(); {
+	case strings.Contains(msg, "did not find expected ',' or ']'"):
+		open, close = '[', ']'
+	case strings.Contains(msg, "did not find expected ',' or '}'"):
+		open, close = '{', '}'
+	default:
+		return err
+	}
+	for i, line := range strings.Split(string(data), "\n") {
+		if code, _, _ := strings.Cut(line, "#"); strings.Count(code, string(open)) > strings.Count(code, string(close)) {
+			return fmt.Errorf("%w (the %c on line %d is not closed on its line)", err, open, i+1)
+		}
+	}
+	return err
 }
 
 var lineError = regexp.MustCompile(`^line (\d+), column (\d+): (.*)$`)

@@ -92,6 +92,7 @@ func TestValidationNamesTheField(t *testing.T) {
 		// A value the YAML cannot hold: its field and its line, as every other error.
 		{"duration without a unit", nil, "kafka:\n  brokers: [x]\n  session_timeout: 30\n", "kafka.session_timeout (CAPPER_KAFKA_SESSION_TIMEOUT), line 3: invalid duration \"30\""},
 		{"duration with a space", nil, "kafka: {brokers: [x]}\nrules:\n  default_caps:\n    - {name: d, limit: 1, window: 100 ms}\n", "rules.default_caps[0].window, line 4: invalid duration \"100 ms\""},
+		{"an unclosed list", nil, "log_level: info\nkafka: {brokers: [127.0.0.1:9092}\n", "the [ on line 2 is not closed on its line"},
 		{"duration in words", nil, "max_clock_skew: 1day\n", "max_clock_skew (CAPPER_MAX_CLOCK_SKEW), line 1: invalid duration \"1day\": a number and a unit"},
 	}
 	for _, tt := range tests {
