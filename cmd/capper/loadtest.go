@@ -91,14 +91,15 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	start := time.Now()
-	vevs, err := produceBlast(ctx, cfg, transport, o, msgs, sent, prefEvs, stderr)
-	if err != nil {
-		return fmt.Errorf("loadgen: %w (no manifest written: the broker did not acknowledge the whole blast)", err)
+	vevs, acked, err := produceBlast(ctx, cfg, transport, o, msgs, sent, prefEvs, stderr)
+	// Written once the broker acknowledged the messages: a manifest lists only
+	// jobs that were sent (those of a chunk the broker failed on may or may
+	// not have reached it; none is listed).
+	if werr := writeFile(o.manifest, func(f io.Writer) error { return loadtest.WriteManifest(f, sent[:acked]) }); werr != nil {
+		return werr
 	}
-	// Written once the broker acknowledged every message: a manifest lists
-	// only jobs that were sent.
-	if err := writeFile(o.manifest, func(f io.Writer) error { return loadtest.WriteManifest(f, sent) }); err != nil {
-		return err
+	if err != nil {
+		return fmt.Errorf("loadgen: %w (the broker acknowledged %d of %d messages: the manifest %s lists those)", err, acked, len(msgs), o.manifest)
 	}
 	if len(vevs) > 0 {
 		prefEvs = append(prefEvs, vevs...)
@@ -192,11 +193,12 @@ func writeFile(path string, write func(io.Writer) error) error {
 // progress line; with o.vipMidway, a wave of VIP exemptions goes out halfway
 // and is waited for until applied while the second half is produced. It
 // returns those exemptions, their ProducedAt set once applied.
-func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Transport, o *loadgenOpts, msgs []kafka.Message, sent []loadtest.Sent, prefEvs []loadtest.Event, stderr io.Writer) ([]loadtest.Event, error) {
+func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Transport, o *loadgenOpts, msgs []kafka.Message, sent []loadtest.Sent, prefEvs []loadtest.Event, stderr io.Writer) (vevs []loadtest.Event, acked int, err error) {
 	w := daemon.NewWriter(cfg.Kafka, transport, cfg.Kafka.Topics.Input, 5000, daemon.NewLogger("warn", os.Stderr))
 	defer w.Close()
 	start, last := time.Now(), time.Now()
 	progress := func(done int) {
+		acked = max(acked, done) // the messages before done are acknowledged, in order
 		if time.Since(last) >= time.Second || done == len(msgs) {
 			last = time.Now()
 			fmt.Fprintf(stderr, "loadgen: %d/%d messages (%.0f%%), %.0f/s\n", done, len(msgs), 100*float64(done)/float64(len(msgs)), float64(done)/time.Since(start).Seconds())
@@ -213,12 +215,11 @@ func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Tran
 		half = len(msgs) / 2
 	}
 	if err := produce(0, half); err != nil {
-		return nil, err
+		return nil, acked, err
 	}
 	// The midway wave: produced, and waited for until applied, while the
 	// second half of the blast goes out.
 	midway := make(chan error, 1)
-	var vevs []loadtest.Event
 	if o.vipMidway > 0 {
 		var vmsgs []kafka.Message
 		vmsgs, vevs = loadtest.GenerateVIP(o.g.Users, o.vipMidway, o.g.Seed, time.Now(), prefEvs, sent)
@@ -226,11 +227,11 @@ func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Tran
 	} else {
 		midway <- nil
 	}
-	err := produce(half, len(msgs))
+	err = produce(half, len(msgs))
 	if merr := <-midway; err == nil {
 		err = merr
 	}
-	return vevs, err
+	return vevs, acked, err
 }
 
 // produceEvents produces the events after the blast: external sends, then

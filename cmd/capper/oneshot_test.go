@@ -1,11 +1,21 @@
 package main_test
 
 import (
+	"bytes"
+	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/capper-dev/capper/internal/loadtest"
+	"github.com/capper-dev/capper/internal/testenv"
+	"github.com/segmentio/kafka-go"
 )
 
 // TestLoadgenAndReportNameAnUnreachableBroker: with nothing listening at
@@ -89,4 +99,69 @@ func TestCheckGivesUpWithinItsTimeout(t *testing.T) {
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("check took %v to give up with --timeout 2s", d)
 	}
+}
+
+// TestLoadgenManifestListsOnlyAcknowledged: a broker SIGKILLed in the middle
+// of a paced blast fails loadgen, whose manifest lists only the jobs the
+// broker acknowledged before: each of them is on the input topic once the
+// broker is back.
+func TestLoadgenManifestListsOnlyAcknowledged(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	manifest := filepath.Join(t.TempDir(), "m.csv")
+	cmd := exec.Command(capperBin, "loadgen", "--config", s.Config, "--manifest", manifest, "--jobs", "4000", "--users", "100",
+		"--rate", "400", "--malformed", "0")
+	var out bytes.Buffer
+	var mu sync.Mutex
+	cmd.Stdout, cmd.Stderr = lockedWriter{&mu, &out}, lockedWriter{&mu, &out}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	text := func() string { mu.Lock(); defer mu.Unlock(); return out.String() }
+	for end := time.Now().Add(60 * time.Second); !regexp.MustCompile(`loadgen: [1-9][0-9]{2,}/4000 messages`).MatchString(text()); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("no progress of loadgen within 60 s:\n%s", text())
+		}
+	}
+	restart := testenv.StopKafka(t, syscall.SIGKILL)
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(text(), "the manifest "+manifest+" lists those") {
+			t.Errorf("loadgen with its broker SIGKILLed mid-blast: %v\n%s", err, text())
+		}
+	case <-time.After(120 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatalf("loadgen did not give up within 120 s of its broker's SIGKILL:\n%s", text())
+	}
+	restart()
+	f, err := os.Open(manifest)
+	if err != nil {
+		t.Fatalf("no manifest of the acknowledged part: %v", err)
+	}
+	sent, err := loadtest.ReadManifest(f)
+	f.Close()
+	if err != nil || len(sent) == 0 || len(sent) >= 4000 {
+		t.Fatalf("the manifest lists %d jobs (%v); want those acknowledged before the kill, some and not all", len(sent), err)
+	}
+	want := map[string]bool{}
+	for _, j := range sent {
+		want[j.ID] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: s.Brokers, Topic: s.Topics[0], GroupID: testenv.Unique("acked"), StartOffset: kafka.FirstOffset, MaxWait: 200 * time.Millisecond})
+	defer r.Close()
+	for len(want) > 0 {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			t.Fatalf("%d jobs of the manifest are not on the input topic: %v", len(want), err)
+		}
+		for _, h := range m.Headers {
+			if h.Key == loadtest.HeaderID {
+				delete(want, string(h.Value))
+			}
+		}
+	}
+	t.Logf("the manifest lists %d jobs, each on the input topic", len(sent))
 }
