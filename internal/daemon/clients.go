@@ -38,7 +38,10 @@ func NewLogger(level string, w io.Writer) *slog.Logger {
 	_ = l.UnmarshalText([]byte(level))
 	log := slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: l}))
 	redis.SetLogger(&redisLogger{l: log.With("component", "redis"), seen: map[string]time.Time{}})
-	slog.SetDefault(log) // the AWS SDK's lines (segments) and any library's through slog: one stream of JSON lines
+	if w == io.Writer(os.Stderr) { // the process's own stream (not a test's buffer): the AWS SDK's lines
+		// (segments) and any library's that logs through slog join it, one stream of JSON lines
+		slog.SetDefault(log)
+	}
 	return log
 }
 
