@@ -191,13 +191,6 @@ func New(cfg Config) (*Budgets, error) {
 // it was 91%).
 const Buckets = 100
 
-// Bound is the most sends of the budget's scope in any window as measured by
-// their decision times: the limit, plus a fortieth of it, since a job is
-// decided a moment after it took its token (by token time the limit holds
-// exactly). The fortieth is a bucket of the 40 a window had before, kept as
-// the slack for a decision's delay (capper report allows the same).
-func (s *Spec) Bound() int { return s.Limit + s.Limit/40 }
-
 // Validate reports whether s is usable.
 func (s *Spec) Validate() error {
 	const buckets = Buckets

@@ -65,9 +65,6 @@ const (
 	DecisionHeld = "held"
 )
 
-// Final reports whether a decision ends a job: every decision but held.
-func Final(decision string) bool { return decision != DecisionHeld }
-
 // IsHoldHeader reports whether key is one of the hold headers, which a delay
 // tier's message carries and its job's outputs replace.
 func IsHoldHeader(key string) bool {

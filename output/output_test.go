@@ -65,9 +65,9 @@ func TestParse(t *testing.T) {
 	}
 }
 
-// TestHoldHeadersAndFinal: the hold headers are the five a delay tier's
-// message carries, and held is the one decision that does not end a job.
-func TestHoldHeadersAndFinal(t *testing.T) {
+// TestHoldHeaders: the hold headers are the five a delay tier's message
+// carries, and no other header of capper's is one.
+func TestHoldHeaders(t *testing.T) {
 	for _, k := range []string{output.HeaderHoldCount, output.HeaderHeldSince, output.HeaderDueAt, output.HeaderWakeAt, output.HeaderHoldReason} {
 		if !output.IsHoldHeader(k) {
 			t.Errorf("%s is not a hold header", k)
@@ -77,13 +77,5 @@ func TestHoldHeadersAndFinal(t *testing.T) {
 		if output.IsHoldHeader(k) {
 			t.Errorf("%s is a hold header", k)
 		}
-	}
-	for _, d := range []string{output.DecisionAllowed, output.DecisionDuplicate, output.DecisionExempt, output.DecisionUnchecked, output.DecisionCapped, output.DecisionDLQ} {
-		if !output.Final(d) {
-			t.Errorf("%s is not final", d)
-		}
-	}
-	if output.Final(output.DecisionHeld) {
-		t.Error("held is final")
 	}
 }

@@ -10,7 +10,7 @@ import (
 // configuration reads: the local stack's scripts, the tests, capper
 // segments upload. They are not warned about.
 var toolVariables = []string{"CAPPER_CONFIG", "CAPPER_SEGMENTS_S3_ENDPOINT", "CAPPER_SEGMENTS_S3_PATH_STYLE",
-	"CAPPER_SEGMENTS_S3_REGION", "CAPPER_REDIS_PASSWORD", "CAPPER_KAFKA_SASL_PASSWORD"}
+	"CAPPER_SEGMENTS_S3_REGION"}
 
 var toolPrefixes = []string{"CAPPER_TEST_", "CAPPER_STACK_", "CAPPER_SECURE_", "CAPPER_S3_", "CAPPER_BENCH_",
 	"CAPPER_KAFKA_PORT", "CAPPER_KAFKA_CACHE", "CAPPER_KAFKA_HEAP", "CAPPER_KAFKA_READY_TIMEOUT", "CAPPER_REDIS_PORT",

@@ -138,8 +138,9 @@ type Policy struct {
 //   - A released job must not be decided before its due time; an allowed job
 //     not at or after its expires_at. Release lag is decided-at minus due.
 //   - No budget gets more allowed sends of its scope in any window than its
-//     limit plus a fortieth (budget.Spec.Bound: a decision follows its token
-//     by moments), by decision time.
+//     limit plus a fortieth, rounded down, by decision time (a send recorded
+//     after another replica's later entry in its user's log takes that
+//     entry's time, which can fall after its token's bucket).
 //   - Malformed messages must be dead-lettered; anything else there is a violation.
 //   - A manifest without jobs is a violation: a verifier never passes on nothing.
 //   - Every allowed send of a user (by unique job id; not exempt, not count-only,
@@ -548,9 +549,9 @@ func (c *checker) arbitrations() {
 	}
 }
 
-// budgets checks every budget: in any window, at most its limit plus one
-// bucket's share (the documented bound by decision time: a job is decided a
-// moment after it took its token) of the allowed sends in its scope.
+// budgets checks every budget: in any window, at most its limit plus a
+// fortieth of it (the documented bound by decision time) of the allowed
+// sends in its scope.
 func (c *checker) budgets() {
 	byKey := map[string][]time.Time{}
 	limits, spec := map[string]int{}, map[string]int{}
@@ -566,7 +567,7 @@ func (c *checker) budgets() {
 					key += ":" + s.sent.Campaign
 				}
 				byKey[key] = append(byKey[key], s.t)
-				limits[key] = b.limit + b.limit/40 // the documented bound by decision time (budget.Spec.Bound): a fortieth more
+				limits[key] = b.limit + b.limit/40 // the documented bound by decision time (docs/design.md, Budgets)
 				spec[key] = b.limit
 				windows[key] = b.window
 			}
