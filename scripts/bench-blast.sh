@@ -5,7 +5,8 @@
 # the headline is the worker's drain: from its start to the last job decided. Then: the report's jobs/s
 # from first produce to last forward, the worker's CPU per job and peak RSS, its
 # script calls and near cache hits per job, the Redis memory the run added (used_memory summed over the
-# masters, before vs after), and the report's verdict (0 unaccounted, 0 violations).
+# masters, before vs after), the report's verdict (0 unaccounted, 0 violations) and its peak RSS (goal <= 1 GiB:
+# it judges each output as it reads it).
 # Goal: at most 3 minutes on a 2-core machine, 0 lost, 0 violations.
 #   BLAST_JOBS=2000000 BLAST_USERS=400000 scripts/bench-blast.sh   (a smaller blast of the same shape)
 set -euo pipefail

@@ -369,19 +369,6 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	snap := store.Snapshot()
-	want := make(map[string]bool, len(sent))
-	for _, s := range sent {
-		want[s.ID] = true
-	}
-	rctx, cancel := context.WithTimeout(ctx, *wait)
-	defer cancel()
-	outs, err := loadtest.ReadOutputs(rctx, loadtest.ReadConfig{
-		Dialer: dialer, Brokers: cfg.Kafka.Brokers, Want: want, Idle: *idle, HoldWait: *holdWait, Topics: topics,
-		Progress: func(n int) { fmt.Fprintf(stderr, "report: %d outputs read\n", n) },
-	})
-	if err != nil {
-		return err
-	}
 	givenBack := map[string]time.Time{}
 	var prefs map[uint32][]loadtest.Pref
 	externals, feedbacks := 0, 0
@@ -407,8 +394,19 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	r := loadtest.Check(sent, outs, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack, Preferences: prefs}, time.Now())
-	printReport(stdout, &r, len(outs))
+	// Each output is judged as it is read and then dropped: the report's memory is a few bytes per job.
+	checker := loadtest.NewChecker(sent, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack, Preferences: prefs})
+	rctx, cancel := context.WithTimeout(ctx, *wait)
+	defer cancel()
+	read, err := loadtest.ReadOutputs(rctx, loadtest.ReadConfig{
+		Dialer: dialer, Brokers: cfg.Kafka.Brokers, Want: sent, Each: checker.Add, Idle: *idle, HoldWait: *holdWait, Topics: topics,
+		Progress: func(n int) { fmt.Fprintf(stderr, "report: %d outputs read\n", n) },
+	})
+	if err != nil {
+		return err
+	}
+	r := checker.Result(time.Now())
+	printReport(stdout, &r, read)
 	if kib, ok := procKiB("/proc/self/status", "VmHWM:"); ok {
 		fmt.Fprintf(stdout, "  memory      the report's peak resident set %.0f MiB\n", float64(kib)/1024)
 	}
@@ -468,10 +466,10 @@ func producePaced(ctx context.Context, w *kafka.Writer, msgs []kafka.Message, ra
 }
 
 // limitHeap keeps the report's heap below three quarters of the memory
-// available when it starts, unless GOMEMLIMIT is set: the report holds every
-// output of a blast (gigabytes for ten million jobs), and near the limit the
-// collector runs more often instead of letting the heap grow to twice what
-// is live.
+// available when it starts, unless GOMEMLIMIT is set: the report keeps a few
+// dozen bytes per job (ten million in about 650 MiB), and a blast far larger
+// than that makes the collector run more often instead of letting the heap
+// grow to twice what is live.
 func limitHeap() {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return

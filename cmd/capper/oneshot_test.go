@@ -141,12 +141,12 @@ func TestLoadgenManifestListsOnlyAcknowledged(t *testing.T) {
 	}
 	sent, err := loadtest.ReadManifest(f)
 	f.Close()
-	if err != nil || len(sent) == 0 || len(sent) >= 4000 {
-		t.Fatalf("the manifest lists %d jobs (%v); want those acknowledged before the kill, some and not all", len(sent), err)
+	if err != nil || sent.Len() == 0 || sent.Len() >= 4000 {
+		t.Fatalf("the manifest lists %d jobs (%v); want those acknowledged before the kill, some and not all", sent.Len(), err)
 	}
 	want := map[string]bool{}
-	for _, j := range sent {
-		want[j.ID] = true
+	for i := range sent.Len() {
+		want[sent.ID(i)] = true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -163,5 +163,5 @@ func TestLoadgenManifestListsOnlyAcknowledged(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("the manifest lists %d jobs, each on the input topic", len(sent))
+	t.Logf("the manifest lists %d jobs, each on the input topic", sent.Len())
 }

@@ -2,14 +2,11 @@ package loadtest
 
 import (
 	"context"
-	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -224,94 +221,4 @@ func Produce(ctx context.Context, w interface {
 		}
 	}
 	return nil
-}
-
-// manifestHeader names the manifest's columns.
-var manifestHeader = []string{"id", "job_id", "user_id", "channel", "category", "kind", "campaign", "tags", "timezone", "expires_at", "priority"}
-
-// WriteManifest writes sent as CSV: id,job_id,user_id,channel,category,kind,campaign,tags,timezone,expires_at,priority
-// (tags separated by "|", expires_at RFC 3339 or empty, priority empty when the job has none).
-func WriteManifest(w io.Writer, sent []Sent) error {
-	cw := csv.NewWriter(w)
-	if err := cw.Write(manifestHeader); err != nil {
-		return err
-	}
-	for _, s := range sent {
-		if err := cw.Write([]string{s.ID, s.JobID, strconv.FormatUint(uint64(s.UserID), 10), s.Channel, s.Category, s.Kind,
-			s.Campaign, strings.Join(s.Tags, "|"), s.Timezone, formatExpiry(s.ExpiresAt), formatPriority(s)}); err != nil {
-			return err
-		}
-	}
-	cw.Flush()
-	return cw.Error()
-}
-
-func formatPriority(s Sent) string {
-	if !s.HasPriority {
-		return ""
-	}
-	return strconv.Itoa(s.Priority)
-}
-
-func formatExpiry(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.Format(time.RFC3339Nano)
-}
-
-// ReadManifest reads what WriteManifest wrote (and manifests of versions
-// without the expires_at and priority columns).
-func ReadManifest(r io.Reader) ([]Sent, error) {
-	cr := csv.NewReader(r)
-	cr.FieldsPerRecord = -1
-	cr.ReuseRecord = true
-	var out []Sent
-	// Ten million lines are held at once by capper report: each Sent keeps
-	// copies of its ids and shared copies of its other fields, not the line.
-	in, tags := interner{}, map[string][]string{}
-	for line := 1; ; line++ {
-		f, err := cr.Read()
-		if errors.Is(err, io.EOF) {
-			return out, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("manifest: %w", err)
-		}
-		if n := len(f); n < len(manifestHeader)-2 || n > len(manifestHeader) {
-			return nil, fmt.Errorf("manifest line %d: %d fields, want %d", line, n, len(manifestHeader))
-		}
-		if line == 1 {
-			continue // the header
-		}
-		uid, err := strconv.ParseUint(f[2], 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("manifest line %d: user id %q", line, f[2])
-		}
-		sent := Sent{ID: strings.Clone(f[0]), JobID: strings.Clone(f[1]), UserID: uint32(uid), Channel: in.get(f[3]),
-			Category: in.get(f[4]), Kind: in.get(f[5]), Campaign: in.get(f[6]), Timezone: in.get(f[8])}
-		if f[7] != "" { // a tag list is shared by the jobs that have it: read only
-			t, ok := tags[f[7]]
-			if !ok {
-				key := in.get(f[7])
-				t = strings.Split(key, "|")
-				if len(tags) < 10000 {
-					tags[key] = t
-				}
-			}
-			sent.Tags = t
-		}
-		if len(f) > 9 && f[9] != "" {
-			if sent.ExpiresAt, err = time.Parse(time.RFC3339Nano, f[9]); err != nil {
-				return nil, fmt.Errorf("manifest line %d: expires_at %q", line, f[9])
-			}
-		}
-		if len(f) > 10 && f[10] != "" {
-			if sent.Priority, err = strconv.Atoi(f[10]); err != nil {
-				return nil, fmt.Errorf("manifest line %d: priority %q", line, f[10])
-			}
-			sent.HasPriority = true
-		}
-		out = append(out, sent)
-	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -179,8 +180,13 @@ func TestGenerateAndManifest(t *testing.T) {
 		t.Fatal(err)
 	}
 	back, err := loadtest.ReadManifest(&buf)
-	if err != nil || len(back) != len(sent) || !reflect.DeepEqual(back[42], sent[42]) {
-		t.Fatalf("manifest round trip: %v, %d entries", err, len(back))
+	if err != nil || back.Len() != len(sent) {
+		t.Fatalf("manifest round trip: %v, %d entries", err, back.Len())
+	}
+	for i := range sent {
+		if got := back.Sent(i); !reflect.DeepEqual(got, sent[i]) {
+			t.Fatalf("manifest round trip: line %d reads back as %+v, want %+v", i, got, sent[i])
+		}
 	}
 }
 
@@ -660,4 +666,68 @@ func checkUser8(outs []out, p loadtest.Policy) loadtest.Result {
 			Output: output.Output{Decision: o.role, Cap: o.cap, DecidedAt: t0.Add(o.at), DueAt: t0.Add(2 * time.Hour)}})
 	}
 	return loadtest.Check(sent, os, p, t0.Add(time.Hour))
+}
+
+// TestReportMemoryPerJob: capper report judges a blast in a few dozen bytes
+// per job, so that ten million jobs fit in well under a gigabyte. A blast of
+// loadgen's shape is read from its manifest and judged on one allowed output
+// per message (most jobs allowed: the most the report keeps); what stays on
+// the heap after the verdict, per job, is bounded. The verdict itself must
+// be the one a slice of the outputs gives.
+func TestReportMemoryPerJob(t *testing.T) {
+	const jobs = 200_000
+	_, sent, err := loadtest.Generate(loadtest.GenConfig{Jobs: jobs, Users: jobs / 5, Seed: 3, ExpireShare: 0.1, PriorityShare: 0.1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := loadtest.WriteManifest(&buf, sent); err != nil {
+		t.Fatal(err)
+	}
+	outputOf := func(i int) loadtest.Output {
+		o := loadtest.Output{Role: loadtest.RoleAllowed, ID: sent[i].ID, Time: t0.Add(time.Duration(i) * time.Millisecond), ProducedAt: t0,
+			Output: output.Output{Decision: output.DecisionAllowed}}
+		switch {
+		case sent[i].Kind == loadtest.KindMalformed:
+			o.Role, o.Decision = loadtest.RoleDLQ, output.DecisionDLQ
+		case sent[i].Kind == loadtest.KindDuplicate:
+			o.Decision = output.DecisionDuplicate
+		}
+		return o
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	none := compile(t, []string{"transactional"}) // no caps: every allowed send is fine
+	before := heap()
+	m, err := loadtest.ReadManifest(&buf)
+	if err != nil || m.Len() != jobs {
+		t.Fatalf("manifest: %v, %d lines", err, m.Len())
+	}
+	c := loadtest.NewChecker(m, none)
+	for i := range jobs {
+		o := outputOf(i)
+		c.Add(&o)
+	}
+	r := c.Result(t0.Add(time.Hour))
+	perJob := (float64(heap()) - float64(before)) / jobs
+	runtime.KeepAlive(c)
+	runtime.KeepAlive(&buf) // the manifest's bytes were on the heap before: they count neither way
+	if !r.OK() || r.Allowed+r.Duplicates+r.Exempt+r.DLQ != jobs {
+		t.Fatalf("verdict %+v (problems %q); want every job accounted for", r, r.Problems)
+	}
+	outs := make([]loadtest.Output, jobs)
+	for i := range outs {
+		outs[i] = outputOf(i)
+	}
+	if whole := loadtest.Check(sent, outs, none, t0.Add(time.Hour)); !reflect.DeepEqual(whole, r) {
+		t.Fatalf("judged one output at a time: %+v\nfrom a slice: %+v", r, whole)
+	}
+	t.Logf("the manifest and the verdict keep %.1f bytes per job", perJob)
+	if perJob > 48 {
+		t.Fatalf("the report keeps %.1f bytes per job; ten million jobs would take %.0f MB (want at most 48 bytes per job)", perJob, perJob*10)
+	}
 }
