@@ -400,8 +400,8 @@ func (b *Budgets) refuse(st *state, now time.Time, idx []int, wants []Want, gran
 		}
 	}
 	until := func(j int) int64 {
-		if u := wants[idx[j]].Until; !u.IsZero() {
-			return u.UnixMilli()
+		if u := wants[idx[j]].Until; !u.IsZero() { // rounded up: a bucket's start before it in ms is before it
+			return (u.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
 		}
 		return 0
 	}

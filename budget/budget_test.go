@@ -179,6 +179,17 @@ func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 	if g := gs[0]; g.OK || !g.RetryAt.Equal(back.Add(w)) {
 		t.Errorf("the 7th: %+v, want refused until %v", g, back.Add(w))
 	}
+	// A job that can wait until a fraction of a millisecond after a bucket's
+	// start is held until then (its due time is before its max_hold), so a
+	// token is promised to it: of the three next, the 8th and 9th take the
+	// bucket's two tokens left, and the 10th is told the bucket after.
+	ws = wants(spec, "u", 3)
+	ws[0].Until = back.Add(w + 300*time.Microsecond)
+	gs, _ = b.Take(ctx, ws)
+	if !gs[0].RetryAt.Equal(back.Add(w)) || !gs[1].RetryAt.Equal(back.Add(w)) || !gs[2].RetryAt.Equal(back.Add(2*w)) {
+		t.Errorf("the 8th, which can wait until %v, the 9th and the 10th told %v, %v, %v; want %v, %v, %v (the 8th promised a token)",
+			ws[0].Until, gs[0].RetryAt, gs[1].RetryAt, gs[2].RetryAt, back.Add(w), back.Add(w), back.Add(2*w))
+	}
 }
 
 // TestSpreadDeliversEveryWindow: under demand far above the limit in every
