@@ -53,9 +53,10 @@ bench-blast:
 bench-hold:
 	scripts/bench-hold.sh
 
-## bench-budget: does a budget deliver its limit? 250 SMS per 5 s under 3x the demand for 60 s, 1 and 3 replicas and a SIGKILL, per-window delivery (medians of 3)
+## bench-budget: does a budget deliver its limit? 250 SMS per 5 s under 3x the demand for 60 s, 1 and 3 replicas and a SIGKILL; then bursts of 10 windows' limit at once, windows of 1, 2 and 5 s, 1 and 3 replicas: per-window delivery and hold records per job (medians of 3)
 bench-budget:
 	scripts/bench-budget.sh delivery
+	scripts/bench-budget.sh burst
 
 ## bench-budget-cost: the cost of a global budget that never binds, end to end, side by side with none, and its Redis calls per 1,000 jobs
 bench-budget-cost:

@@ -511,6 +511,7 @@ func (c *Checker) budgets(jobs []uint32) {
 		return
 	}
 	byKey := map[string][]int64{}
+	lastHeld := map[string]int64{} // the last send of a job that was held: the demand waited until then
 	limits, spec := map[string]int{}, map[string]int{}
 	windows := map[string]time.Duration{}
 	for _, job := range jobs {
@@ -524,6 +525,9 @@ func (c *Checker) budgets(jobs []uint32) {
 				key += ":" + s.Campaign
 			}
 			byKey[key] = append(byKey[key], c.allowedAt[job])
+			if _, held := c.heldDue[job]; held {
+				lastHeld[key] = max(lastHeld[key], c.allowedAt[job])
+			}
 			limits[key] = b.limit + b.limit/40 // the documented bound by decision time (docs/design.md, Budgets)
 			spec[key] = b.limit
 			windows[key] = b.window
@@ -555,10 +559,12 @@ func (c *Checker) budgets(jobs []uint32) {
 			per[int((t-ts[0])/window)]++
 		}
 		// Whole windows while the demand lasts: after the first, ending by the
-		// last produce (without produce stamps, before the last window).
+		// last produce or, when held jobs were still waiting after it (a
+		// burst), by the window of the last of them sent (without produce
+		// stamps, before the last window).
 		end := len(per) - 1
 		if !c.produced.IsZero() {
-			end = min(end, int((c.produced.UnixNano()-ts[0])/window))
+			end = min(end, int((max(c.produced.UnixNano(), lastHeld[key])-ts[0])/window))
 		}
 		if end > 1 {
 			d.Whole = per[1:end]

@@ -352,6 +352,25 @@ func TestCheckBudget(t *testing.T) {
 		t.Errorf("whole windows while the demand lasted %s, want %s", got, want)
 	}
 	outs[0].ProducedAt = time.Time{}
+	// A burst: 15 jobs produced at once, 5 sent at once and the others held
+	// and sent 5 a second: the demand lasted while they waited, until the
+	// last held one was sent (2.4 s): window [1,2) is whole.
+	first := len(sent)
+	add("burst", 15, 0)
+	for i := first; i < len(sent); i++ {
+		k := i - first
+		outs[i].ProducedAt = t0
+		outs[i].DecidedAt = t0.Add(time.Duration(k/5)*time.Second + time.Duration(k%5)*100*time.Millisecond)
+		if k >= 5 {
+			outs[i].HoldCount = 1
+			outs = append(outs, loadtest.Output{Role: loadtest.RoleHeld, ID: sent[i].ID, Output: output.Output{Decision: "held", DueAt: outs[i].DecidedAt}})
+		}
+	}
+	r = loadtest.Check(sent, outs, p, t0.Add(time.Hour))
+	if got, want := fmt.Sprint(r.Budgets[0]), "{speed:burst 5 1s [5] 5}"; r.Violations != 0 || got != want {
+		t.Errorf("a burst: %s (problems %v), want %s", got, r.Problems, want)
+	}
+	sent, outs = sent[:first], outs[:first]
 	add("fast", 7, 100*time.Millisecond) // 7 in 0.7 s
 	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 1 || !strings.Contains(r.Problems[0], "budget speed:fast") {
 		t.Fatalf("violations %d %v, want one for speed:fast", r.Violations, r.Problems)

@@ -86,9 +86,10 @@ type Result struct {
 // BudgetDelivery is what a budget forwarded: its allowed sends (by decision
 // time) per window of its length, from its first allowed send. Whole counts
 // the windows after the first (partial: the demand begins) that end by the
-// last produce stamp (the demand has ended after it; without stamps, all but
-// the last, partial one): under demand above the limit, each of those is the
-// share of the limit the budget delivers.
+// last produce stamp or, when held jobs waited past it (a burst), before the
+// window of the last of them the budget sent (the demand has ended then;
+// without stamps, all but the last, partial one): under demand above the
+// limit, each of those is the share of the limit the budget delivers.
 type BudgetDelivery struct {
 	Budget string        `json:"budget"`
 	Limit  int           `json:"limit"`
