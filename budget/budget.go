@@ -13,6 +13,12 @@
 // replica's sends by d at most). The cost is underuse: tokens leased and not
 // used before their bucket ends lapse, and stay counted until they leave the
 // window; Close gives the unused tokens of live leases back.
+//
+// A refused send is told when a token comes back for it, and that token is
+// promised to it in Redis, in the same call, for every replica to see: no
+// two sends are promised one token, a send that claims nothing takes none a
+// promise counts on, and the held send that comes back at its time
+// (Want.Promised) finds its token.
 package budget
 
 import (
@@ -20,7 +26,6 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,16 +60,6 @@ type Spec struct {
 	Spread bool
 }
 
-// PerBucket is a bucket's share with Spread: the limit / Buckets, rounded
-// up; 0 (no bound) without. Refused sends are promised at most this many per
-// bucket (see promise).
-func (s *Spec) PerBucket() int {
-	if !s.Spread {
-		return 0
-	}
-	return (s.Limit + Buckets - 1) / Buckets
-}
-
 // Burst is the most tokens a spread budget accrues, so grants at once after
 // a pause in demand: a fifth of the limit, rounded up (what accrues in a
 // fifth of the window at the limit's pace: a pause in decisions up to that
@@ -87,6 +82,10 @@ type Want struct {
 	// not coming back, and a token promised to it would wait for nobody
 	// while jobs refused after it were promised later ones. Zero: no bound.
 	Until time.Time
+	// Promised is the time a refused job was told (Grant.RetryAt: its hold's
+	// due time) when it comes back for its token: it claims the token kept
+	// for it then. Zero: a new want.
+	Promised time.Time
 }
 
 // Grant answers a Want.
@@ -98,9 +97,11 @@ type Grant struct {
 	// new token: the consumer dates a decision within it, or lets it lapse).
 	Until time.Time
 	// RetryAt, when not OK, is when a token is expected back for this job:
-	// the start of the earliest bucket with a token not yet promised to a job
-	// refused before it in this process (see refuse), so released jobs arrive
-	// as tokens come back instead of all at once.
+	// the start of the earliest bucket with a token no replica has promised
+	// to another job. The token is promised to it (kept for it in Redis, for
+	// its Want.Promised to claim) when that is before its Want.Until. So
+	// released jobs arrive as tokens come back, as many as come back, and
+	// find them.
 	RetryAt time.Time
 }
 
@@ -150,17 +151,10 @@ type state struct {
 	used     int       // tokens of the current lease used so far
 	leased   int       // size of the current lease
 	inflight chan struct{}
-	next     time.Time // when tokens come back, from the last refused call
-	// frees are when the window's counted tokens come back, oldest first,
-	// and room the tokens the window had left, from the last answer of
-	// Redis; promised counts the refused jobs told to come back at each
-	// bucket's start (see promise).
-	frees    []free
-	room     int
-	promised map[int64]int
 	touched  time.Time // the last Take of the key
 	// the budget's token counters, resolved once
 	usedC, putBackC, lapsedC, grantedC prometheus.Counter
+	claimsC                            [2]prometheus.Counter // claims made, and missed
 }
 
 // New returns Budgets.
@@ -215,8 +209,9 @@ func (b *Budgets) state(w Want) *state {
 	if st == nil || st.spec != w.Spec { // a rules reload may change the spec
 		t := b.m.tokens
 		n := w.Spec.Name
-		st = &state{spec: w.Spec, size: 1, promised: map[int64]int{}, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
-			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted")}
+		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
+			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted"),
+			claimsC: [2]prometheus.Counter{b.m.claims.WithLabelValues(n, "made"), b.m.claims.WithLabelValues(n, "missed")}}
 		if len(b.keys) >= b.sweepAt {
 			b.sweep()
 		}
@@ -229,7 +224,7 @@ func (b *Budgets) state(w Want) *state {
 const minSweep = 1024
 
 // sweep drops the keys that are idle: no live reserve, nothing in flight,
-// not asked for over a window, and no refused job's pacing to remember. A
+// not asked for over a window (promises are kept in Redis). A
 // per-campaign budget makes a key per campaign: without this the map only
 // grew. The next sweep comes when the map has doubled. b.mu is held.
 func (b *Budgets) sweep() {
@@ -238,8 +233,7 @@ func (b *Budgets) sweep() {
 		if !st.mu.TryLock() {
 			continue // in use
 		}
-		idle := st.inflight == nil && !now.Before(st.expires) && now.Sub(st.touched) > st.spec.Window &&
-			!now.Before(st.next) && !st.promising(now)
+		idle := st.inflight == nil && !now.Before(st.expires) && now.Sub(st.touched) > st.spec.Window
 		st.mu.Unlock()
 		if idle {
 			delete(b.keys, k)
@@ -290,11 +284,21 @@ func (b *Budgets) Take(ctx context.Context, wants []Want) ([]Grant, error) {
 	return grants, errors.Join(errs...)
 }
 
-// take serves the wants idx of one key.
+// take serves the wants idx of one key: new wants from the local reserve
+// first, then everything else in one call (claims of promised tokens always
+// go to Redis, where their tokens are kept).
 func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wants []Want, grants []Grant) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for len(idx) > 0 {
+	var claims, fresh []int
+	for _, i := range idx {
+		if wants[i].Promised.IsZero() {
+			fresh = append(fresh, i)
+		} else {
+			claims = append(claims, i)
+		}
+	}
+	for {
 		now := b.cfg.Clock()
 		st.touched = now
 		if st.reserve > 0 && !now.Before(st.expires) {
@@ -302,12 +306,8 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 			st.reserve = 0
 			st.size = max(1, st.size/2) // leased more than was used in time
 		}
-		idx = st.grant(idx, grants, min(st.reserve, len(idx))) // the reserve first
-		if len(idx) == 0 {
-			return nil
-		}
-		if !st.next.IsZero() && now.Before(st.next) { // Redis said none are left until next
-			b.refuse(st, now, idx, wants, grants)
+		fresh = st.grant(fresh, grants, min(st.reserve, len(fresh))) // the reserve first
+		if len(fresh) == 0 && len(claims) == 0 {
 			return nil
 		}
 		if st.inflight != nil { // another caller is asking Redis: wait for its answer
@@ -325,44 +325,54 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 		if st.leased > 0 && st.used >= st.leased { // the last lease was used up in time: lease more
 			st.size = min(2*st.size, maxLease(st.spec))
 		}
-		ask := len(idx)
-		if !b.cfg.NoLease && !st.spec.Spread { // a spread budget's tokens come at its rate: a lease beyond
+		ask := len(fresh)
+		if ask > 0 && !b.cfg.NoLease && !st.spec.Spread { // a spread budget's tokens come at its rate: a lease beyond
 			// the demand would lapse them (2% of them under bench-budget's demand) while others wait
 			ask = max(ask, st.size)
 		}
 		ask = min(ask, st.spec.Limit)
+		asked := append(claims, fresh...)
 		ch := make(chan struct{})
 		st.inflight = ch
 		st.mu.Unlock()
-		granted, bucket, next, frees, room, err := b.call(ctx, key, st.spec, now, ask, 0)
+		r, err := b.call(ctx, key, st.spec, now, ask, 0, wants, asked)
 		st.mu.Lock()
 		st.inflight = nil
 		close(ch)
 		if err != nil {
 			return err
 		}
-		st.grantedC.Add(float64(granted))
+		// The tokens go to the wants that asked, even when their bucket ended
+		// during the call (a call late in a bucket, or a slow one, would
+		// otherwise lapse them all and refuse sends within the budget): they
+		// are counted in their bucket, so the limit holds by token time. Only
+		// the lease beyond this demand can lapse.
 		width := st.spec.Window / Buckets
-		st.reserve, st.bucket, st.expires = granted, bucket, time.UnixMilli(bucket).Add(width)
-		st.leased, st.used = granted, 0
-		if granted < ask {
-			st.next = time.UnixMilli(next)
-		} else {
-			st.next = time.Time{}
+		st.bucket, st.expires = r.bucket, time.UnixMilli(r.bucket).Add(width)
+		took, refused := 0, 0
+		for k, i := range asked {
+			if k < len(claims) {
+				st.claimsC[0].Inc()
+				if r.wants[k] != 0 {
+					st.claimsC[1].Inc()
+				}
+			}
+			if at := r.wants[k]; at == 0 {
+				grants[i] = Grant{OK: true, Until: st.expires}
+				took++
+			} else {
+				grants[i] = Grant{RetryAt: time.UnixMilli(at)}
+				refused++
+			}
 		}
-		st.frees, st.room = frees, room
-		if granted == 0 {
-			b.refuse(st, now, idx, wants, grants)
-			return nil
+		st.reserve, st.leased, st.used = r.extra, r.extra+took, took
+		st.grantedC.Add(float64(r.extra + took))
+		st.usedC.Add(float64(took))
+		if refused > 0 {
+			b.m.refused.WithLabelValues(st.spec.Name).Add(float64(refused))
 		}
-		// The tokens asked for go to the wants that asked, even when their
-		// bucket ended during the call (a call late in a 100 ms bucket, or a
-		// slow one, would otherwise lapse them all and refuse sends within
-		// the budget): they are counted in their bucket, so the limit holds
-		// by token time. Only the lease beyond this demand can lapse.
-		idx = st.grant(idx, grants, min(granted, len(idx)))
+		return nil
 	}
-	return nil
 }
 
 // grant hands n tokens of the reserve to the first n wants of idx and
@@ -377,96 +387,17 @@ func (st *state) grant(idx []int, grants []Grant, n int) []int {
 	return idx[n:]
 }
 
-// free is when n tokens come back (a counted bucket leaves the window).
-type free struct {
-	at int64 // ms
-	n  int
-}
-
 // maxLease bounds a lease: one bucket's share of the limit.
 func maxLease(s *Spec) int { return max(1, s.Limit/Buckets) }
 
-// refuse answers the wants idx with the times tokens come back: each refused
-// job is promised the start of the earliest bucket that has a token for it
-// (promise), so held jobs come back when tokens do, as many as come back, and
-// a budget under over-demand is used as soon as its tokens are free (jobs
-// spread evenly at the budget's rate came back into buckets with no token and
-// were held again, while tokens waited).
-func (b *Budgets) refuse(st *state, now time.Time, idx []int, wants []Want, grants []Grant) {
-	nowMs := now.UnixMilli()
-	for at := range st.promised {
-		if at < nowMs {
-			delete(st.promised, at)
-		}
-	}
-	until := func(j int) int64 {
-		if u := wants[idx[j]].Until; !u.IsZero() { // rounded up: a bucket's start before it in ms is before it
-			return (u.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
-		}
-		return 0
-	}
-	st.promise(nowMs, len(idx), until, func(j int, at int64) { grants[idx[j]] = Grant{RetryAt: time.UnixMilli(at)} })
-	b.m.refused.WithLabelValues(st.spec.Name).Add(float64(len(idx)))
-}
-
-// promising reports whether a refused job was promised a time after now.
-func (st *state) promising(now time.Time) bool {
-	ms := now.UnixMilli()
-	for at := range st.promised {
-		if at >= ms {
-			return true
-		}
-	}
-	return false
-}
-
-// promiseHorizon bounds how many windows ahead promise looks for a token.
-const promiseHorizon = 64
-
-// promise promises n refused jobs, in order, the starts (ms) of the earliest
-// buckets after now's that have a token for them, and tells each its time
-// through set. It walks the buckets once from there with a pool of tokens:
-// the room the window had left, the tokens each counted bucket frees as it
-// leaves the window (frees), and those taken by the jobs promised each
-// bucket, which come back a window and a bucket after it; a bucket serves at
-// most PerBucket (with Spread). A job whose earliest bucket is not before its
-// until (ms; 0: no bound) is told that bucket but promised nothing: it will
-// not come back (capped beyond max_hold, expired), and its token goes to the
-// next job. Past promiseHorizon windows (nothing counted and no room: only
-// after a failed call), the next bucket.
-func (st *state) promise(now int64, n int, until func(j int) int64, set func(j int, at int64)) {
-	width := st.spec.Window.Milliseconds() / Buckets
-	per := st.spec.PerBucket()
-	var back [Buckets + 2]int // tokens coming back, by bucket index modulo the ring
-	pool, fi, j := st.room, 0, 0
-	first := now - now%width + width
-	for k := 0; k < promiseHorizon*Buckets && j < n; k++ {
-		t := first + int64(k)*width
-		for fi < len(st.frees) && st.frees[fi].at <= t {
-			pool += st.frees[fi].n
-			fi++
-		}
-		pool += back[k%len(back)]
-		back[k%len(back)] = 0
-		capacity := pool
-		if per > 0 {
-			capacity = min(capacity, per)
-		}
-		for ; j < n && st.promised[t] < capacity; j++ {
-			set(j, t)
-			if u := until(j); u == 0 || t < u {
-				st.promised[t]++
-			}
-		}
-		used := max(0, min(st.promised[t], capacity))
-		pool -= used
-		back[(k+Buckets+1)%len(back)] += used
-	}
-	for ; j < n; j++ {
-		st.promised[first]++
-		set(j, first)
-	}
-}
+// promiseLapse is how long after its time a promised token is kept for its
+// job: a held job comes back a few milliseconds after its due time (12 ms
+// is the median), but a delay tier's reader can lag by seconds. A job later
+// than this (or not coming back: capped by another cap) finds its token gone
+// to whoever asked first, and is first in line for the next free one. A
+// token kept for a late job comes back late: the job promised it next finds
+// it missing and its promise follows it to the next token back (budget.lua).
+func promiseLapse(s *Spec) time.Duration { return max(5*time.Second, 2*s.Window/Buckets) }
 
 // Return puts back n tokens of key that Take granted and were not used (the
 // job was capped after all): the next Take of the key uses them first.
@@ -506,7 +437,7 @@ func (b *Budgets) Close(ctx context.Context) error {
 		if n == 0 || !live {
 			continue
 		}
-		if _, _, _, _, _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket); err != nil {
+		if _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket, nil, nil); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -523,65 +454,67 @@ type Usage struct {
 
 // Peek reads a budget key's usage without taking a token.
 func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
-	u, err := b.script(ctx, w.Key, w.Spec, b.cfg.Clock(), 0, 0)
+	r, err := b.call(ctx, w.Key, w.Spec, b.cfg.Clock(), 0, 0, nil, nil)
 	if err != nil {
 		return Usage{}, err
 	}
 	var next time.Time
-	if u[3] > 0 {
-		next = time.UnixMilli(u[3])
+	if r.next > 0 {
+		next = time.UnixMilli(r.next)
 	}
-	return Usage{Used: int(u[1]), Next: next}, nil
+	return Usage{Used: r.used, Next: next}, nil
 }
 
-// call runs the script for delta tokens; it returns the tokens granted, the
-// bucket they are counted in and when tokens come back: next, the first
-// time, frees, each time and how many, oldest first, and room, the tokens
-// the window has left.
-func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) (granted int, at int64, next int64, frees []free, room int, err error) {
-	r, err := b.script(ctx, key, s, now, delta, bucket)
-	if err != nil {
-		return 0, 0, 0, nil, 0, err
-	}
-	width := s.Window.Milliseconds() / Buckets
-	for i := 4; i+1 < len(r); i += 2 {
-		frees = append(frees, free{at: r[i] + width + s.Window.Milliseconds(), n: int(r[i+1])})
-	}
-	sort.Slice(frees, func(i, j int) bool { return frees[i].at < frees[j].at })
-	return int(r[0]), r[2], r[3], frees, max(0, s.Limit-int(r[1])), nil
+// reply is budget.lua's answer to a call.
+type reply struct {
+	extra  int   // tokens taken beyond the wants: a lease
+	used   int   // tokens counted in the window
+	bucket int64 // the bucket (ms) the tokens are counted in
+	next   int64 // ms at which tokens come back; 0: none counted
+	wants  []int64
 }
 
-// script runs budget.lua once, outside any pipeline: go-redis's Script.Run
-// sends EVALSHA and, on NOSCRIPT (a promoted replica, a restarted node), EVAL
-// with the body, which caches it again. capping calls decide.lua as a
-// function library instead (FCALL), which it loads by hand where a node lost
-// it: its calls are pipelined, and an error inside a pipeline is not retried
-// for it.
-func (b *Budgets) script(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64) ([]int64, error) {
+// call runs the script for delta tokens (a new want's and a lease's; < 0:
+// give -delta back to bucket) and the wants asked, in order; each want's
+// answer is 0 (granted) or the ms at which it may come back.
+func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64, wants []Want, asked []int) (reply, error) {
 	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()
 	k := b.RedisKey(key)
-	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r"},
-		now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10), s.Burst()).Result()
+	args := make([]any, 0, 9+2*len(asked))
+	args = append(args, now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10), s.Burst(),
+		promiseLapse(s).Milliseconds(), len(asked))
+	for _, i := range asked {
+		var promised, until int64
+		if w := wants[i]; !w.Promised.IsZero() {
+			promised = w.Promised.UnixMilli()
+		}
+		if u := wants[i].Until; !u.IsZero() { // rounded up: a time before it in ms is before it
+			until = (u.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
+		}
+		args = append(args, promised, until)
+	}
+	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p"}, args...).Result()
 	if err != nil {
-		return nil, fmt.Errorf("budget %s: %w", key, err)
+		return reply{}, fmt.Errorf("budget %s: %w", key, err)
 	}
 	arr, ok := v.([]any)
-	if !ok || len(arr) < 4 || len(arr)%2 != 0 {
-		return nil, fmt.Errorf("budget %s: unexpected script reply %#v", key, v)
+	if !ok || len(arr) != 4+len(asked) {
+		return reply{}, fmt.Errorf("budget %s: unexpected script reply %#v", key, v)
 	}
 	out := make([]int64, len(arr))
 	for i, x := range arr {
 		n, ok := x.(int64)
 		if !ok {
-			return nil, fmt.Errorf("budget %s: unexpected script reply %#v", key, v)
+			return reply{}, fmt.Errorf("budget %s: unexpected script reply %#v", key, v)
 		}
 		out[i] = n
 	}
-	return out, nil
+	return reply{extra: int(out[0]), used: int(out[1]), bucket: out[2], next: out[3], wants: out[4:]}, nil
 }
 
 type metrics struct {
+	claims  *prometheus.CounterVec
 	tokens  *prometheus.CounterVec
 	calls   *prometheus.CounterVec
 	refused *prometheus.CounterVec
@@ -591,6 +524,9 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	m.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped, back in the reserve: used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown).",
 	}, []string{"budget", "kind"})
+	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another).",
+	}, []string{"budget", "result"})
 	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_budget_redis_calls_total", Help: "Redis calls for budgets, by budget.",
 	}, []string{"budget"})
@@ -600,7 +536,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{m.tokens, m.calls, m.refused} {
+	for _, c := range []prometheus.Collector{m.claims, m.tokens, m.calls, m.refused} {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("budget: register metrics: %w", err)
 		}

@@ -23,14 +23,26 @@
 --          together again: the same drifting lumps, and a window in 100 (one per bucket) can get none.
 -- KEYS[2]  (with a burst) the rate's state, e.g. fc:b:{sms}:r (same slot): l = tokens accrued (a float),
 --          t = ms they were counted at (after a full window, in the future)
--- Reply: {granted, used, bucket, next, b_1, n_1, b_2, n_2, ...}
---   granted  tokens taken now (0 when giving back or looking)
+-- KEYS[3]  the promises, e.g. fc:b:{sms}:p (same slot): field = a bucket's start (ms), value = tokens promised
+--          to refused jobs told to come back then and not claimed yet. Every replica's refusals are promised
+--          here, so no token is promised twice, and a promised token is kept for its job: a send that is not
+--          claiming one takes a token only if every promise due within a window still has its token. A
+--          promise not claimed within ARGV[8] ms of its time lapses (its job is late or not coming back). A
+--          claim whose token is not back yet (the job that had it before came late) follows it: it is
+--          promised the time the next counted token comes back.
+-- ARGV[8]  lapse (ms)
+-- ARGV[9]  n: the wants of this call, each a pair from ARGV[10]: (promised, until) in ms; promised is the
+--          time a refused job was told (0: a new want), which claims a token promised then; until is the
+--          last moment the job can come back (0: no bound). Claims are served first; a claim whose promise
+--          lapsed is a new want, ahead of the others. delta counts the new wants and the lease beyond them.
+-- Reply: {extra, used, bucket, next, r_1, ..., r_n}
+--   extra    tokens taken beyond the wants (a lease: the caller's reserve)
 --   used     tokens counted in the window after this call
---   bucket   the bucket the granted tokens are counted in: they must be used before bucket + width
+--   bucket   the bucket the taken tokens are counted in: they must be used before bucket + width
 --   next     ms at which tokens come back: when the next token accrues when only the rate refused some,
 --            else when the oldest counted bucket leaves the window; 0 when none
---   b_i n_i  every counted bucket and its tokens after this call: bucket b_i's n_i tokens come back at
---            b_i + width + window (the caller schedules refused jobs at those times)
+--   r_i      want i: 0 granted; else the ms at which it may come back: the start of the earliest bucket with a
+--            token no one was promised, which is promised to it if that is before its until
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
@@ -38,15 +50,19 @@ local width = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local delta = tonumber(ARGV[5])
 local burst = tonumber(ARGV[7] or '0')
+local lapse = tonumber(ARGV[8] or '0')
+local n = tonumber(ARGV[9] or '0')
 local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
+local buckets = window / width
+local horizon = 64 * buckets -- buckets ahead a promise may be
 
 if delta < 0 then
   local b = ARGV[6]
-  local n = tonumber(redis.call('HGET', key, b) or '0')
-  if n > 0 then
-    local back = math.min(n, -delta)
-    if back == n then
+  local c = tonumber(redis.call('HGET', key, b) or '0')
+  if c > 0 then
+    local back = math.min(c, -delta)
+    if back == c then
       redis.call('HDEL', key, b)
     else
       redis.call('HINCRBY', key, b, -back)
@@ -69,9 +85,11 @@ for i = 1, #h, 2 do
   end
 end
 
+local asking = delta > 0 or n > 0
+
 -- The rate's level, accrued up to now (none while a full window's oldest bucket has not left: t > now).
 local level, at = 0, now
-if burst > 0 and delta ~= 0 then
+if burst > 0 and delta ~= 0 or burst > 0 and n > 0 then
   local r = redis.call('HGETALL', KEYS[2])
   level, at = limit, now -- idle (the key expired): the whole limit, as without a burst
   for i = 1, #r, 2 do
@@ -89,20 +107,211 @@ if burst > 0 and delta ~= 0 then
   end
 end
 
-local granted = 0
-if delta > 0 then
-  granted = math.max(0, math.min(delta, limit - used))
-  if burst > 0 then
-    granted = math.min(granted, math.floor(level + 1e-9))
+-- The promises not lapsed.
+local promised, changed = {}, {}
+if asking then
+  local p = redis.call('HGETALL', KEYS[3])
+  for i = 1, #p, 2 do
+    local t = tonumber(p[i])
+    if t + lapse < now then
+      redis.call('HDEL', KEYS[3], p[i])
+    else
+      promised[t] = tonumber(p[i + 1])
+    end
   end
-  if granted > 0 then
-    redis.call('HINCRBY', key, string.format('%d', cur), granted)
-    used = used + granted
-    counted[cur] = (counted[cur] or 0) + granted
+end
+
+local function count(c)
+  if c > 0 then
+    counted[cur] = (counted[cur] or 0) + c
+    used = used + c
     if not oldest or cur < oldest then
       oldest = cur
     end
-    redis.call('PEXPIRE', key, window + width)
+  end
+end
+
+-- Claims first: a job that comes back at its promise takes the token kept for it.
+local reply = {0, 0, cur, 0}
+local fresh = {} -- the wants without a token yet, in the order they are served: lapsed claims first
+local claimed = 0
+for i = 1, n do
+  local p, u = tonumber(ARGV[8 + 2 * i]), tonumber(ARGV[9 + 2 * i])
+  if p > 0 and (promised[p] or 0) > 0 and used + claimed < limit then
+    promised[p] = promised[p] - 1
+    changed[p] = true
+    claimed = claimed + 1
+    reply[4 + i] = 0
+  elseif p > 0 and (promised[p] or 0) > 0 and oldest then -- its token is not back yet (the job that had it
+    -- before came late): the promise follows it to when the next token comes back
+    local nf = oldest + width + window
+    promised[p], changed[p] = promised[p] - 1, true
+    reply[4 + i] = nf
+    if u == 0 or nf < u then
+      promised[nf], changed[nf] = (promised[nf] or 0) + 1, true
+    end
+  elseif p > 0 then
+    fresh[#fresh + 1] = i
+  end
+end
+count(claimed)
+local lapsedClaims = #fresh
+for i = 1, n do
+  if tonumber(ARGV[8 + 2 * i]) == 0 then
+    fresh[#fresh + 1] = i
+  end
+end
+
+-- What a new want may take now: the room the window has, less the tokens every promise due before a token
+-- taken now comes back (bucket + width + window) needs, with the tokens that leave the window by then.
+local function free()
+  local back = cur + width + window
+  local s, ev = limit - used, {}
+  for b, c in pairs(counted) do
+    if b + width + window < back then
+      ev[#ev + 1] = {b + width + window, c}
+    end
+  end
+  for t, c in pairs(promised) do
+    if c > 0 then
+      if t <= now then
+        s = s - c
+      elseif t < back then
+        ev[#ev + 1] = {t, -c}
+      end
+    end
+  end
+  table.sort(ev, function(a, b)
+    if a[1] ~= b[1] then
+      return a[1] < b[1]
+    end
+    return a[2] < b[2]
+  end)
+  local least = s
+  for _, e in ipairs(ev) do
+    s = s + e[2]
+    least = math.min(least, s)
+  end
+  return math.max(0, least)
+end
+
+local granted = 0
+local ask = math.max(0, delta) + lapsedClaims
+if ask > 0 then
+  granted = math.min(ask, free())
+  if burst > 0 then -- the rate paces new wants; claims were paced when they were promised
+    granted = math.min(granted, math.max(0, math.floor(level + 1e-9)))
+  end
+  count(granted)
+end
+if claimed + granted > 0 then
+  redis.call('HINCRBY', key, string.format('%d', cur), claimed + granted)
+  redis.call('PEXPIRE', key, window + width)
+end
+for k = 1, math.min(granted, #fresh) do
+  reply[4 + fresh[k]] = 0
+end
+reply[1] = math.max(0, granted - #fresh)
+
+-- The refused wants are promised the starts of the earliest buckets after now's with a token no one else was
+-- promised. The walk knows the tokens that come back: the room left, each counted bucket's tokens as it leaves
+-- the window, and each promised token a window and two buckets after its time (claimed within a bucket);
+-- less those promised. A token promised at a bucket is taken from then until it comes back, so a bucket may
+-- promise only what every later bucket can spare (the least pool from it on: a token that comes
+-- back early must not go to a new want while a later promise counts on it). With a burst, a bucket promises
+-- at most a bucket's share of the limit. A want whose bucket is not before its until is told it but promised
+-- nothing (it will not come back), and the next want is promised that token.
+local j = granted + 1
+if j <= #fresh then
+  local per = 0
+  if burst > 0 then
+    per = math.ceil(limit / buckets)
+  end
+  local first = cur + width
+  -- Buckets after its own that a promised token comes back: a window and a bucket after it is claimed, within
+  -- a bucket of its time. One claimed later comes back later, and the claim promised it next follows it.
+  local ret = buckets + 2
+  local net, K = {}, 0 -- by bucket index from first: tokens that come back, less those promised
+  local function add(t, c)
+    local k = math.max(0, math.ceil((t - first) / width))
+    net[k] = (net[k] or 0) + c
+    K = math.max(K, k + 1)
+  end
+  local pool = limit - used
+  for b, c in pairs(counted) do
+    add(b + width + window, c)
+  end
+  for t, c in pairs(promised) do
+    if c > 0 and t <= now then -- due, not claimed yet: its token is taken, back as if promised now
+      pool = pool - c
+      add(first + (ret - 1) * width, c)
+    elseif c > 0 then
+      add(t, -c)
+      add(t + ret * width, c)
+    end
+  end
+  K = math.min(K, horizon)
+  local pools = {}
+  for k = 0, K - 1 do
+    pool = pool + (net[k] or 0)
+    pools[k] = pool
+  end
+  local least, m = {}, pool -- from K on, the pool stays
+  for k = K - 1, 0, -1 do
+    m = math.min(m, pools[k])
+    least[k] = m
+  end
+  local assigned, back = 0, {} -- new promises, and those coming back by bucket index
+  for k = 0, horizon - 1 do
+    if j > #fresh then
+      break
+    end
+    assigned = assigned - (back[k] or 0)
+    local t = first + k * width
+    local p = promised[t] or 0
+    local x = (least[k] or pool) - assigned
+    if per > 0 then
+      x = math.min(x, per - p)
+    end
+    local took = 0
+    while j <= #fresh and x > 0 do
+      local i = fresh[j]
+      reply[4 + i] = t
+      local u = tonumber(ARGV[9 + 2 * i])
+      if u == 0 or t < u then
+        took, x = took + 1, x - 1
+      end
+      j = j + 1
+    end
+    if took > 0 then
+      promised[t], changed[t] = p + took, true
+      assigned = assigned + took
+      back[k + ret] = (back[k + ret] or 0) + took
+    end
+  end
+  for k = j, #fresh do -- no token in sight (nothing counted and no room: only after a failed call): told the
+    -- next bucket, promised nothing
+    reply[4 + fresh[k]] = first
+  end
+end
+local wrote = false
+for t in pairs(changed) do
+  if promised[t] > 0 then
+    redis.call('HSET', KEYS[3], string.format('%d', t), promised[t])
+  else
+    redis.call('HDEL', KEYS[3], string.format('%d', t))
+  end
+  wrote = true
+end
+if wrote then -- the promises live until the last of them lapses
+  local last = 0
+  for t, c in pairs(promised) do
+    if c > 0 then
+      last = math.max(last, t)
+    end
+  end
+  if last > 0 then
+    redis.call('PEXPIRE', KEYS[3], math.max(1, last - now) + lapse + width)
   end
 end
 
@@ -110,21 +319,17 @@ local next = 0
 if oldest then
   next = oldest + width + window
 end
-if burst > 0 and delta ~= 0 then
+if burst > 0 and (delta ~= 0 or n > 0) then
   level = level - granted
   if used >= limit and oldest then -- full: nothing accrues until the oldest bucket leaves; then the tokens it
     -- frees may be taken at once up to a bucket's share (a lump beyond that comes back at the rate)
     local share = math.min(counted[oldest], math.ceil(limit * width / window))
     level, at = 0, oldest + width + window - share / rate
-  elseif delta > 0 and granted < delta then -- the rate refused some: the next token
+  elseif ask > 0 and granted < ask then -- the rate refused some: the next token
     next = at + math.ceil((1 - level) / rate)
   end
-  redis.call('HSET', KEYS[2], 'l', string.format('%.6f', level), 't', string.format('%d', at))
+  redis.call('HSET', KEYS[2], 'l', string.format('%.6f', math.max(0, level)), 't', string.format('%d', at))
   redis.call('PEXPIRE', KEYS[2], window + width)
 end
-local reply = {granted, used, cur, next}
-for b, n in pairs(counted) do
-  reply[#reply + 1] = b
-  reply[#reply + 1] = n
-end
+reply[2], reply[4] = used, next
 return reply

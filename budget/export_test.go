@@ -19,10 +19,8 @@ func Lapsed(b *Budgets, name string) float64 {
 
 func LeaseSize(b *Budgets, key string) int { return b.keys[key].size }
 
-// ForgetRefusal makes the next Take of key ask Redis rather than trust the
-// last refusal's time.
-func ForgetRefusal(b *Budgets, key string) { b.keys[key].next = time.Time{} }
-
 func SetScripter(b *Budgets, s redis.Scripter) { b.cfg.Client = s }
 
 func Scripter(b *Budgets) redis.Scripter { return b.cfg.Client }
+
+func PromiseLapse(s *Spec) time.Duration { return promiseLapse(s) }

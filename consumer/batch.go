@@ -146,7 +146,8 @@ func (w *Worker) arrived(m *kafka.Message) (hold.State, error) {
 // takeTokens takes a token of every budget each job that asks for them
 // needs, retrying while Redis fails. A job short of a token gives back the
 // tokens it got and is told when one is expected back for it: the latest
-// such time of its budgets.
+// such time of its budgets, which promised it that token; held until then,
+// it claims it when it comes back.
 func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 	var wants []budget.Want
 	var owners []int
@@ -162,6 +163,9 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		}
 		for _, wt := range e.plan.Wants {
 			wt.Until = holdUntil(&e.facts, e.plan.OnShort(wt.Spec.Name), w.cfg.Wheel, e.at)
+			if a := &e.facts.arrived; a.Count > 0 && a.Reason == wt.Spec.Name {
+				wt.Promised = a.Due // back when this budget promised it a token: it claims that token
+			}
 			wants = append(wants, wt)
 			owners = append(owners, i)
 		}

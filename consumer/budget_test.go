@@ -3,6 +3,8 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
@@ -258,5 +261,41 @@ func TestDecisionDatedWithinItsTokensBucket(t *testing.T) {
 				t.Errorf("%d tokens lapsed", b.lapsed)
 			}
 		})
+	}
+}
+
+// TestReleasedJobClaimsItsPromise: a job held because a budget was short
+// comes back from its delay tier claiming the token that budget promised it
+// at its due time (budget.Want.Promised); its other budgets' wants, and a
+// job held by a cap, claim nothing.
+func TestReleasedJobClaimsItsPromise(t *testing.T) {
+	var mu sync.Mutex
+	claims := map[string][]time.Time{} // budget key -> Want.Promised of each want
+	b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		claims[w.Key] = append(claims[w.Key], w.Promised)
+		return budget.Grant{OK: true}, nil
+	}}
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+		return capping.Decision{Allowed: true, At: t0}, nil
+	}}
+	h := start(t, consumer.Config{Rules: budgetRules(t), Budgets: b, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 }})
+	due := t0.Add(-3 * time.Millisecond)
+	for _, reason := range []string{"sms", "daily"} {
+		m := tierMessage("held-by-"+reason, 1, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: reason})
+		m.Value = smsJob("held-by-"+reason, 1).Value
+		h.send(m)
+	}
+	for _, o := range h.waitOutputs(t, 2) {
+		if o.Topic != "allowed" {
+			t.Fatalf("a released job went to %q, want allowed", o.Topic)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	slices.SortFunc(claims["sms"], func(a, b time.Time) int { return a.Compare(b) })
+	if got, want := claims, (map[string][]time.Time{"sms": {{}, due}, "all-sms": {{}, {}}}); !reflect.DeepEqual(got, want) {
+		t.Errorf("wants asked with Promised %v, want %v: only the job sms held claims, and only sms's token", got, want)
 	}
 }

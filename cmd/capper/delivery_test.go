@@ -136,7 +136,7 @@ rules:
 			var lapsed []string
 			for _, w := range ws {
 				for _, l := range strings.Split(scrape(t, w.metrics), "\n") {
-					if strings.HasPrefix(l, `capper_budget_tokens_total{budget="sms",kind="lapsed"}`) {
+					if strings.HasPrefix(l, `capper_budget_tokens_total{budget="sms",kind="lapsed"}`) || strings.HasPrefix(l, `capper_budget_claims_total{budget="sms"`) {
 						lapsed = append(lapsed, l)
 					}
 				}
