@@ -26,6 +26,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -331,7 +332,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 			ask = max(ask, st.size)
 		}
 		ask = min(ask, st.spec.Limit)
-		asked := append(claims, fresh...)
+		asked := slices.Concat(claims, fresh)
 		ch := make(chan struct{})
 		st.inflight = ch
 		st.mu.Unlock()

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"sort"
@@ -333,24 +334,14 @@ func (c *Checker) allowedSends() []uint32 {
 	slices.SortFunc(jobs, func(a, b uint32) int {
 		la, lb := c.allowedBy[a], c.allowedBy[b]
 		if ua, ub := c.m.user(int(la)), c.m.user(int(lb)); ua != ub {
-			return cmpOrder(ua, ub)
+			return cmp.Compare(ua, ub)
 		}
 		if c.allowedAt[a] != c.allowedAt[b] {
-			return cmpOrder(c.allowedAt[a], c.allowedAt[b])
+			return cmp.Compare(c.allowedAt[a], c.allowedAt[b])
 		}
-		return cmpOrder(la, lb)
+		return cmp.Compare(la, lb)
 	})
 	return jobs
-}
-
-func cmpOrder[T int64 | uint32](a, b T) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // send is job's counted send.
@@ -578,15 +569,8 @@ func (c *Checker) finish() {
 	if d := c.last.Sub(c.first); d > 0 {
 		c.r.JobsPerSec = float64(c.m.Len()) / d.Seconds()
 	}
-	slices.Sort(c.lat)
-	lat := func(p float64) float64 {
-		if len(c.lat) == 0 {
-			return 0
-		}
-		rank := int(math.Ceil(p * float64(len(c.lat))))
-		return float64(c.lat[min(len(c.lat), max(rank, 1))-1]) / 1000
-	}
-	c.r.P50ms, c.r.P99ms = lat(0.50), lat(0.99)
+	slices.Sort(c.lat) // µs
+	c.r.P50ms, c.r.P99ms = float64(percentile(c.lat, 0.50))/1000, float64(percentile(c.lat, 0.99))/1000
 	sort.Float64s(c.releaseLag)
 	c.r.ReleaseP50ms, c.r.ReleaseP99ms = percentile(c.releaseLag, 0.50), percentile(c.releaseLag, 0.99)
 }

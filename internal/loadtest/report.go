@@ -127,7 +127,7 @@ type Policy struct {
 }
 
 // percentile is the nearest-rank percentile of sorted values.
-func percentile(sorted []float64, p float64) float64 {
+func percentile[T int32 | float64](sorted []T, p float64) T {
 	if len(sorted) == 0 {
 		return 0
 	}
