@@ -397,7 +397,7 @@ func maxLease(s *Spec) int { return max(1, s.Limit/Buckets) }
 // than this (or not coming back: capped by another cap) finds its token gone
 // to whoever asked first, and is first in line for the next free one. A
 // token kept for a late job comes back late: the job promised it next finds
-// it missing and is first in line too (budget.lua).
+// it missing and its promise follows it to the next token back (budget.lua).
 func promiseLapse(s *Spec) time.Duration { return max(5*time.Second, 2*s.Window/Buckets) }
 
 // Return puts back n tokens of key that Take granted and were not used (the

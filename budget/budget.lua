@@ -28,9 +28,8 @@
 --          here, so no token is promised twice, and a promised token is kept for its job: a send that is not
 --          claiming one takes a token only if every promise due within a window still has its token. A
 --          promise not claimed within ARGV[8] ms of its time lapses (its job is late or not coming back). A
---          claim whose token is not back yet (the job that had it before claimed it two or more buckets after
---          its time, so it comes back late) is first in line for the next token no one else was promised, as
---          a claim whose promise lapsed: a late claim costs at most one other claim its token, never a chain.
+--          claim whose token is not back yet (the job that had it before came late) follows it: it is
+--          promised the time the next counted token comes back.
 -- ARGV[8]  lapse (ms)
 -- ARGV[9]  n: the wants of this call, each a pair from ARGV[10]: (promised, until) in ms; promised is the
 --          time a refused job was told (0: a new want), which claims a token promised then; until is the
@@ -137,16 +136,20 @@ local reply = {0, 0, cur, 0}
 local fresh = {} -- the wants without a token yet, in the order they are served: lapsed claims first
 local claimed = 0
 for i = 1, n do
-  local p = tonumber(ARGV[8 + 2 * i])
+  local p, u = tonumber(ARGV[8 + 2 * i]), tonumber(ARGV[9 + 2 * i])
   if p > 0 and (promised[p] or 0) > 0 and used + claimed < limit then
     promised[p] = promised[p] - 1
     changed[p] = true
     claimed = claimed + 1
     reply[4 + i] = 0
-  elseif p > 0 and (promised[p] or 0) > 0 then -- its token is not back yet (the job that had it before came
-    -- late): the promise is given up, and the claim is first in line for a token no one else was promised
+  elseif p > 0 and (promised[p] or 0) > 0 and oldest then -- its token is not back yet (the job that had it
+    -- before came late): the promise follows it to when the next token comes back
+    local nf = oldest + width + window
     promised[p], changed[p] = promised[p] - 1, true
-    fresh[#fresh + 1] = i
+    reply[4 + i] = nf
+    if u == 0 or nf < u then
+      promised[nf], changed[nf] = (promised[nf] or 0) + 1, true
+    end
   elseif p > 0 then
     fresh[#fresh + 1] = i
   end

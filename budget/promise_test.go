@@ -87,15 +87,19 @@ func TestPromisesAreSharedByReplicas(t *testing.T) {
 	}
 }
 
-// TestALateClaimCostsOneOther: on a fixed clock, a budget of 1,000 per
+// TestALateClaimCostsAFewOthers: on a fixed clock, a budget of 1,000 per
 // second under five times that demand; every held send comes back at its
 // time but those due over ten buckets, which come back 30 buckets late (a
-// delay tier's reader lagging) and so bring their tokens back late. Each may
-// cost the send promised its token next that token, and that send is first
-// in line for one no one else was promised (not added to a token promised to
-// another, which made a chain of misses: 850 for 800 late claims): at most
-// one claim misses per late claim, and no window gets more than the limit.
-func TestALateClaimCostsOneOther(t *testing.T) {
+// delay tier's reader lagging) and so bring their tokens back late. The send
+// promised such a token next finds it missing and follows it to the next
+// token back, which may be promised already: a late claim costs a miss or
+// two (850 for 800 late claims here), far from a chain that goes on, and no
+// window gets more than the limit. A claim that follows without being
+// counted against the token it follows (a walk to a token no one was
+// promised) was tried: one miss per late claim exactly, but when a promise
+// was broken no token was in sight until its time, and the burst bench's
+// 1 s windows fell to 82% and once 2% (from 98%).
+func TestALateClaimCostsAFewOthers(t *testing.T) {
 	c := testclock.At(time.UnixMilli(1_800_000_000_000))
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "late", Limit: 1000, Window: time.Second}
@@ -148,8 +152,8 @@ func TestALateClaimCostsOneOther(t *testing.T) {
 		}
 		c.Add(width / 3)
 	}
-	if delayed == 0 || missed > delayed {
-		t.Errorf("%d of %d claims missed their token with %d claims 30 buckets late; want at most one per late claim", missed, claims, delayed)
+	if delayed == 0 || missed > 2*delayed {
+		t.Errorf("%d of %d claims missed their token with %d claims 30 buckets late; want at most two per late claim", missed, claims, delayed)
 	}
 	if worst := busiest(stamps, spec.Window); worst > spec.Limit {
 		t.Errorf("%d tokens in the busiest window, limit %d", worst, spec.Limit)
