@@ -1,11 +1,13 @@
 package main_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,4 +93,121 @@ rules:
 			t.Errorf("capper check --budget lacks %q:\n%s", want, out)
 		}
 	}
+}
+
+// TestStalledReplicaKeepsTheBudget: two replicas share an SMS budget of 20
+// per second. One takes tokens for a batch whose users' Redis master is
+// frozen, and is then itself stopped (SIGSTOP) for two windows while the
+// other spends the budget on its own jobs; later it is stopped three more
+// times for two windows each, wherever it is, while a burst flows. A
+// stalled replica's sends are decided within their tokens' buckets (the
+// frozen master decides them when it thaws, at the time the replica asked)
+// or its tokens lapse and they wait for new ones: no second gets more than
+// 20 forwarded sends by decision time, and every job is forwarded once.
+func TestStalledReplicaKeepsTheBudget(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	s.EnableHold(3, "100ms", "1s", "5s")
+	s.EditConfig(testenv.TestRules, `
+rules:
+  segments:
+    - name: new
+      caps: [{name: daily, window: 24h, limit: 100}]
+  default_caps: [{name: daily, window: 24h, limit: 100}]
+  budgets:
+    - {name: sms, channel: sms, limit: 20, window: 1s, max_hold: 1h}
+`)
+	w1 := start(s, true)
+	start(s, true)
+	s.WaitGroupMembers(t, 2, 60*time.Second)
+	budgetKey, err := s.RedisClient().MasterForKey(context.Background(), s.Prefix+":b:{sms}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Users whose log is on a master other than the budget's: their
+	// decisions stall while the budget stays reachable.
+	var frozen, others []uint32
+	for u := uint32(1000); len(frozen) < 60 || len(others) < 260; u++ {
+		switch m := s.MasterOf(u); {
+		case m == budgetKey.Options().Addr:
+		case len(frozen) == 0 || m == s.MasterOf(frozen[0]):
+			frozen = append(frozen, u)
+		default:
+			others = append(others, u)
+		}
+	}
+	frozen, others = frozen[:60], others[:260]
+	sms := func(prefix string, users []uint32) []testenv.JobSpec {
+		var jobs []testenv.JobSpec
+		for i, u := range users {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("%s-%d", prefix, i), User: u, Channel: "sms"})
+		}
+		return jobs
+	}
+	stall := func(d time.Duration) { // the stall itself is the fault: SIGSTOP for d
+		if err := w1.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		if err := w1.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resume := s.FreezeMaster(t, frozen[0])
+	stuck := sms("stuck", frozen)
+	s.Produce(stuck)
+	// w1 has taken tokens for some of them and cannot decide them.
+	for end := time.Now().Add(30 * time.Second); scrapeMetric(t, w1.metrics, `capper_budget_tokens_total{budget="sms",kind="used"}`) <= 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the first replica took no budget token for the jobs of the frozen master")
+		}
+	}
+	if err := w1.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resume()
+	more := sms("more", others[:60])
+	s.Produce(more)
+	time.Sleep(2 * time.Second)
+	if err := w1.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	burst := sms("burst", others[60:])
+	s.Produce(burst)
+	for range 3 {
+		s.CollectJobs(burst[:10], 30*time.Second) // the burst flows
+		stall(2 * time.Second)
+		time.Sleep(time.Second) // between stalls: a window's work
+	}
+	all := slices.Concat(stuck, more, burst)
+	outs := s.CollectJobs(all, 90*time.Second)
+	final := finals(t, outs)
+	var at []time.Time
+	dups := 0
+	for _, j := range all {
+		switch o, ok := final[j.ID]; {
+		case !ok:
+			t.Errorf("job %s reached no final topic", j.ID)
+		case o.Decision == "duplicate": // its first decision was recorded, its answer lost in the freeze
+			dups++
+			at = append(at, o.DecidedAt)
+		case o.Decision != "allowed":
+			t.Errorf("job %s: %s by %q (%s), want forwarded (held until a token)", j.ID, o.Decision, o.Cap, o.Reason)
+		default:
+			at = append(at, o.DecidedAt)
+		}
+	}
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	worst := 0
+	for i, j := 0, 0; i < len(at); i++ {
+		for j < len(at) && at[j].Sub(at[i]) < time.Second {
+			j++
+		}
+		worst = max(worst, j-i)
+	}
+	if worst > 20 {
+		t.Errorf("%d sends forwarded in one second by decision time, budget 20", worst)
+	}
+	t.Logf("%d sends (%d duplicates of a decision recorded in the freeze) over %v, at most %d in any second; the stalled replica lapsed %v tokens",
+		len(at), dups, at[len(at)-1].Sub(at[0]).Round(time.Millisecond), worst,
+		scrapeMetric(t, w1.metrics, `capper_budget_tokens_total{budget="sms",kind="lapsed"}`))
 }
