@@ -58,6 +58,12 @@ type Kafka struct {
 	Topics  Topics   `yaml:"topics"`
 	// SessionTimeout: a member silent this long leaves the group and its partitions move. Defaults to 30s.
 	SessionTimeout Duration `yaml:"session_timeout"`
+	// RebalanceTimeout: how long a rebalance waits for the members to rejoin;
+	// one that has not by then (killed, and not yet expired by SessionTimeout)
+	// is dropped, and the others go on. Every member of the group stops reading
+	// while a rebalance lasts. Defaults to half of SessionTimeout; at least a
+	// fifth of it (two heartbeats).
+	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
 	// MaxBatchBytes bounds a record batch the worker produces, and so its largest
 	// output; it must stay below the broker's message.max.bytes (Kafka's default
 	// is 1048588). 0 = consumer.DefaultMaxOutputBytes.
@@ -372,6 +378,7 @@ func (c *Config) defaults() {
 	set(&c.Kafka.Topics.Held, DefaultTopics.Held)
 	set(&c.Kafka.Topics.DelayPrefix, DefaultTopics.DelayPrefix)
 	setD(&c.Kafka.SessionTimeout, 30*time.Second)
+	setD(&c.Kafka.RebalanceTimeout, time.Duration(c.Kafka.SessionTimeout)/2)
 	setD(&c.Redis.DialTimeout, time.Second)
 	setD(&c.Redis.ReadTimeout, time.Second)
 	setD(&c.Redis.WriteTimeout, time.Second)
@@ -442,11 +449,14 @@ func (c *Config) Validate() error {
 		field string
 		d     Duration
 	}{{"max_clock_skew", c.MaxClockSkew}, {"shutdown_timeout", c.ShutdownTimeout}, {"clock_check_interval", c.ClockCheckInterval},
-		{"kafka.session_timeout", c.Kafka.SessionTimeout}, {"rules.reload_interval", c.Rules.ReloadInterval},
+		{"kafka.session_timeout", c.Kafka.SessionTimeout}, {"kafka.rebalance_timeout", c.Kafka.RebalanceTimeout}, {"rules.reload_interval", c.Rules.ReloadInterval},
 		{"redis.dial_timeout", c.Redis.DialTimeout}, {"redis.read_timeout", c.Redis.ReadTimeout}, {"redis.write_timeout", c.Redis.WriteTimeout}} {
 		if f.d < 0 {
 			bad(f.field, "%v is negative", time.Duration(f.d))
 		}
+	}
+	if r, hb := time.Duration(c.Kafka.RebalanceTimeout), time.Duration(c.Kafka.SessionTimeout)/10; r >= 0 && r < 2*hb {
+		bad("kafka.rebalance_timeout", "%v is under two heartbeats (%v: a tenth of kafka.session_timeout each): a live member could not rejoin in time", r, 2*hb)
 	}
 	if c.MetricsAddr != "off" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil {

@@ -64,6 +64,32 @@ func TestEnvironmentOverridesAndSecrets(t *testing.T) {
 	}
 }
 
+// TestRebalanceTimeout: half the session timeout unless set.
+func TestRebalanceTimeout(t *testing.T) {
+	base, _ := os.ReadFile("../../config.example.yaml")
+	without := strings.Replace(string(base), "  rebalance_timeout: 15s", "", 1)
+	for _, tt := range []struct {
+		name string
+		yaml string
+		env  map[string]string
+		want time.Duration
+	}{
+		{"the example's", string(base), nil, 15 * time.Second},
+		{"default: half the session timeout", without, map[string]string{"CAPPER_KAFKA_SESSION_TIMEOUT": "6s"}, 3 * time.Second},
+		{"set", without, map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "20s"}, 20 * time.Second},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := config.Parse([]byte(tt.yaml), env(tt.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := time.Duration(c.Kafka.RebalanceTimeout); got != tt.want {
+				t.Errorf("rebalance timeout %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestValidationNamesTheField(t *testing.T) {
 	base, _ := os.ReadFile("../../config.example.yaml")
 	tests := []struct {
@@ -88,6 +114,7 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"delay topic is the input", map[string]string{"CAPPER_KAFKA_TOPICS_INPUT": "sends.delay.1s"}, "", "kafka.topics.delay_prefix"},
 		{"negative shutdown timeout", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nshutdown_timeout: -5s\nrules: {default_caps: [{window: 24h, limit: 1}]}\n", "shutdown_timeout (CAPPER_SHUTDOWN_TIMEOUT): -5s is negative"},
 		{"metrics address without a port", map[string]string{"CAPPER_METRICS_ADDR": "localhost"}, "", "metrics_addr (CAPPER_METRICS_ADDR): \"localhost\" is not host:port"},
+		{"rebalance faster than a member can rejoin", map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "5s"}, "", "kafka.rebalance_timeout (CAPPER_KAFKA_REBALANCE_TIMEOUT): 5s is under two heartbeats (6s"},
 		{"metrics address with a bad port", map[string]string{"CAPPER_METRICS_ADDR": "localhost:http9"}, "", "the port \"http9\" is not a number"},
 		// A value the YAML cannot hold: its field and its line, as every other error.
 		{"duration without a unit", nil, "kafka:\n  brokers: [x]\n  session_timeout: 30\n", "kafka.session_timeout (CAPPER_KAFKA_SESSION_TIMEOUT), line 3: invalid duration \"30\""},

@@ -254,7 +254,7 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 		CommitInterval:    0, // synchronous commits, after the outputs are acknowledged
 		StartOffset:       kafka.FirstOffset,
 		SessionTimeout:    time.Duration(c.SessionTimeout),
-		RebalanceTimeout:  time.Duration(c.SessionTimeout),
+		RebalanceTimeout:  time.Duration(c.RebalanceTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		QueueCapacity:     queue,
 		GroupBalancers:    []kafka.GroupBalancer{memberBalancer{member: member}, kafka.RoundRobinGroupBalancer{}},
@@ -292,7 +292,7 @@ func newCacheReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, l
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers: c.Brokers, GroupID: fmt.Sprintf("%s-cache.%d-%d", group, os.Getpid(), time.Now().UnixNano()),
 		Topic: topic, Dialer: dialer, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 500 * time.Millisecond,
-		StartOffset: kafka.LastOffset, SessionTimeout: time.Duration(c.SessionTimeout), RebalanceTimeout: time.Duration(c.SessionTimeout),
+		StartOffset: kafka.LastOffset, SessionTimeout: time.Duration(c.SessionTimeout), RebalanceTimeout: time.Duration(c.RebalanceTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		Logger:            kafkaLogger(logger, slog.LevelDebug), ErrorLogger: kafkaLogger(logger, slog.LevelWarn),
 	})
