@@ -26,6 +26,7 @@ LOADGEN_ARGS=${DEMO_LOADGEN_ARGS:-}   # more capper loadgen flags, e.g. "--rate 
 PREFS_SHARE=${DEMO_PREFS_SHARE:-}    # users' own preferences: the run's preferences topic, and this share of the
                                      # users with one (a limit, an opt-out or VIP) before the blast
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
+RESTART_AFTER=${DEMO_RESTART_AFTER:-} # seconds: start it again this long after the SIGKILL (same metrics address)
 # DEMO_KEEP_KEYS=1 keeps the run's Redis keys (dropped at the end otherwise, see cleanup)
 # DEMO_KEEP_TOPICS=1 keeps the run's topics (deleted at the end otherwise, see cleanup)
 
@@ -42,10 +43,11 @@ work=$(mktemp -d)
 worker_pid=""
 extra_pids=()
 cleanup() {
-  for p in $worker_pid "${extra_pids[@]}"; do
+  for p in $worker_pid "${extra_pids[@]}" $(cat "$work/restarted.pid" 2>/dev/null); do
     if kill -0 "$p" 2>/dev/null; then
       kill -TERM "$p" 2>/dev/null || true
       wait "$p" 2>/dev/null || true
+      for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done # a restarted worker is not our child
     fi
   done
   # The run's keys go (DEMO_KEEP_KEYS=1 keeps them): a run of 1M jobs leaves ~250k logs with TTLs of days, and
@@ -141,8 +143,17 @@ for addr in "${metrics_addrs[@]}"; do
 done
 
 if [[ -n $KILL_AFTER ]] && ((EXTRA_WORKERS)); then
-  victim=${extra_pids[-1]}
-  (sleep "$KILL_AFTER"; kill -KILL "$victim" 2>/dev/null && echo "demo: SIGKILLed worker $victim at $(date +%s.%N)" >&2) &
+  victim=${extra_pids[-1]} victim_addr=${metrics_addrs[-1]}
+  (
+    sleep "$KILL_AFTER"
+    kill -KILL "$victim" 2>/dev/null && echo "demo: SIGKILLed worker $victim at $(date +%s.%N)" >&2
+    if [[ -n $RESTART_AFTER ]]; then
+      sleep "$RESTART_AFTER"
+      CAPPER_METRICS_ADDR=$victim_addr "${worker[@]}" --config "$CONFIG" 2>"$work/restarted.log" &
+      echo $! >"$work/restarted.pid"
+      echo "demo: restarted it as $! at $(date +%s.%N)" >&2
+    fi
+  ) &
 fi
 ((PREPRODUCE)) || loadgen
 
