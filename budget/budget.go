@@ -104,6 +104,10 @@ type Grant struct {
 	// released jobs arrive as tokens come back, as many as come back, and
 	// find them.
 	RetryAt time.Time
+	// Claimed, when OK, says the token is the one promised to the want
+	// (Want.Promised): if its send turns out not to be a new one, Unclaim
+	// gives it back and keeps the promise again.
+	Claimed bool
 }
 
 // Config configures Budgets.
@@ -354,12 +358,12 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 		for k, i := range asked {
 			if k < len(claims) {
 				st.claimsC[0].Inc()
-				if r.wants[k] != 0 {
+				if r.wants[k] > 0 {
 					st.claimsC[1].Inc()
 				}
 			}
-			if at := r.wants[k]; at == 0 {
-				grants[i] = Grant{OK: true, Until: st.expires}
+			if at := r.wants[k]; at <= 0 { // -1: the token promised to it
+				grants[i] = Grant{OK: true, Until: st.expires, Claimed: at < 0}
 				took++
 			} else {
 				grants[i] = Grant{RetryAt: time.UnixMilli(at)}
@@ -411,6 +415,22 @@ func (b *Budgets) Return(w Want, n int) {
 		st.used -= n
 		st.putBackC.Add(float64(n))
 	}
+}
+
+// Unclaim gives back the token a claim of w took (Grant.Claimed, counted in
+// the bucket that ends at until) when its send was not a new one: a
+// duplicate, the job copied on the delay tiers (a tier's message delivered
+// again after a rebalance) and decided before. That claim took the token
+// promised to another job at the same time; the token goes back to its
+// bucket in Redis and the promise is kept again for that job, which would
+// otherwise come back to nothing and wait a window more.
+func (b *Budgets) Unclaim(ctx context.Context, w Want, until time.Time) error {
+	bucket := until.Add(-w.Spec.Window / Buckets).UnixMilli()
+	if _, err := b.call(ctx, w.Key, w.Spec, b.cfg.Clock(), -1, bucket, []Want{w}, []int{0}); err != nil {
+		return err
+	}
+	b.m.tokens.WithLabelValues(w.Spec.Name, "unclaimed").Inc()
+	return nil
 }
 
 // Lapse counts n tokens of w that were granted and not used before their
@@ -523,7 +543,7 @@ type metrics struct {
 
 func (m *metrics) register(reg prometheus.Registerer) error {
 	m.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped, back in the reserve: used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown).",
+		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped, back in the reserve: used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown), unclaimed (a claim's token given back to Redis and its promise kept again: the send was a duplicate).",
 	}, []string{"budget", "kind"})
 	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another).",

@@ -8,7 +8,8 @@
 -- ARGV[3]  bucket width (ms); a bucket counts while its end is after now - window
 -- ARGV[4]  limit: most tokens granted in any window
 -- ARGV[5]  delta: > 0 take up to delta tokens (as many as the window has left); < 0 give -delta tokens back
---          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts); 0 only look
+--          to the bucket ARGV[6] (unused tokens of a lease, if that bucket still counts; with wants, the
+--          tokens of claims whose sends were not new: each want's promise is kept again); 0 only look
 -- ARGV[6]  the bucket to give tokens back to (ms), with delta < 0
 -- ARGV[7]  burst (0: none, the whole limit may go at once; spread: false): otherwise the budget is spread
 --          over its window by a token bucket inside the window's limit, kept in KEYS[2]. Tokens accrue at
@@ -41,8 +42,9 @@
 --   bucket   the bucket the taken tokens are counted in: they must be used before bucket + width
 --   next     ms at which tokens come back: when the next token accrues when only the rate refused some,
 --            else when the oldest counted bucket leaves the window; 0 when none
---   r_i      want i: 0 granted; else the ms at which it may come back: the start of the earliest bucket with a
---            token no one was promised, which is promised to it if that is before its until
+--   r_i      want i: 0 granted, -1 granted the token promised to it (a claim); else the ms at which it may come
+--            back: the start of the earliest bucket with a token no one was promised, which is promised to it if
+--            that is before its until
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
@@ -56,6 +58,7 @@ local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
 local buckets = window / width
 local horizon = 64 * buckets -- buckets ahead a promise may be
+local unclaim = delta < 0 and n > 0 -- claims given back
 
 if delta < 0 then
   local b = ARGV[6]
@@ -102,7 +105,7 @@ if burst > 0 and delta ~= 0 or burst > 0 and n > 0 then
   if now > at then
     level, at = math.min(burst, level + (now - at) * rate), now
   end
-  if delta < 0 then
+  if delta < 0 and not unclaim then -- (a claim did not spend the level)
     level = math.min(burst, level - delta)
   end
 end
@@ -133,6 +136,17 @@ end
 
 -- Claims first: a job that comes back at its promise takes the token kept for it.
 local reply = {0, 0, cur, 0}
+if unclaim then -- a claim's send was not a new one (a duplicate: the job was copied on the delay tiers and
+  -- decided before): it took the token promised to another job at the same time, which is kept for it again
+  for i = 1, n do
+    local p = tonumber(ARGV[8 + 2 * i])
+    if p > 0 and p + lapse >= now then
+      promised[p], changed[p] = (promised[p] or 0) + 1, true
+    end
+    reply[4 + i] = 0
+  end
+  n = 0
+end
 local fresh = {} -- the wants without a token yet, in the order they are served: lapsed claims first
 local claimed = 0
 for i = 1, n do
@@ -141,7 +155,7 @@ for i = 1, n do
     promised[p] = promised[p] - 1
     changed[p] = true
     claimed = claimed + 1
-    reply[4 + i] = 0
+    reply[4 + i] = -1
   elseif p > 0 and (promised[p] or 0) > 0 and oldest then -- its token is not back yet (the job that had it
     -- before came late): the promise follows it to when the next token comes back
     local nf = oldest + width + window
@@ -217,7 +231,7 @@ reply[1] = math.max(0, granted - #fresh)
 -- promised. The walk knows the tokens that come back: the room left, each counted bucket's tokens as it leaves
 -- the window, and each promised token a window and two buckets after its time (claimed within a bucket);
 -- less those promised. A token promised at a bucket is taken from then until it comes back, so a bucket may
--- promise only what every later bucket can spare (the least pool from it on: a token that comes
+-- promise only what every bucket until then can spare (the least pool over that span: a token that comes
 -- back early must not go to a new want while a later promise counts on it). With a burst, a bucket promises
 -- at most a bucket's share of the limit. A want whose bucket is not before its until is told it but promised
 -- nothing (it will not come back), and the next want is promised that token.
@@ -256,10 +270,22 @@ if j <= #fresh then
     pool = pool + (net[k] or 0)
     pools[k] = pool
   end
-  local least, m = {}, pool -- from K on, the pool stays
+  -- A token promised at bucket k is out of the pool from k until it comes back, ret buckets later: k may
+  -- promise what every bucket of that span can spare (from K on, the pool stays). Not what every later bucket
+  -- can: a promise broken further on (a token claimed late comes back late) would then stop every promise
+  -- before it, and the refused sends, told the next bucket with none, came back to be held again each bucket.
+  local least = {}
+  local dq, head, tail = {}, 1, 0 -- a sliding minimum: bucket indexes whose pools increase from head to tail
   for k = K - 1, 0, -1 do
-    m = math.min(m, pools[k])
-    least[k] = m
+    while tail >= head and pools[dq[tail]] >= pools[k] do
+      tail = tail - 1
+    end
+    tail = tail + 1
+    dq[tail] = k
+    while dq[head] > k + ret - 1 do
+      head = head + 1
+    end
+    least[k] = pools[dq[head]]
   end
   local assigned, back = 0, {} -- new promises, and those coming back by bucket index
   for k = 0, horizon - 1 do

@@ -160,3 +160,48 @@ func TestALateClaimCostsAFewOthers(t *testing.T) {
 	}
 	t.Logf("%d claims, %d missed, %d late; %d tokens in 10 s", claims, missed, delayed, len(stamps))
 }
+
+// TestUnclaimKeepsThePromiseAgain: on a fixed clock, a budget of 2 per
+// second; two sends take the tokens, two more are promised the time their
+// tokens come back. The first of those comes back twice (the job copied on
+// the delay tiers): each copy claims a token, the second the one promised
+// to the other job. Given back (the copy was a duplicate), the token and the
+// promise are there again, and the other job finds its token.
+func TestUnclaimKeepsThePromiseAgain(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "dup", Limit: 2, Window: time.Second}
+	ctx := context.Background()
+	ws := wants(spec, "dup", 4)
+	for i := range ws {
+		ws[i].Until = c.Now().Add(time.Hour)
+	}
+	gs, err := b.Take(ctx, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if granted(gs) != 2 || !gs[2].RetryAt.Equal(gs[3].RetryAt) {
+		t.Fatalf("grants %+v, want 2 granted and 2 promised the same bucket", gs)
+	}
+	c.Set(gs[2].RetryAt)
+	a, other := ws[2], ws[3]
+	a.Promised, other.Promised = gs[2].RetryAt, gs[3].RetryAt
+	first, err := b.Take(ctx, []Want{a})
+	if err != nil || !first[0].OK || !first[0].Claimed {
+		t.Fatalf("the claim: %+v %v, want its promised token", first, err)
+	}
+	copied, err := b.Take(ctx, []Want{a}) // the same job again: it takes the other's token
+	if err != nil || !copied[0].OK || !copied[0].Claimed {
+		t.Fatalf("the copy's claim: %+v %v, want granted (the other's promise)", copied, err)
+	}
+	if err := b.Unclaim(ctx, a, copied[0].Until); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Take(ctx, []Want{other})
+	if err != nil || !got[0].OK || !got[0].Claimed {
+		t.Errorf("the other job's claim after the copy's was given back: %+v %v, want its promised token", got, err)
+	}
+	if u, err := b.Peek(ctx, other); err != nil || u.Used != 2 {
+		t.Errorf("%d tokens counted in the window (%v), want 2: the copy's went back", u.Used, err)
+	}
+}

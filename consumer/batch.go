@@ -88,7 +88,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	if err := w.decide(ctx, es); err != nil {
 		return nil, err
 	}
-	w.returnTokens(es)
+	w.returnTokens(ctx, es)
 	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
 		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}
@@ -198,6 +198,7 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		if g.OK && (t.until.IsZero() || g.Until.Before(t.until)) {
 			t.until = g.Until
 		}
+		t.claimed = t.claimed || g.Claimed
 	}
 	for j, g := range grants {
 		if g.OK && es[owners[j]].facts.tokens.short != "" {
@@ -219,7 +220,11 @@ func (w *Worker) holdsTokens(e *entry) bool {
 
 // returnTokens gives back the tokens of jobs that were not forwarded after
 // all (capped, duplicate: sent before, dead-lettered), once per budget key.
-func (w *Worker) returnTokens(es []entry) {
+// A duplicate that claimed the token promised to it when it was held is a
+// copy of a job that claimed it before (a tier's message delivered twice):
+// its token goes back to Redis with the promise it took from another job
+// (budget.Budgets.Unclaim), or, if Redis fails, to the reserve as the others.
+func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 	var back map[string]int
 	var wants map[string]budget.Want
 	for i := range es {
@@ -231,6 +236,14 @@ func (w *Worker) returnTokens(es []entry) {
 			back, wants = map[string]int{}, map[string]budget.Want{}
 		}
 		for _, wt := range e.plan.Wants {
+			if a := &e.facts.arrived; e.facts.tokens.claimed && e.out.Kind == Duplicate && a.Count > 0 && a.Reason == wt.Spec.Name {
+				wt.Promised = a.Due
+				if err := w.cfg.Budgets.Unclaim(ctx, wt, e.facts.tokens.until); err == nil {
+					continue
+				} else {
+					w.log.Warn("giving a duplicate's budget claim back failed; its token goes to the reserve", "budget", wt.Key, "err", err)
+				}
+			}
 			back[wt.Key]++
 			wants[wt.Key] = wt
 		}

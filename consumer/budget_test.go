@@ -30,6 +30,8 @@ type fakeBudgets struct {
 	returns int
 	lapsed  int
 	after   func() // called at the end of each Take (a stall after the tokens)
+	// unclaimed are the wants whose claims were given back (Unclaim)
+	unclaimed []budget.Want
 }
 
 func (b *fakeBudgets) Take(_ context.Context, wants []budget.Want) ([]budget.Grant, error) {
@@ -71,6 +73,14 @@ func (b *fakeBudgets) Return(w budget.Want, n int) {
 	defer b.mu.Unlock()
 	b.taken[w.Key] -= n
 	b.returns += n
+}
+
+func (b *fakeBudgets) Unclaim(_ context.Context, w budget.Want, _ time.Time) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.taken[w.Key]--
+	b.unclaimed = append(b.unclaimed, w)
+	return nil
 }
 
 func (b *fakeBudgets) balance() map[string]int {
@@ -297,5 +307,45 @@ func TestReleasedJobClaimsItsPromise(t *testing.T) {
 	slices.SortFunc(claims["sms"], func(a, b time.Time) int { return a.Compare(b) })
 	if got, want := claims, (map[string][]time.Time{"sms": {{}, due}, "all-sms": {{}, {}}}); !reflect.DeepEqual(got, want) {
 		t.Errorf("wants asked with Promised %v, want %v: only the job sms held claims, and only sms's token", got, want)
+	}
+}
+
+// TestDuplicateGivesItsClaimBack: a held job delivered twice by its tier (a
+// rebalance redelivers what was not committed) claims its promised token
+// twice; the second copy is a duplicate, and the token it claimed, promised
+// to another job at the same time, goes back with that promise (Unclaim)
+// instead of to the reserve. A duplicate that did not claim gives its token
+// to the reserve as before.
+func TestDuplicateGivesItsClaimBack(t *testing.T) {
+	b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
+		return budget.Grant{OK: true, Until: t0.Add(time.Millisecond), Claimed: !w.Promised.IsZero()}, nil
+	}}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		dup := seen[r.JobID]
+		seen[r.JobID] = true
+		return capping.Decision{Allowed: true, Duplicate: dup, At: t0}, nil
+	}}
+	h := start(t, consumer.Config{Rules: budgetRules(t), Budgets: b, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 }})
+	due := t0.Add(-3 * time.Millisecond)
+	for range 2 { // the same held job twice
+		m := tierMessage("held", 1, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "sms"})
+		m.Value = smsJob("held", 1).Value
+		h.send(m)
+	}
+	outs := h.waitOutputs(t, 2)
+	if outs[0].Topic != "allowed" || outs[1].Topic != "allowed" {
+		t.Fatalf("outputs to %q and %q, want allowed twice (the second a duplicate)", outs[0].Topic, outs[1].Topic)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.unclaimed) != 1 || b.unclaimed[0].Key != "sms" || !b.unclaimed[0].Promised.Equal(due) {
+		t.Errorf("claims given back %+v, want the duplicate's claim of sms promised at %v", b.unclaimed, due)
+	}
+	if b.returns != 1 { // all-sms, which it did not claim, goes to the reserve
+		t.Errorf("%d tokens returned to the reserve, want 1 (all-sms's)", b.returns)
 	}
 }

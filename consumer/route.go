@@ -54,6 +54,7 @@ type grant struct {
 	short   string    // the budget that had no token for it; "": all granted
 	retryAt time.Time // when a token of short is expected back
 	until   time.Time // when the first of the tokens' buckets ends (budget.Grant.Until); zero: none held
+	claimed bool      // a token is the one promised to the job when it was held (budget.Grant.Claimed)
 }
 
 // answer is what Redis answered to the job's request.

@@ -54,6 +54,9 @@ type Budgeter interface {
 	// forwarded); Lapse counts n tokens that went unused past their bucket.
 	Return(w budget.Want, n int)
 	Lapse(w budget.Want, n int)
+	// Unclaim gives back the token a claim took (budget.Grant.Claimed) for a
+	// send that was a duplicate, and keeps the promise it took again.
+	Unclaim(ctx context.Context, w budget.Want, until time.Time) error
 }
 
 // Segmenter resolves a user's segment (*segments.Snapshot).
