@@ -69,6 +69,7 @@ trap cleanup EXIT
 
 say "building capper"
 go build -o "$CAPPER_STACK_DIR/bin/capper" ./cmd/capper
+go build -o "$work/capper-devstack" ./cmd/capper-devstack # wait-groups (the stack's own copy may be older)
 capper="$CAPPER_STACK_DIR/bin/capper"
 worker=("$capper" run)
 if ((PASSTHROUGH)); then
@@ -142,6 +143,14 @@ for addr in "${metrics_addrs[@]}"; do
   curl -fsS "http://$addr/readyz" >/dev/null || { cat "$work"/worker*.log >&2; echo "demo: capper ($addr) not ready after 30 s" >&2; exit 1; }
 done
 
+if ((EXTRA_WORKERS)); then
+  # Workers that start together join each of their groups (the input's, one per delay tier) one after another,
+  # and each join is a rebalance: a burst produced meanwhile has the tiers' messages in flight redelivered to
+  # their new owners and decided again (duplicates). The runs measure steady behaviour; a rebalance's cost is
+  # the SIGKILL's to show.
+  "$work/capper-devstack" wait-groups -brokers "$CAPPER_TEST_KAFKA_BROKERS" -prefix "$run" -members $((EXTRA_WORKERS + 1)) >&2 ||
+    { echo "demo: the workers' consumer groups did not settle" >&2; exit 1; }
+fi
 if [[ -n $KILL_AFTER ]] && ((EXTRA_WORKERS)); then
   victim=${extra_pids[-1]} victim_addr=${metrics_addrs[-1]}
   (

@@ -7,6 +7,7 @@
 //	capper-devstack calls -sha SHA [-args decide|seed|batch|copy -setup -at MS -n N -users U -clients C -pipeline P]
 //	capper-devstack drop-keys -addrs A -prefix P
 //	capper-devstack drop-topics -brokers B -prefix P
+//	capper-devstack wait-groups -brokers B -prefix P -members N
 //
 // The S3 endpoint listens on 127.0.0.1 only and keeps its objects in memory;
 // it runs until SIGINT or SIGTERM. kafka-setup creates the topics a broker
@@ -14,7 +15,8 @@
 // user of -grant exactly capper's ACLs (internal/kafkaadmin) on them. calls
 // drives a Lua script on the Redis Cluster with capper's own arguments, the
 // load whose cost scripts/bench-calls.sh measures (see calls.go). drop-keys
-// removes a run's keys (keys.go), drop-topics its topics (topics.go).
+// removes a run's keys (keys.go), drop-topics its topics (topics.go);
+// wait-groups waits until a run's consumer groups have settled (groups.go).
 package main
 
 import (
@@ -48,6 +50,8 @@ func main() {
 		err = dropKeys(os.Args[2:])
 	case "drop-topics":
 		err = dropTopics(os.Args[2:])
+	case "wait-groups":
+		err = waitGroups(os.Args[2:])
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(os.Stdout, devstackUsage)
 		return
@@ -61,7 +65,7 @@ func main() {
 	}
 }
 
-const devstackUsage = `usage: capper-devstack s3|kafka-setup|calls|drop-keys|drop-topics [flags]
+const devstackUsage = `usage: capper-devstack s3|kafka-setup|calls|drop-keys|drop-topics|wait-groups [flags]
 
 the local stack's development tool (capper itself does not link it):
   s3           the S3-compatible endpoint of the local stack
@@ -69,6 +73,7 @@ the local stack's development tool (capper itself does not link it):
   calls        drives decide.lua's calls for the benchmarks
   drop-keys    deletes a run's Redis keys by prefix
   drop-topics  deletes a run's topics by prefix
+  wait-groups  waits until a run's consumer groups are stable with N members
 
 capper-devstack COMMAND -h lists a command's flags.
 
