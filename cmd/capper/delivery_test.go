@@ -68,11 +68,15 @@ rules:
 			}
 			outs := s.Collect(int(secs*time.Second/window)*limit, 120*time.Second) // what the budget forwards by the end of the demand
 			var at []time.Time
+			forwarded := map[string]bool{}
 			for _, o := range outs {
-				if o.Decision == "allowed" {
-					at = append(at, o.DecidedAt)
-				} else {
+				switch {
+				case o.Decision != "allowed" && o.Decision != "duplicate":
 					t.Errorf("job %s: %s by %q (%s), want allowed (held until a token)", o.JobID, o.Decision, o.Cap, o.Reason)
+				case !forwarded[o.JobID]: // a duplicate (its first decision recorded, the answer lost to a Redis
+					// timeout on a busy machine) is forwarded, dated when it was first allowed; each job counts once
+					forwarded[o.JobID] = true
+					at = append(at, o.DecidedAt)
 				}
 			}
 			slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
