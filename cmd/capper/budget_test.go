@@ -63,13 +63,7 @@ rules:
 		}
 	}
 	slices.SortFunc(hot, func(a, b time.Time) int { return a.Compare(b) })
-	worst := 0
-	for i, j := 0, 0; i < len(hot); i++ {
-		for j < len(hot) && hot[j].Sub(hot[i]) < time.Second {
-			j++
-		}
-		worst = max(worst, j-i)
-	}
+	worst := mostInAnyWindow(hot, time.Second)
 	// By decision time: the limit (a fortieth of it is 0) and 2 for
 	// decisions a bucket or two after their tokens.
 	if worst > 22 {
@@ -197,17 +191,24 @@ rules:
 		}
 	}
 	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
-	worst := 0
-	for i, j := 0, 0; i < len(at); i++ {
-		for j < len(at) && at[j].Sub(at[i]) < time.Second {
-			j++
-		}
-		worst = max(worst, j-i)
-	}
+	worst := mostInAnyWindow(at, time.Second)
 	if worst > 20 {
 		t.Errorf("%d sends forwarded in one second by decision time, budget 20", worst)
 	}
 	t.Logf("%d sends (%d duplicates of a decision recorded in the freeze) over %v, at most %d in any second; the stalled replica lapsed %v tokens",
 		len(at), dups, at[len(at)-1].Sub(at[0]).Round(time.Millisecond), worst,
 		scrapeMetric(t, w1.metrics, `capper_budget_tokens_total{budget="sms",kind="lapsed"}`))
+}
+
+// mostInAnyWindow returns the most of the sorted times in any window of the
+// given length (a sliding window starting at one of them).
+func mostInAnyWindow(sorted []time.Time, window time.Duration) int {
+	worst := 0
+	for i, j := 0, 0; i < len(sorted); i++ {
+		for j < len(sorted) && sorted[j].Sub(sorted[i]) < window {
+			j++
+		}
+		worst = max(worst, j-i)
+	}
+	return worst
 }

@@ -86,13 +86,7 @@ rules:
 					per[k]++
 				}
 			}
-			worst := 0
-			for i, j := 0, 0; i < len(at); i++ {
-				for j < len(at) && at[j].Sub(at[i]) < window {
-					j++
-				}
-				worst = max(worst, j-i)
-			}
+			worst := mostInAnyWindow(at, window)
 			t.Logf("allowed per %v window from the first: %v; at most %d in any %v", window, per, worst, window)
 			// What the worker's stalls cost: every decision (allowed, and the
 			// held records of refused sends) is stamped; a gap between two
