@@ -10,9 +10,11 @@
 // moved on, so a crash or a rebalance redelivers it.
 //
 // Within a tier, wake times grow with the queueing time (every job queued to
-// a tier but the shortest has at least the tier's delay left), so waiting for
-// the head of a tier never delays a message behind it by more than the
-// shortest tier's delay: that bounds how late a job is released.
+// a tier but the shortest has at least the tier's delay left), except in the
+// shortest tier, where a job with a few milliseconds left is queued behind
+// jobs with the whole delay left: a Reader reads ahead while it waits and
+// returns the earliest wake first, so a job is released when it is due, not
+// when the jobs queued before it are.
 package hold
 
 import (
@@ -37,11 +39,9 @@ type Tier struct {
 type Wheel struct{ tiers []Tier }
 
 // DefaultDelays are the tiers of a wheel when none are configured.
-// The shortest, 100ms, bounds how late a job is released after its due time
-// (a tier returns its messages in order, so a job with less than the shortest
-// delay left can wait behind one queued with the whole delay): a budget's
-// held jobs come back when its tokens do, and a 1s shortest tier left them
-// waiting for most of a short budget window.
+// The shortest, 100ms, is how often a job with less than a second left hops
+// while it waits (its reader returns it at its due time, reading past the
+// jobs queued before it).
 var DefaultDelays = []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, time.Minute, 10 * time.Minute, time.Hour, 6 * time.Hour}
 
 // NewWheel returns the wheel of delays, each tier's topic being prefix plus

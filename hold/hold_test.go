@@ -3,6 +3,8 @@ package hold_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -101,8 +103,11 @@ func TestStateHeaders(t *testing.T) {
 	}
 }
 
-// source hands out its messages in order.
-type source struct{ msgs []kafka.Message }
+// source hands out its messages in order and records what is committed.
+type source struct {
+	msgs      []kafka.Message
+	committed []kafka.Message
+}
 
 func (s *source) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	if len(s.msgs) == 0 {
@@ -113,38 +118,88 @@ func (s *source) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	s.msgs = s.msgs[1:]
 	return m, nil
 }
-func (s *source) CommitMessages(context.Context, ...kafka.Message) error { return nil }
-func (s *source) Stats() kafka.ReaderStats                               { return kafka.ReaderStats{} }
+func (s *source) CommitMessages(_ context.Context, msgs ...kafka.Message) error {
+	s.committed = append(s.committed, msgs...)
+	return nil
+}
 
-// TestReaderWaitsForWake: the head is returned at its wake time, not before;
-// a wait cut short keeps the message for the next call.
-func TestReaderWaitsForWake(t *testing.T) {
-	start := time.Now()
-	wake := start.Add(300 * time.Millisecond).Truncate(time.Millisecond) // headers keep milliseconds
-	s := hold.State{Since: start, Due: start.Add(time.Hour), Wake: wake, Count: 1}
-	r := hold.NewReader(&source{msgs: []kafka.Message{{Offset: 7, Headers: s.AppendHeaders(nil)}, {Offset: 8}}}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
+// held is a tier message of partition p at offset off waking at wake.
+func held(p int, off int64, wake time.Time) kafka.Message {
+	s := hold.State{Since: wake.Add(-time.Hour), Due: wake.Add(time.Hour), Wake: wake, Count: 1}
+	return kafka.Message{Topic: "sends.delay.100ms", Partition: p, Offset: off, Headers: s.AppendHeaders(nil)}
+}
+
+// TestReaderReturnsTheEarliestWake: a message due sooner is not kept behind
+// one queued before it with a later wake time (in the shortest tier, a job
+// with a few milliseconds left queued behind one with the whole delay left);
+// none is returned before its wake time; a wait cut short keeps them all.
+func TestReaderReturnsTheEarliestWake(t *testing.T) {
+	start := time.Now().Truncate(time.Millisecond) // headers keep milliseconds
+	late, soon := start.Add(300*time.Millisecond), start.Add(100*time.Millisecond)
+	bare := kafka.Message{Topic: "sends.delay.100ms", Partition: 0, Offset: 8} // no hold headers: at once (dead-lettered)
+	r := hold.NewReader(&source{msgs: []kafka.Message{held(0, 7, late), bare, held(0, 9, soon)}}, nil)
 	if r.Waiting() {
 		t.Error("waiting before it holds a message")
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 8 {
+		t.Fatalf("first fetch: offset %d, %v; want 8 (no hold headers) at once", m.Offset, err)
+	}
 	if _, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("fetch before the wake time: %v, want the context's deadline", err)
+		t.Fatalf("fetch before any wake time: %v, want the context's deadline", err)
 	}
 	if !r.Waiting() {
-		t.Error("not waiting while it holds a message before its wake time (the stall watch would call the tier stalled)")
+		t.Error("not waiting while it holds messages before their wake time (the stall watch would call the tier stalled)")
 	}
-	m, err := r.FetchMessage(context.Background())
+	for _, want := range []struct {
+		offset int64
+		wake   time.Time
+	}{{9, soon}, {7, late}} {
+		m, err := r.FetchMessage(context.Background())
+		if err != nil || m.Offset != want.offset {
+			t.Fatalf("fetch: offset %d, %v; want %d", m.Offset, err, want.offset)
+		}
+		if now := time.Now(); now.Before(want.wake) {
+			t.Errorf("offset %d returned %v before its wake time", m.Offset, want.wake.Sub(now))
+		}
+	}
 	if r.Waiting() {
-		t.Error("still waiting after the message was returned")
+		t.Error("still waiting after every message was returned")
 	}
-	if err != nil || m.Offset != 7 {
-		t.Fatalf("fetch: offset %d, %v; want the kept message 7", m.Offset, err)
+}
+
+// TestReaderCommitsOnlyWhatIsDone: a commit never covers a message fetched
+// and not yet done, in its partition; other partitions commit on their own.
+func TestReaderCommitsOnlyWhatIsDone(t *testing.T) {
+	past := time.Now().Add(-time.Second)
+	src := &source{}
+	r := hold.NewReader(src, nil)
+	ms := []kafka.Message{held(0, 10, past), held(0, 11, past), held(0, 12, past), held(1, 5, past)}
+	src.msgs = ms
+	for range ms {
+		if _, err := r.FetchMessage(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if now := time.Now(); now.Before(wake) {
-		t.Errorf("returned %v before its wake time", wake.Sub(now))
+	ctx := context.Background()
+	commit := func(m kafka.Message, want ...string) {
+		t.Helper()
+		src.committed = nil
+		if err := r.CommitMessages(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, c := range src.committed {
+			got = append(got, fmt.Sprintf("%d:%d", c.Partition, c.Offset))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("commit of %d:%d committed %v, want %v", m.Partition, m.Offset, got, want)
+		}
 	}
-	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 8 {
-		t.Errorf("a message without hold headers: offset %d, %v; want 8 at once", m.Offset, err)
-	}
+	commit(ms[2])         // 10 and 11 are not done: nothing
+	commit(ms[3], "1:5")  // another partition
+	commit(ms[0], "0:10") // 10 done, 11 not
+	commit(ms[1], "0:12") // all done
+	commit(ms[1])         // again (a failed commit retried): nothing new
 }

@@ -1,7 +1,10 @@
 package hold
 
 import (
+	"container/heap"
 	"context"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,15 +17,45 @@ type Source interface {
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
+// Ahead is how many messages a Reader reads ahead of the ones it returned.
+const Ahead = 1024
+
 // Reader reads one tier and returns each message no earlier than its wake
-// time, in order: the worker reads it like the input topic. A message whose
-// wait is cut short by the end of ctx is kept and returned by the next call.
-// Not safe for concurrent use.
+// time, the earliest wake first: while it waits for one, it reads on, up to
+// Ahead messages, so that a message due sooner is not kept behind it (in the
+// shortest tier a job with a few milliseconds left is queued behind jobs with
+// the whole delay left; read in order, it was released up to that delay
+// late). The worker reads it like the input topic. Messages it holds are not
+// committed: a commit covers, per partition, only offsets before the first
+// message fetched and not yet committed, so a crash or a rebalance
+// redelivers everything it had not passed on.
+//
+// FetchMessage is not safe for concurrent use; CommitMessages and Waiting
+// may be called while it runs.
 type Reader struct {
-	src     Source
-	now     func() time.Time
-	pending *kafka.Message
-	wake    atomic.Int64 // unix nanoseconds the pending message is due at; 0: none pending
+	src   Source
+	now   func() time.Time
+	ahead int
+	held  wakeHeap     // fetched, not returned yet
+	seq   uint64       // fetch order, for ties
+	wake  atomic.Int64 // unix nanoseconds the earliest held message wakes at; 0: none held
+
+	mu   sync.Mutex
+	open map[partition]*offsets // per partition: fetched, not committed
+}
+
+type partition struct {
+	topic string
+	id    int
+}
+
+// offsets are one partition's: the fetched and not committed (ascending,
+// a redelivery after a rebalance can repeat one), the newest committed as
+// done by the worker, and the newest the source committed.
+type offsets struct {
+	open      []int64
+	done      int64
+	committed int64
 }
 
 // NewReader returns a Reader of src; now defaults to time.Now.
@@ -30,45 +63,158 @@ func NewReader(src Source, now func() time.Time) *Reader {
 	if now == nil {
 		now = time.Now
 	}
-	return &Reader{src: src, now: now}
+	return &Reader{src: src, now: now, ahead: Ahead, open: map[partition]*offsets{}}
 }
 
-// FetchMessage returns the next message once its wake time has come (at once
-// for a message without hold headers, which the worker dead-letters).
+// FetchMessage returns the held message with the earliest wake time once
+// that time has come (at once for a message without hold headers, which the
+// worker dead-letters); while it waits, it fetches on. A wait cut short by
+// the end of ctx keeps every message for the next call.
 func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
-	if r.pending == nil {
-		m, err := r.src.FetchMessage(ctx)
-		if err != nil {
-			return kafka.Message{}, err
+	for {
+		if len(r.held) == 0 {
+			m, err := r.src.FetchMessage(ctx)
+			if err != nil {
+				return kafka.Message{}, err
+			}
+			r.hold(m)
+			continue
 		}
-		r.pending = &m
-	}
-	if s, ok, err := ParseState(r.pending.Headers); err == nil && ok {
-		if wait := s.Wake.Sub(r.now()); wait > 0 {
-			r.wake.Store(s.Wake.UnixNano())
+		first := r.held[0]
+		if !first.wake.After(r.now()) {
+			heap.Pop(&r.held)
+			r.setWake()
+			return first.m, nil
+		}
+		wait := first.wake.Sub(r.now())
+		if len(r.held) >= r.ahead {
 			t := time.NewTimer(wait)
-			defer t.Stop()
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return kafka.Message{}, ctx.Err()
 			case <-t.C:
 			}
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, wait)
+		m, err := r.src.FetchMessage(fctx)
+		cancel()
+		switch {
+		case err == nil:
+			r.hold(m)
+		case ctx.Err() != nil:
+			return kafka.Message{}, ctx.Err()
+		case fctx.Err() == nil: // the source failed, not the wait
+			return kafka.Message{}, err
 		}
 	}
-	m := *r.pending
-	r.pending = nil
-	r.wake.Store(0)
-	return m, nil
 }
 
-// Waiting reports whether the reader holds a message that is not due yet:
-// its tier has messages but none to return. Safe for concurrent use.
+// hold keeps m until its wake time and opens its offset.
+func (r *Reader) hold(m kafka.Message) {
+	var wake time.Time // none: at once
+	if s, ok, err := ParseState(m.Headers); err == nil && ok {
+		wake = s.Wake
+	}
+	r.seq++
+	heap.Push(&r.held, heldMessage{m: m, wake: wake, seq: r.seq})
+	r.setWake()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o := r.partition(m)
+	i, _ := slices.BinarySearch(o.open, m.Offset)
+	o.open = slices.Insert(o.open, i, m.Offset)
+}
+
+func (r *Reader) partition(m kafka.Message) *offsets {
+	k := partition{m.Topic, m.Partition}
+	o := r.open[k]
+	if o == nil {
+		// first seen at the group's offset: nothing before it to commit
+		o = &offsets{done: m.Offset - 1, committed: m.Offset - 1}
+		r.open[k] = o
+	}
+	return o
+}
+
+func (r *Reader) setWake() {
+	if len(r.held) == 0 {
+		r.wake.Store(0)
+		return
+	}
+	r.wake.Store(max(1, r.held[0].wake.UnixNano()))
+}
+
+// Waiting reports whether the reader holds messages none of which is due
+// yet: its tier has messages but none to return. Safe for concurrent use.
 func (r *Reader) Waiting() bool {
 	w := r.wake.Load()
 	return w != 0 && r.now().UnixNano() < w
 }
 
-// CommitMessages commits through the source.
+// CommitMessages marks msgs done and commits, per partition, the newest
+// offset before the first message fetched and not yet done.
 func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
-	return r.src.CommitMessages(ctx, msgs...)
+	r.mu.Lock()
+	var commits []kafka.Message
+	touched := map[partition]bool{}
+	for _, m := range msgs {
+		o := r.partition(m)
+		if i, found := slices.BinarySearch(o.open, m.Offset); found {
+			o.open = slices.Delete(o.open, i, i+1)
+		}
+		o.done = max(o.done, m.Offset)
+		touched[partition{m.Topic, m.Partition}] = true
+	}
+	for k := range touched {
+		o := r.open[k]
+		upto := o.done
+		if len(o.open) > 0 {
+			upto = min(upto, o.open[0]-1)
+		}
+		if upto > o.committed {
+			commits = append(commits, kafka.Message{Topic: k.topic, Partition: k.id, Offset: upto})
+		}
+	}
+	r.mu.Unlock()
+	if len(commits) == 0 {
+		return nil
+	}
+	if err := r.src.CommitMessages(ctx, commits...); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range commits {
+		o := r.partition(c)
+		o.committed = max(o.committed, c.Offset)
+	}
+	return nil
+}
+
+// heldMessage is a fetched message waiting for its wake time.
+type heldMessage struct {
+	m    kafka.Message
+	wake time.Time
+	seq  uint64
+}
+
+// wakeHeap orders held messages by wake time, then by fetch order.
+type wakeHeap []heldMessage
+
+func (h wakeHeap) Len() int { return len(h) }
+func (h wakeHeap) Less(i, j int) bool {
+	if !h[i].wake.Equal(h[j].wake) {
+		return h[i].wake.Before(h[j].wake)
+	}
+	return h[i].seq < h[j].seq
+}
+func (h wakeHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)   { *h = append(*h, x.(heldMessage)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
