@@ -141,11 +141,11 @@ func TestReaderReturnsTheEarliestWake(t *testing.T) {
 	if r.Waiting() {
 		t.Error("waiting before it holds a message")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 8 {
+	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 8 {
 		t.Fatalf("first fetch: offset %d, %v; want 8 (no hold headers) at once", m.Offset, err)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
 	if _, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("fetch before any wake time: %v, want the context's deadline", err)
 	}
@@ -166,6 +166,59 @@ func TestReaderReturnsTheEarliestWake(t *testing.T) {
 	}
 	if r.Waiting() {
 		t.Error("still waiting after every message was returned")
+	}
+}
+
+// TestReaderDoesNotWaitPastTheDeadline: a batch collecting more after its
+// first is not kept waiting for a message that wakes after it stops
+// collecting (every release was that wait late).
+func TestReaderDoesNotWaitPastTheDeadline(t *testing.T) {
+	wake := time.Now().Add(10 * time.Second)
+	r := hold.NewReader(&source{msgs: []kafka.Message{held(0, 1, wake)}}, nil)
+	ctx, cancel := context.WithDeadline(context.Background(), wake.Add(-time.Millisecond))
+	defer cancel()
+	if _, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("fetch: %v, want the deadline", err)
+	}
+	if ctx.Err() != nil {
+		t.Error("waited until the deadline for a message that wakes after it")
+	}
+	if !r.Waiting() {
+		t.Error("the message was not kept")
+	}
+	// Nothing held and nothing fetched: a message produced now wakes later.
+	empty := hold.NewReader(&source{}, nil)
+	if _, err := empty.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		t.Errorf("fetch from an empty tier: %v (the deadline's own: %v), want the deadline at once", err, ctx.Err())
+	}
+}
+
+// TestReaderSendsAReleaseAtOnce: a batch that holds a job due to be decided
+// does not wait for jobs that only hop to another tier; one of hops alone
+// takes those due within its wait.
+func TestReaderSendsAReleaseAtOnce(t *testing.T) {
+	now := time.Now()
+	release := held(0, 1, now.Add(-time.Millisecond))
+	s, _, _ := hold.ParseState(release.Headers)
+	s.Due = s.Wake
+	release.Headers = s.AppendHeaders(nil)
+	hop := held(0, 2, now.Add(20*time.Millisecond))
+	r := hold.NewReader(&source{msgs: []kafka.Message{release, hop}}, nil)
+	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 1 {
+		t.Fatalf("first: offset %d, %v; want the release", m.Offset, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if m, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
+		t.Fatalf("collecting after a release: offset %d, %v; want the deadline at once", m.Offset, err)
+	}
+	// A new batch: the hop first; then a batch of hops takes the next hop due within its wait.
+	r = hold.NewReader(&source{msgs: []kafka.Message{held(0, 3, now), held(0, 4, now.Add(20*time.Millisecond))}}, nil)
+	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 3 {
+		t.Fatalf("first hop: offset %d, %v", m.Offset, err)
+	}
+	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 4 {
+		t.Fatalf("collecting after a hop: offset %d, %v; want the hop due within the wait", m.Offset, err)
 	}
 }
 

@@ -39,6 +39,8 @@ type Reader struct {
 	held  wakeHeap     // fetched, not returned yet
 	seq   uint64       // fetch order, for ties
 	wake  atomic.Int64 // unix nanoseconds the earliest held message wakes at; 0: none held
+	// release: the batch being collected holds a job due to be decided
+	release bool
 
 	mu   sync.Mutex
 	open map[partition]*offsets // per partition: fetched, not committed
@@ -70,11 +72,33 @@ func NewReader(src Source, now func() time.Time) *Reader {
 // that time has come (at once for a message without hold headers, which the
 // worker dead-letters); while it waits, it fetches on. A wait cut short by
 // the end of ctx keeps every message for the next call.
+//
+// A call with a deadline is a batch collecting more after its first
+// (hold.max_wait): it returns context.DeadlineExceeded at once, without
+// waiting, when the earliest held message wakes after the deadline or when
+// the batch holds a job due to be decided (a release waits for no hop: with
+// jobs hopping through the shortest tier every few milliseconds, releases
+// were decided the whole wait late).
 func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	dl, collecting := ctx.Deadline()
+	if !collecting {
+		r.release = false // a new batch
+	}
 	for {
 		if len(r.held) == 0 {
-			m, err := r.src.FetchMessage(ctx)
+			fctx, cancel := ctx, context.CancelFunc(func() {})
+			if collecting {
+				// a batch collecting more after its first: take what the
+				// source has fetched already, but do not wait for a message
+				// to be produced (one queued now wakes later)
+				fctx, cancel = context.WithTimeout(ctx, time.Millisecond)
+			}
+			m, err := r.src.FetchMessage(fctx)
+			cancel()
 			if err != nil {
+				if ctx.Err() == nil && fctx.Err() != nil {
+					return kafka.Message{}, context.DeadlineExceeded
+				}
 				return kafka.Message{}, err
 			}
 			r.hold(m)
@@ -84,7 +108,11 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 		if !first.wake.After(r.now()) {
 			heap.Pop(&r.held)
 			r.setWake()
+			r.release = r.release || first.release
 			return first.m, nil
+		}
+		if collecting && (r.release || first.wake.After(dl)) {
+			return kafka.Message{}, context.DeadlineExceeded
 		}
 		wait := first.wake.Sub(r.now())
 		if len(r.held) >= r.ahead {
@@ -113,12 +141,13 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 
 // hold keeps m until its wake time and opens its offset.
 func (r *Reader) hold(m kafka.Message) {
-	var wake time.Time // none: at once
+	h := heldMessage{m: m} // no hold headers: at once
 	if s, ok, err := ParseState(m.Headers); err == nil && ok {
-		wake = s.Wake
+		h.wake, h.release = s.Wake, !s.Due.After(s.Wake)
 	}
 	r.seq++
-	heap.Push(&r.held, heldMessage{m: m, wake: wake, seq: r.seq})
+	h.seq = r.seq
+	heap.Push(&r.held, h)
 	r.setWake()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -195,9 +224,10 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 
 // heldMessage is a fetched message waiting for its wake time.
 type heldMessage struct {
-	m    kafka.Message
-	wake time.Time
-	seq  uint64
+	m       kafka.Message
+	wake    time.Time
+	release bool // due at its wake: decided when returned, not moved to another tier
+	seq     uint64
 }
 
 // wakeHeap orders held messages by wake time, then by fetch order.
