@@ -137,7 +137,7 @@ func TestReaderReturnsTheEarliestWake(t *testing.T) {
 	start := time.Now().Truncate(time.Millisecond) // headers keep milliseconds
 	late, soon := start.Add(300*time.Millisecond), start.Add(100*time.Millisecond)
 	bare := kafka.Message{Topic: "sends.delay.100ms", Partition: 0, Offset: 8} // no hold headers: at once (dead-lettered)
-	r := hold.NewReader(&source{msgs: []kafka.Message{held(0, 7, late), bare, held(0, 9, soon)}}, nil)
+	r := hold.NewReader(&source{msgs: []kafka.Message{held(0, 7, late), bare, held(0, 9, soon)}}, nil, hold.Ahead)
 	if r.Waiting() {
 		t.Error("waiting before it holds a message")
 	}
@@ -174,7 +174,7 @@ func TestReaderReturnsTheEarliestWake(t *testing.T) {
 // collecting (every release was that wait late).
 func TestReaderDoesNotWaitPastTheDeadline(t *testing.T) {
 	wake := time.Now().Add(10 * time.Second)
-	r := hold.NewReader(&source{msgs: []kafka.Message{held(0, 1, wake)}}, nil)
+	r := hold.NewReader(&source{msgs: []kafka.Message{held(0, 1, wake)}}, nil, hold.Ahead)
 	ctx, cancel := context.WithDeadline(context.Background(), wake.Add(-time.Millisecond))
 	defer cancel()
 	if _, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -187,7 +187,7 @@ func TestReaderDoesNotWaitPastTheDeadline(t *testing.T) {
 		t.Error("the message was not kept")
 	}
 	// Nothing held and nothing fetched: a message produced now wakes later.
-	empty := hold.NewReader(&source{}, nil)
+	empty := hold.NewReader(&source{}, nil, hold.Ahead)
 	if _, err := empty.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) || ctx.Err() != nil {
 		t.Errorf("fetch from an empty tier: %v (the deadline's own: %v), want the deadline at once", err, ctx.Err())
 	}
@@ -203,7 +203,7 @@ func TestReaderSendsAReleaseAtOnce(t *testing.T) {
 	s.Due = s.Wake
 	release.Headers = s.AppendHeaders(nil)
 	hop := held(0, 2, now.Add(20*time.Millisecond))
-	r := hold.NewReader(&source{msgs: []kafka.Message{release, hop}}, nil)
+	r := hold.NewReader(&source{msgs: []kafka.Message{release, hop}}, nil, hold.Ahead)
 	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 1 {
 		t.Fatalf("first: offset %d, %v; want the release", m.Offset, err)
 	}
@@ -213,7 +213,7 @@ func TestReaderSendsAReleaseAtOnce(t *testing.T) {
 		t.Fatalf("collecting after a release: offset %d, %v; want the deadline at once", m.Offset, err)
 	}
 	// A new batch: the hop first; then a batch of hops takes the next hop due within its wait.
-	r = hold.NewReader(&source{msgs: []kafka.Message{held(0, 3, now), held(0, 4, now.Add(20*time.Millisecond))}}, nil)
+	r = hold.NewReader(&source{msgs: []kafka.Message{held(0, 3, now), held(0, 4, now.Add(20*time.Millisecond))}}, nil, hold.Ahead)
 	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 3 {
 		t.Fatalf("first hop: offset %d, %v", m.Offset, err)
 	}
@@ -222,12 +222,39 @@ func TestReaderSendsAReleaseAtOnce(t *testing.T) {
 	}
 }
 
+// TestReaderDropsARedelivery: a message fetched again while it is held or
+// passed on and not committed (a rebalance reset the group's offset) is not
+// returned twice, and a reader that does not read ahead returns its
+// messages in order.
+func TestReaderDropsARedelivery(t *testing.T) {
+	past := time.Now().Add(-time.Second)
+	a, b := held(0, 1, past), held(0, 2, past)
+	src := &source{msgs: []kafka.Message{a, b, a, b, held(0, 3, past)}}
+	r := hold.NewReader(src, nil, 1)
+	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 1 {
+		t.Fatalf("first: offset %d, %v", m.Offset, err)
+	}
+	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 2 {
+		t.Fatalf("second: offset %d, %v", m.Offset, err)
+	}
+	if m, err := r.FetchMessage(context.Background()); err != nil || m.Offset != 3 {
+		t.Fatalf("after the copies of 1 and 2: offset %d, %v; want 3", m.Offset, err)
+	}
+	later := time.Now().Add(time.Hour)
+	r = hold.NewReader(&source{msgs: []kafka.Message{held(0, 4, later), held(0, 5, past)}}, nil, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if m, err := r.FetchMessage(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a reader that does not read ahead returned offset %d (%v) before the head's wake time", m.Offset, err)
+	}
+}
+
 // TestReaderCommitsOnlyWhatIsDone: a commit never covers a message fetched
 // and not yet done, in its partition; other partitions commit on their own.
 func TestReaderCommitsOnlyWhatIsDone(t *testing.T) {
 	past := time.Now().Add(-time.Second)
 	src := &source{}
-	r := hold.NewReader(src, nil)
+	r := hold.NewReader(src, nil, hold.Ahead)
 	ms := []kafka.Message{held(0, 10, past), held(0, 11, past), held(0, 12, past), held(1, 5, past)}
 	src.msgs = ms
 	for range ms {

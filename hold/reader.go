@@ -17,18 +17,23 @@ type Source interface {
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Ahead is how many messages a Reader reads ahead of the ones it returned.
+// Ahead is how many messages the shortest tier's Reader reads ahead of the
+// ones it returned.
 const Ahead = 1024
 
 // Reader reads one tier and returns each message no earlier than its wake
-// time, the earliest wake first: while it waits for one, it reads on, up to
-// Ahead messages, so that a message due sooner is not kept behind it (in the
-// shortest tier a job with a few milliseconds left is queued behind jobs with
-// the whole delay left; read in order, it was released up to that delay
-// late). The worker reads it like the input topic. Messages it holds are not
-// committed: a commit covers, per partition, only offsets before the first
-// message fetched and not yet committed, so a crash or a rebalance
-// redelivers everything it had not passed on.
+// time, the earliest wake first: while it waits for one, it may read on, up
+// to ahead messages, so that a message due sooner is not kept behind it (in
+// the shortest tier a job with a few milliseconds left is queued behind jobs
+// with the whole delay left; read in order, it was released up to that delay
+// late). In the other tiers wake times grow with the queueing time: reading
+// ahead gains nothing there, and a rebalance would hand what a reader holds
+// to another replica too (a job decided or moved on twice). The worker reads
+// it like the input topic. Messages it holds are not committed: a commit
+// covers, per partition, only offsets before the first message fetched and
+// not yet committed, so a crash or a rebalance redelivers everything it had
+// not passed on; a message it fetches again while it still holds it (the
+// group's offset reset by a rebalance) is dropped.
 //
 // FetchMessage is not safe for concurrent use; CommitMessages and Waiting
 // may be called while it runs.
@@ -51,8 +56,8 @@ type partition struct {
 	id    int
 }
 
-// offsets are one partition's: the fetched and not committed (ascending,
-// a redelivery after a rebalance can repeat one), the newest committed as
+// offsets are one partition's: the fetched and not committed (ascending),
+// the newest committed as
 // done by the worker, and the newest the source committed.
 type offsets struct {
 	open      []int64
@@ -60,12 +65,14 @@ type offsets struct {
 	committed int64
 }
 
-// NewReader returns a Reader of src; now defaults to time.Now.
-func NewReader(src Source, now func() time.Time) *Reader {
+// NewReader returns a Reader of src that holds up to ahead messages (at
+// least one: Ahead for the shortest tier, 1 for the others); now defaults to
+// time.Now.
+func NewReader(src Source, now func() time.Time, ahead int) *Reader {
 	if now == nil {
 		now = time.Now
 	}
-	return &Reader{src: src, now: now, ahead: Ahead, open: map[partition]*offsets{}}
+	return &Reader{src: src, now: now, ahead: max(1, ahead), open: map[partition]*offsets{}}
 }
 
 // FetchMessage returns the held message with the earliest wake time once
@@ -139,8 +146,19 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	}
 }
 
-// hold keeps m until its wake time and opens its offset.
+// hold keeps m until its wake time and opens its offset, unless it holds
+// that offset already (held, or passed on and not committed).
 func (r *Reader) hold(m kafka.Message) {
+	r.mu.Lock()
+	o := r.partition(m)
+	i, found := slices.BinarySearch(o.open, m.Offset)
+	if !found {
+		o.open = slices.Insert(o.open, i, m.Offset)
+	}
+	r.mu.Unlock()
+	if found {
+		return
+	}
 	h := heldMessage{m: m} // no hold headers: at once
 	if s, ok, err := ParseState(m.Headers); err == nil && ok {
 		h.wake, h.release = s.Wake, !s.Due.After(s.Wake)
@@ -149,11 +167,6 @@ func (r *Reader) hold(m kafka.Message) {
 	h.seq = r.seq
 	heap.Push(&r.held, h)
 	r.setWake()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	o := r.partition(m)
-	i, _ := slices.BinarySearch(o.open, m.Offset)
-	o.open = slices.Insert(o.open, i, m.Offset)
 }
 
 func (r *Reader) partition(m kafka.Message) *offsets {
