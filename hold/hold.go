@@ -12,9 +12,9 @@
 // Within a tier, wake times grow with the queueing time (every job queued to
 // a tier but the shortest has at least the tier's delay left), except in the
 // shortest tier, where a job with a few milliseconds left is queued behind
-// jobs with the whole delay left: a Reader reads ahead while it waits and
-// returns the earliest wake first, so a job is released when it is due, not
-// when the jobs queued before it are.
+// jobs with the whole delay left: that tier's Reader reads ahead while it
+// waits and returns the earliest wake first, so a job is released when it is
+// due, not when the jobs queued before it are.
 package hold
 
 import (

@@ -67,7 +67,7 @@ PY
   }
   echo "bench-budget: an SMS budget of $LIMIT per ${WINDOW}s (spread: $SPREAD), demand $rate SMS/s for ${DURATION}s, 1 and 3 replicas and 3 with a SIGKILL, $ROUNDS rounds, $(nproc) cores" >&2
   for r in $(seq "$ROUNDS"); do
-    for n in 1 3 3k; do # 3k: three replicas, one SIGKILLed a third into the demand
+    for n in ${ROWS:-1 3 3k}; do # 3k: three replicas, one SIGKILLed a third into the demand (ROWS picks some)
       if [[ $n == 3k ]]; then res=$(deliver 3 $((DURATION / 3)) $((DURATION + SESSION + 2 * WINDOW))); else res=$(deliver "$n"); fi # a failed run ends the bench
       echo "$n $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
     done
@@ -137,6 +137,7 @@ if [[ $1 == burst ]]; then
           DEMO_LOADGEN_ARGS="--channels sms --duplicates 1e-9" scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
         if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi
         grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-budget: the burst run failed" >&2; exit 1; }
+        echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $n] /" >&2
         python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$kill_at" "$SESSION" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
 import json, statistics, sys
 r = json.loads(sys.argv[1])

@@ -107,10 +107,10 @@ type Hold struct {
 	// (the default); [] disables holding (rules that hold are then refused).
 	// The shortest bounds how late a held job is released.
 	Tiers []string `yaml:"tiers"`
-	// MaxWait is how long a delay tier's batch waits for more due jobs after
-	// its first: each released job's wait is added to how late it is
-	// decided, and a budget's freed tokens wait for it too. At most 1s.
-	// Defaults to 10ms (0: the default).
+	// MaxWait is how long a delay tier's batch, after its first job, takes
+	// the jobs its reader holds that come due within it (a job due at 3 ms
+	// joins the batch; with none due within it, the batch goes at once).
+	// At most 1s. Defaults to 10ms (0: the default).
 	MaxWait Duration `yaml:"max_wait"`
 }
 
