@@ -124,6 +124,9 @@ if [[ $1 == burst ]]; then
       runs="1 3"
       [[ " $KILL_WINDOWS " == *" $w "* ]] && runs="$runs 3k"
       [[ " $BUSY_WINDOWS " == *" $w "* ]] && runs="$runs 3c"
+      if [[ -n ${ROWS:-} ]]; then # ROWS picks some of the rows (e.g. ROWS=3k)
+        runs=$(for n in $runs; do [[ " $ROWS " == *" $n "* ]] && echo "$n"; done | xargs)
+      fi
       for n in $runs; do
         jobs=$((BURST * limit)) kill_at=-1 env=()
         if [[ $n == 3k ]]; then
