@@ -125,7 +125,7 @@ if [[ $1 == burst ]]; then
       [[ " $KILL_WINDOWS " == *" $w "* ]] && runs="$runs 3k"
       [[ " $BUSY_WINDOWS " == *" $w "* ]] && runs="$runs 3c"
       if [[ -n ${ROWS:-} ]]; then # ROWS picks some of the rows (e.g. ROWS=3k)
-        runs=$(for n in $runs; do [[ " $ROWS " == *" $n "* ]] && echo "$n"; done | xargs)
+        runs=$(for n in $runs; do if [[ " $ROWS " == *" $n "* ]]; then echo "$n"; fi; done | xargs)
       fi
       for n in $runs; do
         jobs=$((BURST * limit)) kill_at=-1 env=()
