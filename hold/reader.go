@@ -56,9 +56,9 @@ type partition struct {
 	id    int
 }
 
-// offsets are one partition's: the fetched and not committed (ascending),
-// the newest committed as
-// done by the worker, and the newest the source committed.
+// offsets are one partition's: those fetched and not yet committed by the
+// worker (ascending), the newest the worker committed, and the newest the
+// source committed.
 type offsets struct {
 	open      []int64
 	done      int64
