@@ -211,7 +211,7 @@ func (b *Budgets) state(w Want) *state {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st := b.keys[w.Key]
-	if st == nil || st.spec != w.Spec { // a rules reload may change the spec
+	if st == nil || *st.spec != *w.Spec { // a rules reload may change the spec (workspaces that share a budget have equal ones)
 		t := b.m.tokens
 		n := w.Spec.Name
 		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),

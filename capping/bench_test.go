@@ -111,10 +111,10 @@ func BenchmarkMemoryPerUser(b *testing.B) {
 							b.Fatalf("send %d: %+v %v", i, d, err)
 						}
 					}
-					if c := testenv.LogLen(b, rdb, lim.Key(user)); c != k {
+					if c := testenv.LogLen(b, rdb, lim.Key(0, user)); c != k {
 						b.Fatalf("log holds %d sends, want %d", c, k)
 					}
-					bytes = rdb.MemoryUsage(ctx, lim.Key(user)).Val()
+					bytes = rdb.MemoryUsage(ctx, lim.Key(0, user)).Val()
 					sum += bytes
 				}
 			}
@@ -220,8 +220,8 @@ func BenchmarkPreferences(b *testing.B) {
 				go func() {
 					defer wg.Done()
 					for u := g; u < users; u += 32 {
-						_ = lim.SetPreference(ctx, u, capping.Preference{Channel: "email", Limit: 1 << 20, Window: capping.Daily}, false)
-						_ = lim.SetPreference(ctx, u, capping.Preference{Tag: "never-sent", OptOut: true}, false)
+						_ = lim.SetPreference(ctx, 0, u, capping.Preference{Channel: "email", Limit: 1 << 20, Window: capping.Daily}, false)
+						_ = lim.SetPreference(ctx, 0, u, capping.Preference{Tag: "never-sent", OptOut: true}, false)
 					}
 				}()
 			}

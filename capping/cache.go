@@ -43,11 +43,11 @@ const cacheMaxLog = 64
 const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 16
 
 type nearCache struct {
-	shards                  [cacheShards]cacheShard
-	gen                     atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped
-	hits, misses, evictions atomic.Uint64
-	holds                   atomic.Uint64 // calls of hold
-	perShard                int
+	shards    [cacheShards]cacheShard
+	gen       *atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped (a Limiter's caches share one)
+	evictions atomic.Uint64
+	holds     atomic.Uint64 // calls of hold
+	perShard  int
 }
 
 // A shard holds no Go pointers besides its index, slots and arena: its
@@ -103,7 +103,7 @@ var (
 const arenaCompactMin = 64 << 10
 
 func newNearCache(size int) *nearCache {
-	c := &nearCache{perShard: max(1, size/cacheShards)}
+	c := &nearCache{perShard: max(1, size/cacheShards), gen: new(atomic.Uint64)}
 	for i := range c.shards {
 		c.shards[i].index = map[uint32]int32{}
 	}

@@ -76,7 +76,7 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	}
 	setPref := func(u uint32, p capping.Preference, clear bool) {
 		for _, l := range []*capping.Limiter{cached, plain} {
-			if err := l.SetPreference(ctx, u, p, clear); err != nil {
+			if err := l.SetPreference(ctx, 0, u, p, clear); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -143,8 +143,8 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	}
 	// What each path wrote is what the script alone wrote, byte for byte.
 	for u := uint32(1); u <= users; u++ {
-		a, errA := rdb.Get(ctx, cached.Key(u)).Result()
-		b, errB := rdb.Get(ctx, plain.Key(u)).Result()
+		a, errA := rdb.Get(ctx, cached.Key(0, u)).Result()
+		b, errB := rdb.Get(ctx, plain.Key(0, u)).Result()
 		if a != b || (errA == nil) != (errB == nil) {
 			t.Errorf("user %d's log: %x (%v) with the cache, %x (%v) by the script alone", u, a, errA, b, errB)
 		}

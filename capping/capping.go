@@ -182,6 +182,9 @@ var ErrInvalidRequest = errors.New("invalid request")
 type Request struct {
 	// UserID is the user the send goes to.
 	UserID uint32
+	// Space is the key space of the user's keys (a workspace's): 0, Config.KeyPrefix's, unless
+	// another was added (Limiter.AddSpace). The same UserID in two spaces is two users.
+	Space Space
 	// JobID identifies the send; a request with a JobID already in the user's log
 	// is a duplicate. (Required)
 	JobID string
@@ -237,6 +240,9 @@ type Request struct {
 	// preferences is never answered by the near cache.
 	Preferences bool
 }
+
+// who identifies r's user among every space's.
+func (r *Request) who() uint64 { return uint64(r.Space)<<32 | uint64(r.UserID) }
 
 func (r *Request) validate() error {
 	if r.JobID == "" {

@@ -176,7 +176,7 @@ func TestSameMillisecondSendsAreBothCounted(t *testing.T) {
 			t.Errorf("decision %d counted %d earlier sends, want %d", i, d.Counts[0], i)
 		}
 	}
-	if n := testenv.LogLen(t, e.rdb, e.lim.Key(7)); n != 3 {
+	if n := testenv.LogLen(t, e.rdb, e.lim.Key(0, 7)); n != 3 {
 		t.Fatalf("log holds %d entries after 3 sends in one millisecond, want 3", n)
 	}
 }
@@ -201,7 +201,7 @@ func TestRedeliveredJobIsNotCountedTwice(t *testing.T) {
 	if d := e.decide(t, job(9, "push", caps...))[0]; d.Allowed {
 		t.Fatalf("third distinct job: %+v, want capped", d)
 	}
-	if n := testenv.LogLen(t, e.rdb, e.lim.Key(9)); n != 2 {
+	if n := testenv.LogLen(t, e.rdb, e.lim.Key(0, 9)); n != 2 {
 		t.Fatalf("log holds %d entries, want 2", n)
 	}
 }
@@ -228,12 +228,12 @@ func TestEvictionAndExpiry(t *testing.T) {
 	caps := []capping.Cap{daily3, weekly5}
 	e.decide(t, job(5, "email", caps...))
 	// A new key gets its TTL from its first write (the script sets it without asking PTTL).
-	if ttl := e.rdb.PTTL(ctx, e.lim.Key(5)).Val(); ttl <= 7*24*time.Hour || ttl > 7*24*time.Hour+time.Hour {
+	if ttl := e.rdb.PTTL(ctx, e.lim.Key(0, 5)).Val(); ttl <= 7*24*time.Hour || ttl > 7*24*time.Hour+time.Hour {
 		t.Fatalf("PTTL after the first send %v, want the longest window (7 days) and an hour", ttl)
 	}
 	e.clock.Add(3 * 24 * time.Hour)
 	e.decide(t, job(5, "email", caps...))
-	key := e.lim.Key(5)
+	key := e.lim.Key(0, 5)
 	if n := testenv.LogLen(t, e.rdb, key); n != 2 {
 		t.Fatalf("log holds %d entries, want 2", n)
 	}
@@ -272,7 +272,7 @@ func TestPeekRecordsNothing(t *testing.T) {
 	if err != nil || !p.Allowed {
 		t.Fatalf("peek on an empty log: %+v, %v", p, err)
 	}
-	if n := e.rdb.Exists(context.Background(), e.lim.Key(3)).Val(); n != 0 {
+	if n := e.rdb.Exists(context.Background(), e.lim.Key(0, 3)).Val(); n != 0 {
 		t.Fatal("peek created the user's log")
 	}
 	e.decide(t, job(3, "email", caps...))
@@ -293,17 +293,17 @@ func TestOneCallPerNode(t *testing.T) {
 	e := newEnv(t, scriptOnly)
 	ctx := context.Background()
 	bad := uint32(500)
-	master, err := e.rdb.MasterForKey(ctx, e.lim.Key(bad))
+	master, err := e.rdb.MasterForKey(ctx, e.lim.Key(0, bad))
 	if err != nil {
 		t.Fatal(err)
 	}
 	users := []uint32{bad}
 	for u := bad + 1; len(users) < 40; u++ {
-		if m, err := e.rdb.MasterForKey(ctx, e.lim.Key(u)); err == nil && m.Options().Addr == master.Options().Addr {
+		if m, err := e.rdb.MasterForKey(ctx, e.lim.Key(0, u)); err == nil && m.Options().Addr == master.Options().Addr {
 			users = append(users, u)
 		}
 	}
-	if err := e.rdb.HSet(ctx, e.lim.Key(bad), "not", "a log").Err(); err != nil {
+	if err := e.rdb.HSet(ctx, e.lim.Key(0, bad), "not", "a log").Err(); err != nil {
 		t.Fatal(err)
 	}
 	reqs := make([]capping.Request, 0, 40)
@@ -346,11 +346,11 @@ func TestOneCallPerNode(t *testing.T) {
 	// it again in a call of its own), the others are decided.
 	var other uint32
 	for u := bad + 1; other == 0; u++ {
-		if m, err := e.rdb.MasterForKey(ctx, e.lim.Key(u)); err == nil && m.Options().Addr != master.Options().Addr {
+		if m, err := e.rdb.MasterForKey(ctx, e.lim.Key(0, u)); err == nil && m.Options().Addr != master.Options().Addr {
 			other = u
 		}
 	}
-	call, err := capping.ScriptCall([]string{e.lim.Key(users[1]), e.lim.Key(other)},
+	call, err := capping.ScriptCall([]string{e.lim.Key(0, users[1]), e.lim.Key(0, other)},
 		[]capping.Request{job(users[1], "email", daily3), job(other, "email", daily3)}, base)
 	if err != nil {
 		t.Fatal(err)
@@ -480,7 +480,7 @@ func TestRefusedMark(t *testing.T) {
 	if d := refuse("j1"); d.Allowed || d.Duplicate || d.RefusedBefore || d.Cap != "" {
 		t.Fatalf("the first refusal's look: %+v, want the zero decision (not sent before)", d)
 	}
-	key := e.lim.Key(9)
+	key := e.lim.Key(0, 9)
 	if n := testenv.LogLen(t, e.rdb, key); n != 1 {
 		t.Fatalf("the log holds %d entries after the refusal, want its mark", n)
 	}

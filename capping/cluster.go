@@ -132,7 +132,7 @@ func (b *batch) queue(ctx context.Context, pending []int) map[pipeKey]*pipe {
 	for _, i := range pending {
 		r := &b.reqs[i]
 		a := &b.args[i]
-		a.key = l.Key(r.UserID)
+		a.key = l.Key(r.Space, r.UserID)
 		nd, err := l.route(ctx, a.key)
 		if err != nil {
 			b.nodes[i], b.routeErr = nil, err

@@ -45,7 +45,7 @@ func TestDurableDecisionsSurviveMasterCrash(t *testing.T) {
 			req := func(id string) capping.Request {
 				return capping.Request{UserID: user, JobID: id, Channel: "email", Caps: caps}
 			}
-			master, err := rdb.MasterForKey(ctx, lim.Key(user))
+			master, err := rdb.MasterForKey(ctx, lim.Key(0, user))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +120,7 @@ func TestDurableDecisionsSurviveMasterCrash(t *testing.T) {
 			if len(forwarded) != tc.forward {
 				t.Errorf("user received %d sends %v with a cap of 2, want %d", len(forwarded), forwarded, tc.forward)
 			}
-			logged := testenv.LogLen(t, rdb, lim.Key(user))
+			logged := testenv.LogLen(t, rdb, lim.Key(0, user))
 			t.Logf("forwarded %d sends, %d in the promoted master's log", len(forwarded), logged)
 			if tc.acked > 0 && int(logged) != len(forwarded) {
 				t.Errorf("%d sends logged, %d forwarded: a forwarded send is missing from the log", logged, len(forwarded))

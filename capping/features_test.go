@@ -198,7 +198,7 @@ func TestExternalSendsAndForget(t *testing.T) {
 		}
 	}
 	// The log is kept oldest first: the external send went before the own one.
-	if log, err := capping.ReadLog(context.Background(), e.rdb, lim.Key(41)); err != nil || len(log) != 2 ||
+	if log, err := capping.ReadLog(context.Background(), e.rdb, lim.Key(0, 41)); err != nil || len(log) != 2 ||
 		log[0].At != base.Add(-time.Hour).UnixMilli() || log[1].At != base.UnixMilli() {
 		t.Errorf("log after an own send and an earlier external one: %+v, %v, want the external send first", log, err)
 	}
@@ -207,10 +207,10 @@ func TestExternalSendsAndForget(t *testing.T) {
 	if d.Allowed || d.Counts[0] != 2 || d.Counts[1] != 1 || !d.RetryAt.Equal(base.Add(23*time.Hour)) {
 		t.Errorf("a push after an own email and an external push: %+v, want capped, counts 2 and 1, retry at the external send + 24h", d)
 	}
-	if found, err := lim.Forget(context.Background(), 41, "own"); err != nil || !found {
+	if found, err := lim.Forget(context.Background(), 0, 41, "own"); err != nil || !found {
 		t.Fatalf("forget own: %v %v", found, err)
 	}
-	if found, err := lim.Forget(context.Background(), 41, "never"); err != nil || found {
+	if found, err := lim.Forget(context.Background(), 0, 41, "never"); err != nil || found {
 		t.Errorf("forget a job never logged: %v %v, want not found", found, err)
 	}
 	d = decide(capping.Request{UserID: 41, JobID: "own3", Channel: "email", Caps: []capping.Cap{day, pushDay}})
@@ -236,11 +236,11 @@ func TestPreferences(t *testing.T) {
 		{Tag: "promotional", OptOut: true},
 		{VIPUntil: base.Add(time.Hour)},
 	} {
-		if err := lim.SetPreference(ctx, 51, p, false); err != nil {
+		if err := lim.SetPreference(ctx, 0, 51, p, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got, err := lim.Preferences(ctx, 51)
+	got, err := lim.Preferences(ctx, 0, 51)
 	if err != nil || len(got) != 3 || got[0].Channel != "email" || got[0].Limit != 1 || got[0].Window != capping.Daily ||
 		!got[1].OptOut || got[1].Tag != "promotional" || !got[2].VIPUntil.Equal(base.Add(time.Hour)) {
 		t.Fatalf("preferences read back: %+v %v", got, err)
@@ -291,10 +291,10 @@ func TestPreferences(t *testing.T) {
 	e.clock.Set(base.Add(2 * time.Hour)) // no longer VIP
 	check("a push after the exemption", send("p4", "push", []string{"marketing"}, true), false, "daily", capping.Daily+time.Minute)
 	check("the same without preferences", send("p3", "push", []string{"marketing", "promotional"}, false), false, "daily", capping.Daily+time.Minute)
-	if err := lim.SetPreference(ctx, 51, capping.Preference{Tag: "promotional"}, true); err != nil {
+	if err := lim.SetPreference(ctx, 0, 51, capping.Preference{Tag: "promotional"}, true); err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := lim.Preferences(ctx, 51); len(got) != 2 {
+	if got, _ := lim.Preferences(ctx, 0, 51); len(got) != 2 {
 		t.Errorf("after clearing the opt-out: %+v", got)
 	}
 	if err := (capping.Preference{Channel: "sms"}).Validate(); err == nil {
@@ -311,7 +311,7 @@ func TestPreferences(t *testing.T) {
 func TestSortedSetLogIsReadAndRewritten(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	key := e.lim.Key(5)
+	key := e.lim.Key(0, 5)
 	old1, old2 := capping.Member("old1", "email", "", nil), capping.Member("old2", "email", "", nil)
 	refused := capping.Member("refused1", "email", "", nil)
 	mark := string(rune(len(refused))) + refused + "sms-budget"
@@ -343,7 +343,7 @@ func TestSortedSetLogIsReadAndRewritten(t *testing.T) {
 	}
 
 	// A capped decision leaves a sorted set as it is; Forget removes from it.
-	full := e.lim.Key(6)
+	full := e.lim.Key(0, 6)
 	for i := range 3 {
 		if err := e.rdb.ZAdd(ctx, full, redis.Z{Score: float64(base.Add(-time.Duration(i+1) * time.Minute).UnixMilli()),
 			Member: capping.Member(fmt.Sprint("f", i), "email", "", nil)}).Err(); err != nil {
@@ -356,21 +356,21 @@ func TestSortedSetLogIsReadAndRewritten(t *testing.T) {
 	if typ := e.rdb.Type(ctx, full).Val(); typ != "zset" {
 		t.Errorf("the log is a %s after a capped decision, want the sorted set untouched", typ)
 	}
-	if found, err := e.lim.Forget(ctx, 6, "f0"); err != nil || !found || testenv.LogLen(t, e.rdb, full) != 2 {
+	if found, err := e.lim.Forget(ctx, 0, 6, "f0"); err != nil || !found || testenv.LogLen(t, e.rdb, full) != 2 {
 		t.Errorf("forget f0 from a sorted set: %v %v, %d left, want found, 2 left", found, err, testenv.LogLen(t, e.rdb, full))
 	}
-	if found, err := e.lim.Forget(ctx, 5, "old2"); err != nil || !found || testenv.LogLen(t, e.rdb, key) != 3 {
+	if found, err := e.lim.Forget(ctx, 0, 5, "old2"); err != nil || !found || testenv.LogLen(t, e.rdb, key) != 3 {
 		t.Errorf("forget old2 from a string log: %v %v, %d left, want found, 3 left", found, err, testenv.LogLen(t, e.rdb, key))
 	}
 
-	if err := e.rdb.Set(ctx, e.lim.Key(8), "not a log", time.Hour).Err(); err != nil {
+	if err := e.rdb.Set(ctx, e.lim.Key(0, 8), "not a log", time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.lim.Decide(ctx, []capping.Request{job(8, "email", daily3)})
 	if err == nil || !strings.Contains(err.Error(), "is not a log capper wrote") {
 		t.Errorf("a send over a string that is not a log: %v, want its request failed as not a log", err)
 	}
-	if _, err := capping.ReadLog(ctx, e.rdb, e.lim.Key(8)); err == nil || !strings.Contains(err.Error(), "truncated at byte 8") {
+	if _, err := capping.ReadLog(ctx, e.rdb, e.lim.Key(0, 8)); err == nil || !strings.Contains(err.Error(), "truncated at byte 8") {
 		t.Errorf("ReadLog of a string that is not a log: %v, want it truncated after its header", err)
 	}
 }

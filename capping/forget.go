@@ -21,7 +21,7 @@ var forgetScript = redis.NewScript(forgetSource)
 // is not in the log (capper never recorded it, or it aged out). It drops the
 // near cache's copy of the user's log; other processes' copies stay (their
 // answers err on the side of capping, see DropCached).
-func (l *Limiter) Forget(ctx context.Context, userID uint32, jobID string) (found bool, err error) {
+func (l *Limiter) Forget(ctx context.Context, s Space, userID uint32, jobID string) (found bool, err error) {
 	sc, ok := l.client.(redis.Scripter)
 	if l.cluster != nil {
 		sc, ok = l.cluster, true
@@ -36,8 +36,8 @@ func (l *Limiter) Forget(ctx context.Context, userID uint32, jobID string) (foun
 	}
 	var d [8]byte
 	binary.BigEndian.PutUint64(d[:], xxhash.Sum64String(jobID))
-	n, err := forgetScript.Run(ctx, sc, []string{l.Key(userID)}, string(d[:])).Int()
-	l.DropCached(userID)
+	n, err := forgetScript.Run(ctx, sc, []string{l.Key(s, userID)}, string(d[:])).Int()
+	l.DropCached(s, userID)
 	if err != nil {
 		return false, fmt.Errorf("capping: forget job %q of user %d: %w", jobID, userID, err)
 	}
@@ -46,9 +46,9 @@ func (l *Limiter) Forget(ctx context.Context, userID uint32, jobID string) (foun
 
 // DropCached drops the near cache's copy of user's log: call it when the log
 // lost an entry elsewhere (another process's Forget).
-func (l *Limiter) DropCached(userID uint32) {
-	if l.cache != nil {
-		l.cache.drop(userID)
+func (l *Limiter) DropCached(s Space, userID uint32) {
+	if c := l.space(s).cache; c != nil {
+		c.drop(userID)
 	}
 }
 
@@ -58,17 +58,17 @@ func (l *Limiter) DropCached(userID uint32) {
 // partition will apply). Dropping once is not enough: a decision between the
 // drop and the change would read the log from before and install a copy
 // that answers "capped" after. Holds of one user add up.
-func (l *Limiter) HoldCopies(userID uint32) {
-	if l.cache != nil {
-		l.cache.hold(userID)
+func (l *Limiter) HoldCopies(s Space, userID uint32) {
+	if c := l.space(s).cache; c != nil {
+		c.hold(userID)
 	}
 }
 
 // ReleaseCopies ends a hold of each of users, once their changes are in
 // Redis (the event's group committed past it). A copy installed afterwards
 // by a decision that began before is dropped.
-func (l *Limiter) ReleaseCopies(users []uint32) {
-	if l.cache != nil && len(users) > 0 {
-		l.cache.release(users)
+func (l *Limiter) ReleaseCopies(s Space, users []uint32) {
+	if c := l.space(s).cache; c != nil && len(users) > 0 {
+		c.release(users)
 	}
 }

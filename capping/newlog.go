@@ -95,19 +95,19 @@ func newSeenUsers() *seenUsers {
 	return s
 }
 
-func seenBit(user uint32) (word int, bit uint64) {
-	h := uint64(user) * 0x9E3779B97F4A7C15 >> (64 - 23)
+func seenBit(user uint64) (word int, bit uint64) {
+	h := (user ^ user>>32*0x9E3779B1) * 0x9E3779B97F4A7C15 >> (64 - 23)
 	return int(h >> 6), 1 << (h & 63)
 }
 
 // has reports whether user was added lately.
-func (s *seenUsers) has(user uint32) bool {
+func (s *seenUsers) has(user uint64) bool {
 	w, b := seenBit(user)
 	return s.gens[0][w].Load()&b != 0 || s.gens[1][w].Load()&b != 0
 }
 
 // add remembers user.
-func (s *seenUsers) add(user uint32) {
+func (s *seenUsers) add(user uint64) {
 	w, b := seenBit(user)
 	if s.gens[s.cur.Load()][w].Or(b)&b == 0 && s.set.Add(1) >= seenFill {
 		s.rotate()
@@ -133,7 +133,7 @@ func (s *seenUsers) rotate() {
 func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc *scratch) []bool {
 	var fresh []bool
 	for _, i := range pending {
-		if args[i].expect == "" && newLogEligible(&reqs[i], &args[i]) && !l.seen.has(reqs[i].UserID) {
+		if args[i].expect == "" && newLogEligible(&reqs[i], &args[i]) && !l.seen.has(reqs[i].who()) {
 			if fresh == nil {
 				fresh = grow(&sc.fresh, len(reqs))
 			}
@@ -145,17 +145,17 @@ func (l *Limiter) markNewLogs(reqs []Request, args []reqArgs, pending []int, sc 
 	}
 	users := sc.users // a user's requests in the batch: each but its only one goes to the script
 	if users == nil {
-		users = make(map[uint32]int32, len(pending))
+		users = make(map[uint64]int32, len(pending))
 		sc.users = users
 	}
 	clear(users)
 	for _, i := range pending {
-		users[reqs[i].UserID]++
+		users[reqs[i].who()]++
 	}
 	for _, i := range pending {
-		if fresh[i] && users[reqs[i].UserID] > 1 {
+		if fresh[i] && users[reqs[i].who()] > 1 {
 			fresh[i] = false
-			l.seen.add(reqs[i].UserID) // the script writes its log now: its next sends go there directly
+			l.seen.add(reqs[i].who()) // the script writes its log now: its next sends go there directly
 		}
 	}
 	return fresh

@@ -14,7 +14,7 @@ func TestSeenUsersForgetsTwoGenerationsLater(t *testing.T) {
 		t.Fatal("a user just added is not seen")
 	}
 	false1 := 0
-	for u := uint32(1); u <= 100_000; u++ {
+	for u := uint64(1); u <= 100_000; u++ {
 		if s.has(u) {
 			false1++
 		}
@@ -24,8 +24,8 @@ func TestSeenUsersForgetsTwoGenerationsLater(t *testing.T) {
 	}
 	fill := func() { // add users until the current generation switches
 		g := s.cur.Load()
-		for u := uint32(1); s.cur.Load() == g; u++ {
-			s.add(u*7919 + uint32(g)*1_000_003)
+		for u := uint64(1); s.cur.Load() == g; u++ {
+			s.add(u*7919 + uint64(g)*1_000_003)
 		}
 	}
 	fill()

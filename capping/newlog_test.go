@@ -55,18 +55,18 @@ func TestNewLogIsTheScriptsLog(t *testing.T) {
 	}
 	same := func(t *testing.T, what string, ua, ub uint32) {
 		t.Helper()
-		va, err := rdb.Get(ctx, script.Key(ua)).Result()
+		va, err := rdb.Get(ctx, script.Key(0, ua)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		vb, err := rdb.Get(ctx, set.Key(ub)).Result()
+		vb, err := rdb.Get(ctx, set.Key(0, ub)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
 		if va != vb {
 			t.Fatalf("%s: the log's bytes %x, the script's %x", what, vb, va)
 		}
-		ta, tb := rdb.PTTL(ctx, script.Key(ua)).Val(), rdb.PTTL(ctx, set.Key(ub)).Val()
+		ta, tb := rdb.PTTL(ctx, script.Key(0, ua)).Val(), rdb.PTTL(ctx, set.Key(0, ub)).Val()
 		if ta <= 0 || tb <= 0 || tb-ta > time.Second || ta-tb > time.Second {
 			t.Fatalf("%s: the log's TTL %v, the script's %v", what, tb, ta)
 		}
@@ -177,7 +177,7 @@ func TestCopyAppendFindsTheLogChanged(t *testing.T) {
 	if st2 := mine.Stats(); st2.CopyMisses != st.CopyMisses+1 || st2.CopyAppends != st.CopyAppends || st2.ScriptCalls != st.ScriptCalls+1 {
 		t.Fatalf("%+v: want one call that found the log changed and decided it", st2)
 	}
-	if n := testenv.LogLen(t, rdb, mine.Key(9)); n != 2 {
+	if n := testenv.LogLen(t, rdb, mine.Key(0, 9)); n != 2 {
 		t.Fatalf("%d sends logged, want 2", n)
 	}
 }
@@ -209,7 +209,7 @@ func TestCopyAppendReadsPreferences(t *testing.T) {
 	if st2 := mine.Stats(); st2.CopyAppends != st.CopyAppends+1 || st2.CopyMisses != st.CopyMisses {
 		t.Fatalf("%+v: want the second send appended to the copy's log", st2)
 	}
-	if err := other.SetPreference(ctx, 9, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
+	if err := other.SetPreference(ctx, 0, 9, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
 		t.Fatal(err)
 	}
 	st = mine.Stats()
@@ -219,7 +219,7 @@ func TestCopyAppendReadsPreferences(t *testing.T) {
 	if st2 := mine.Stats(); st2.CopyMisses != st.CopyMisses+1 || st2.CopyAppends != st.CopyAppends {
 		t.Fatalf("%+v: want one call that found the preference and decided in full", st2)
 	}
-	if n := testenv.LogLen(t, rdb, mine.Key(9)); n != 2 {
+	if n := testenv.LogLen(t, rdb, mine.Key(0, 9)); n != 2 {
 		t.Fatalf("%d sends logged, want 2", n)
 	}
 }
@@ -266,7 +266,7 @@ func TestNewLogFindsALog(t *testing.T) {
 			t.Errorf("%s: %+v, want one new log missed, then one script call", c.name, st)
 		}
 	}
-	if n := testenv.LogLen(t, rdb, limiter().Key(7)); n != 1 {
+	if n := testenv.LogLen(t, rdb, limiter().Key(0, 7)); n != 1 {
 		t.Fatalf("%d sends logged, want 1", n)
 	}
 }
@@ -331,7 +331,7 @@ func TestNewLogReadsPreferences(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range []*capping.Limiter{mine, ref} {
-		if err := l.SetPreference(ctx, 23, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
+		if err := l.SetPreference(ctx, 0, 23, capping.Preference{Channel: "email", OptOut: true}, false); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -360,13 +360,13 @@ func TestNewLogReadsPreferences(t *testing.T) {
 		t.Errorf("%+v: want one new log and one that found a preference, in one script call", st2)
 	}
 	for _, u := range []uint32{30, 23} {
-		a, errA := rdb.Get(ctx, mine.Key(u)).Result()
-		b, errB := rdb.Get(ctx, ref.Key(u)).Result()
+		a, errA := rdb.Get(ctx, mine.Key(0, u)).Result()
+		b, errB := rdb.Get(ctx, ref.Key(0, u)).Result()
 		if a != b || (errA == nil) != (errB == nil) {
 			t.Errorf("user %d's log: %x (%v), by the script alone %x (%v)", u, a, errA, b, errB)
 		}
 		// Written moments apart in Redis's time: the same TTL within a minute (a TTL in the wrong unit is hours off).
-		if pa, pb := rdb.PTTL(ctx, mine.Key(u)).Val(), rdb.PTTL(ctx, ref.Key(u)).Val(); (pa - pb).Abs() > time.Minute {
+		if pa, pb := rdb.PTTL(ctx, mine.Key(0, u)).Val(), rdb.PTTL(ctx, ref.Key(0, u)).Val(); (pa - pb).Abs() > time.Minute {
 			t.Errorf("user %d's log expires in %v, by the script alone in %v", u, pa, pb)
 		}
 	}
@@ -425,7 +425,7 @@ func TestNewLogsRacing(t *testing.T) {
 			if allowed[u] != want || dups[u] != wantDups {
 				t.Errorf("redelivered %v, user %d: %d allowed (%d duplicates), want %d (%d)", redelivered, u, allowed[u], dups[u], want, wantDups)
 			}
-			if n := testenv.LogLen(t, rdb, lims[0].Key(uint32(u+1000*btoi(redelivered)))); n != 1 {
+			if n := testenv.LogLen(t, rdb, lims[0].Key(0, uint32(u+1000*btoi(redelivered)))); n != 1 {
 				t.Errorf("redelivered %v, user %d: %d sends logged, want 1", redelivered, u, n)
 			}
 		}
@@ -520,7 +520,7 @@ func TestCopiesRacing(t *testing.T) {
 		wg.Wait()
 	}
 	for u := range users {
-		if n, logged := len(perUser[u]), testenv.LogLen(t, rdb, lims[0].Key(uint32(u))); n != limit || logged != limit {
+		if n, logged := len(perUser[u]), testenv.LogLen(t, rdb, lims[0].Key(0, uint32(u))); n != limit || logged != limit {
 			t.Errorf("user %d: %d jobs allowed, %d logged, want exactly %d", u, n, logged, limit)
 		}
 	}

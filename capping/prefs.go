@@ -97,22 +97,22 @@ func (p Preference) value() string {
 }
 
 // PreferencesKey returns the Redis key of a user's preferences.
-func (l *Limiter) PreferencesKey(userID uint32) string { return l.Key(userID) + ":prefs" }
+func (l *Limiter) PreferencesKey(s Space, userID uint32) string { return l.Key(s, userID) + ":prefs" }
 
 // SetPreference sets (or, with clear, removes) one of user's preferences,
 // and drops the near cache's copy of the user's log.
-func (l *Limiter) SetPreference(ctx context.Context, userID uint32, p Preference, clear bool) error {
+func (l *Limiter) SetPreference(ctx context.Context, s Space, userID uint32, p Preference, clear bool) error {
 	if err := p.Validate(); err != nil && !clear {
 		return err
 	}
 	pipe := l.client.Pipeline()
 	if clear {
-		pipe.HDel(ctx, l.PreferencesKey(userID), p.field())
+		pipe.HDel(ctx, l.PreferencesKey(s, userID), p.field())
 	} else {
-		pipe.HSet(ctx, l.PreferencesKey(userID), p.field(), p.value())
+		pipe.HSet(ctx, l.PreferencesKey(s, userID), p.field(), p.value())
 	}
 	_, err := pipe.Exec(ctx)
-	l.DropCached(userID)
+	l.DropCached(s, userID)
 	if err != nil {
 		return fmt.Errorf("capping: set a preference of user %d: %w", userID, err)
 	}
@@ -120,9 +120,9 @@ func (l *Limiter) SetPreference(ctx context.Context, userID uint32, p Preference
 }
 
 // Preferences returns user's preferences, sorted by field.
-func (l *Limiter) Preferences(ctx context.Context, userID uint32) ([]Preference, error) {
+func (l *Limiter) Preferences(ctx context.Context, s Space, userID uint32) ([]Preference, error) {
 	pipe := l.client.Pipeline()
-	cmd := pipe.HGetAll(ctx, l.PreferencesKey(userID))
+	cmd := pipe.HGetAll(ctx, l.PreferencesKey(s, userID))
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("capping: preferences of user %d: %w", userID, err)
 	}

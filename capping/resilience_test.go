@@ -99,7 +99,7 @@ func TestConcurrentDecisionsNeverOverSend(t *testing.T) {
 	}
 	wg.Wait()
 	for u := 0; u < users; u++ {
-		n := testenv.LogLen(t, e.rdb, e.lim.Key(uint32(u)))
+		n := testenv.LogLen(t, e.rdb, e.lim.Key(0, uint32(u)))
 		if n != limit || allowed[u].Load() != limit {
 			t.Errorf("user %d: %d logged, %d allowed; want exactly %d of each", u, n, allowed[u].Load(), limit)
 		}
@@ -126,7 +126,7 @@ func TestNodeErrorFailsOnlyItsUsers(t *testing.T) {
 	owner := map[uint32]string{}
 	for u := uint32(0); u < 30; u++ {
 		reqs = append(reqs, capping.Request{UserID: u, JobID: fmt.Sprint("j", u), Channel: "email", Caps: caps})
-		m, err := rdb.MasterForKey(ctx, lim.Key(u))
+		m, err := rdb.MasterForKey(ctx, lim.Key(0, u))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func TestNodeErrorFailsOnlyItsUsers(t *testing.T) {
 		if !d.Allowed || !d.Duplicate && re[i] == nil {
 			t.Errorf("retry of user %d: %+v, want allowed (a duplicate where the first try got through)", reqs[i].UserID, d)
 		}
-		if n := testenv.LogLen(t, rdb, lim.Key(reqs[i].UserID)); n != 1 {
+		if n := testenv.LogLen(t, rdb, lim.Key(0, reqs[i].UserID)); n != 1 {
 			t.Errorf("user %d: %d logged, want 1", reqs[i].UserID, n)
 		}
 	}
@@ -290,7 +290,7 @@ func TestEvalFallbackDecidesAsTheFunction(t *testing.T) {
 	for i, job := range []string{"a", "b", "c", "b"} {
 		var replies [2]any
 		for k, user := range []uint32{1, 2} {
-			call, err := capping.ScriptCall([]string{e.lim.Key(user)},
+			call, err := capping.ScriptCall([]string{e.lim.Key(0, user)},
 				[]capping.Request{{UserID: user, JobID: job, Channel: "email", Caps: caps, Retention: 48 * time.Hour}}, at.Add(time.Duration(i)*time.Second))
 			if err != nil {
 				t.Fatal(err)
@@ -310,7 +310,7 @@ func TestEvalFallbackDecidesAsTheFunction(t *testing.T) {
 		}
 	}
 	for _, user := range []uint32{1, 2} {
-		if n := testenv.LogLen(t, e.rdb, e.lim.Key(user)); n != 2 {
+		if n := testenv.LogLen(t, e.rdb, e.lim.Key(0, user)); n != 2 {
 			t.Errorf("user %d: %d sends logged, want 2", user, n)
 		}
 	}
@@ -363,7 +363,7 @@ func TestFailoverMidRun(t *testing.T) {
 		t.Logf("replica %s has role %v after the run (failover may not have completed)", replica.Options().Addr, role)
 	}
 	for u := 0; u < users; u++ {
-		if n := testenv.LogLen(t, e.rdb, e.lim.Key(uint32(u))); n != 3 {
+		if n := testenv.LogLen(t, e.rdb, e.lim.Key(0, uint32(u))); n != 3 {
 			t.Errorf("user %d: %d logged, want 3", u, n)
 		}
 	}

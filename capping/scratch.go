@@ -40,9 +40,9 @@ type scratch struct {
 	nodes   []node
 	alone   []bool
 	pending []int
-	packed  []byte // the requests' packed values (see pack)
-	sent    map[uint32]bool
-	users   map[uint32]int32 // requests per user sent to Redis (see Limiter.markNewLogs)
+	packed  []byte           // the requests' packed values (see pack)
+	sent    map[uint64]bool  // by Request.who
+	users   map[uint64]int32 // requests per user sent to Redis (see Limiter.markNewLogs)
 	fresh   []bool
 	asked   []int // the near cache's lookups (see run, nearCache.decideAll)
 	hit     []bool

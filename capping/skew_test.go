@@ -85,7 +85,7 @@ func TestSkewedClocksUnderCap(t *testing.T) {
 			// The replica ahead records a push (not counted by the email cap) 55 s later:
 			// without a margin its eviction horizon, t0+65s-60s, passes e1.
 			decide(ahead, 55*time.Second, "p1", "push", nil)
-			log, err := capping.ReadLog(context.Background(), rdb, correct.Key(42))
+			log, err := capping.ReadLog(context.Background(), rdb, correct.Key(0, 42))
 			if err != nil {
 				t.Fatal(err)
 			}

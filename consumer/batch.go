@@ -32,6 +32,7 @@ type entry struct {
 	tags      []string // its category and tags (the log's and the scopes')
 	segment   string   // the user's segment, or "default"
 	inSegment bool
+	ws        *Workspace
 	plan      rules.Plan
 	facts     facts
 	at        time.Time // when its last step was taken: route's clock reading
@@ -46,6 +47,7 @@ type decided struct {
 	batch     []kafka.Message
 	outs      []kafka.Message
 	decisions map[Kind]int   // final and held jobs by kind, counted once the outputs are acknowledged
+	byWS      map[wsKind]int // the same by workspace, with workspaces
 	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap
 	cappedBy  map[string]int // capped jobs, by the cap that refused them
 	start     time.Time
@@ -59,8 +61,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	if w.cfg.RoundTrips != nil {
 		trips0 = w.cfg.RoundTrips()
 	}
-	rs := w.rules.Load() // one rules version for the whole batch
-	seg := w.cfg.Segments()
+	segs := segmenters{spaces: w.spaces.Load()} // one rules version, and one snapshot per workspace, for the whole batch
 	// The batch's working arrays are the last batch's, cleared: nothing
 	// outlives prepare but the outputs, which do not point into them.
 	es := w.buf.entries[:0]
@@ -74,11 +75,11 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	for i := range batch {
 		e := &es[i]
 		e.msg, e.at = &batch[i], start
-		if !w.decode(e, seg, start) {
+		if !w.decode(e, &segs, start) {
 			w.route(e) // dead-lettered or moved on: route needs no plan
 			continue
 		}
-		e.plan = rs.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID,
+		e.plan = e.ws.Rules.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID,
 			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment, Priority: e.job.Priority, HasPriority: e.job.HasPriority}, start, &w.buf.plans)
 		w.route(e)
 	}
@@ -99,7 +100,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 // it arrived with, into e's facts. It reports false when route needs no
 // plan: the job is malformed (or too large for its output), or it is not
 // due yet (moved on to a shorter tier).
-func (w *Worker) decode(e *entry, seg Segmenter, now time.Time) bool {
+func (w *Worker) decode(e *entry, segs *segmenters, now time.Time) bool {
 	m := e.msg
 	if n := messageBytes(m) + reservedHeaderBytes; n > w.cfg.MaxOutputBytes {
 		e.facts.malformed, e.facts.truncate = jobs.Malformed("message of %d bytes with capper's headers would exceed the output limit of %d bytes (kafka.max_batch_bytes); value truncated to its first %d bytes", n, w.cfg.MaxOutputBytes, truncatedValueBytes).Error(), true
@@ -125,10 +126,42 @@ func (w *Worker) decode(e *entry, seg Segmenter, now time.Time) bool {
 	if e.facts.arrived.Count > 0 {
 		e.facts.since = e.facts.arrived.Since
 	}
-	if e.segment, e.inSegment = seg.Lookup(job.UserID); !e.inSegment {
+	if e.ws, err = segs.spaces.Lookup(job.Workspace); err != nil {
+		e.facts.malformed = jobs.Malformed("%v", err).Error()
+		return false
+	}
+	if e.segment, e.inSegment = segs.of(e.ws).Lookup(job.UserID); !e.inSegment {
 		e.segment = "default"
 	}
 	return true
+}
+
+// segmenters are a batch's workspaces and the segment snapshot of each, taken
+// at its first job.
+type segmenters struct {
+	spaces *Workspaces
+	last   *Workspace // the usual case: one workspace in the batch
+	seg    Segmenter
+	more   map[*Workspace]Segmenter
+}
+
+func (s *segmenters) of(w *Workspace) Segmenter {
+	switch {
+	case w == s.last:
+		return s.seg
+	case s.last == nil:
+		s.last, s.seg = w, w.Segments()
+		return s.seg
+	}
+	seg, ok := s.more[w]
+	if !ok {
+		if s.more == nil {
+			s.more = map[*Workspace]Segmenter{}
+		}
+		seg = w.Segments()
+		s.more[w] = seg
+	}
+	return seg
 }
 
 // arrived reads the hold state of a message from a delay tier.
@@ -255,7 +288,7 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 
 // request is e's request to Redis: a decision, or a duplicate check.
 func (w *Worker) request(e *entry) capping.Request {
-	r := capping.Request{UserID: e.job.UserID, JobID: e.job.JobID, Channel: e.job.Channel, Campaign: e.job.CampaignID,
+	r := capping.Request{UserID: e.job.UserID, Space: e.ws.Space, JobID: e.job.JobID, Channel: e.job.Channel, Campaign: e.job.CampaignID,
 		Tags: e.tags, Retention: e.plan.Retention}
 	if e.out.Ask == AskDuplicate {
 		r.DuplicateOnly, r.Refused = true, e.out.Cap
@@ -423,11 +456,22 @@ func (w *Worker) encode(batch []kafka.Message, es []entry, start time.Time) *dec
 			}
 		}
 		d.decisions[o.Kind]++
+		if e.ws != nil && e.ws.Name != "" {
+			if d.byWS == nil {
+				d.byWS = map[wsKind]int{}
+			}
+			d.byWS[wsKind{e.ws.Name, o.Kind}]++
+		}
 		if o.Arbitration != "" {
 			w.m.arbitrations.WithLabelValues(o.Arbitration).Inc()
 		}
 	}
 	return d
+}
+
+type wsKind struct {
+	ws   string
+	kind Kind
 }
 
 // requestErrors lines an error of a Decide call up with its requests: the

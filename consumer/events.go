@@ -20,7 +20,6 @@ import (
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/events"
 	"github.com/capper-dev/capper/output"
-	"github.com/capper-dev/capper/rules"
 )
 
 // EventKind is what an event worker reads.
@@ -45,8 +44,8 @@ func (k EventKind) String() string {
 // Recorder is what an event worker needs of Redis (*capping.Limiter).
 type Recorder interface {
 	Decide(ctx context.Context, reqs []capping.Request) ([]capping.Decision, error)
-	Forget(ctx context.Context, userID uint32, jobID string) (bool, error)
-	SetPreference(ctx context.Context, userID uint32, p capping.Preference, clear bool) error
+	Forget(ctx context.Context, s capping.Space, userID uint32, jobID string) (bool, error)
+	SetPreference(ctx context.Context, s capping.Space, userID uint32, p capping.Preference, clear bool) error
 }
 
 // EventConfig configures an EventWorker.
@@ -56,8 +55,9 @@ type EventConfig struct {
 	Writer   Writer   // (Required) for dead letters
 	DLQ      string   // (Required) the dead-letter topic
 	Recorder Recorder // (Required)
-	// Rules returns the rules in force: how long a log keeps a send. (Required)
-	Rules func() *rules.Rules
+	// Workspaces returns the workspaces in force: an event's user's key
+	// space, and its rules (how long a log keeps a send). (Required)
+	Workspaces func() *Workspaces
 	// MaxFuture is how far after the clock an external send's sent_at may be
 	// (the clocks' bound, max_clock_skew); later ones are dead-lettered.
 	MaxFuture time.Duration
@@ -126,7 +126,7 @@ func NewEventWorker(cfg EventConfig) (*EventWorker, error) {
 	switch {
 	case cfg.Kind != ExternalSends && cfg.Kind != Feedback && cfg.Kind != Preferences:
 		return nil, errors.New("consumer: unknown event kind")
-	case cfg.Reader == nil || cfg.Writer == nil || cfg.Recorder == nil || cfg.Rules == nil || cfg.Metrics == nil || cfg.EventMetrics == nil:
+	case cfg.Reader == nil || cfg.Writer == nil || cfg.Recorder == nil || cfg.Workspaces == nil || cfg.Metrics == nil || cfg.EventMetrics == nil:
 		return nil, errors.New("consumer: an event worker needs a reader, a writer, a recorder, the rules and metrics")
 	case cfg.DLQ == "":
 		return nil, errors.New("consumer: an event worker needs the dead-letter topic")
@@ -205,10 +205,14 @@ func (w *EventWorker) handle(ctx context.Context, batch []kafka.Message) ([]kafk
 func (w *EventWorker) record(ctx context.Context, batch []kafka.Message, deadLetter func(*kafka.Message, string)) error {
 	m := w.cfg.EventMetrics.external
 	now := w.cfg.Clock()
-	retention := w.cfg.Rules().Retention()
+	spaces := w.cfg.Workspaces()
 	var reqs []capping.Request
 	for i := range batch {
 		s, err := events.DecodeSend(batch[i].Value)
+		var ws *Workspace
+		if err == nil {
+			ws, err = workspaceOf(spaces, s.Workspace)
+		}
 		switch {
 		case err != nil:
 			deadLetter(&batch[i], err.Error())
@@ -219,14 +223,14 @@ func (w *EventWorker) record(ctx context.Context, batch []kafka.Message, deadLet
 				s.SentAt.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), w.cfg.MaxFuture).Error())
 			m.WithLabelValues("dlq").Inc()
 			continue
-		case !s.SentAt.After(now.Add(-retention)):
+		case !s.SentAt.After(now.Add(-ws.Rules.Retention())):
 			m.WithLabelValues("dropped_old").Inc() // outside every window
 			continue
 		}
 		// The log's member of an external send is its event id's, in a
 		// namespace of its own: it never collides with a job's.
-		reqs = append(reqs, capping.Request{UserID: s.UserID, JobID: "external:" + s.EventID, Channel: s.Channel, Campaign: s.Campaign,
-			Tags: s.AllTags(), Retention: retention, SentAt: s.SentAt})
+		reqs = append(reqs, capping.Request{UserID: s.UserID, Space: ws.Space, JobID: "external:" + s.EventID, Channel: s.Channel, Campaign: s.Campaign,
+			Tags: s.AllTags(), Retention: ws.Rules.Retention(), SentAt: s.SentAt})
 	}
 	retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
 	for len(reqs) > 0 {
@@ -260,8 +264,13 @@ func (w *EventWorker) record(ctx context.Context, batch []kafka.Message, deadLet
 // forget removes the sends that failed or bounced from their users' logs.
 func (w *EventWorker) forget(ctx context.Context, batch []kafka.Message, deadLetter func(*kafka.Message, string)) error {
 	m := w.cfg.EventMetrics.feedback
+	spaces := w.cfg.Workspaces()
 	for i := range batch {
 		f, err := events.DecodeFeedback(batch[i].Value)
+		var ws *Workspace
+		if err == nil {
+			ws, err = workspaceOf(spaces, f.Workspace)
+		}
 		if err != nil {
 			deadLetter(&batch[i], err.Error())
 			m.WithLabelValues("dlq", "dlq").Inc()
@@ -279,7 +288,7 @@ func (w *EventWorker) forget(ctx context.Context, batch []kafka.Message, deadLet
 		}
 		retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
 		for {
-			found, err := w.cfg.Recorder.Forget(ctx, f.UserID, f.JobID)
+			found, err := w.cfg.Recorder.Forget(ctx, ws.Space, f.UserID, f.JobID)
 			if err == nil {
 				m.WithLabelValues(status, map[bool]string{true: "given_back", false: "unknown"}[found]).Inc()
 				break
@@ -295,11 +304,15 @@ func (w *EventWorker) forget(ctx context.Context, batch []kafka.Message, deadLet
 // prefer sets or clears the users' preferences, in order.
 func (w *EventWorker) prefer(ctx context.Context, batch []kafka.Message, deadLetter func(*kafka.Message, string)) error {
 	m := w.cfg.EventMetrics.prefs
-	retention := w.cfg.Rules().Retention()
+	spaces := w.cfg.Workspaces()
 	for i := range batch {
 		p, err := events.DecodePreference(batch[i].Value)
-		if err == nil && p.Pref.Window > retention {
-			err = events.Malformed("window %v is longer than the rules keep a send (%v): no log could count it", p.Pref.Window, retention)
+		var ws *Workspace
+		if err == nil {
+			ws, err = workspaceOf(spaces, p.Workspace)
+		}
+		if err == nil && p.Pref.Window > ws.Rules.Retention() {
+			err = events.Malformed("window %v is longer than the rules keep a send (%v): no log could count it", p.Pref.Window, ws.Rules.Retention())
 		}
 		if err != nil {
 			deadLetter(&batch[i], err.Error())
@@ -308,7 +321,7 @@ func (w *EventWorker) prefer(ctx context.Context, batch []kafka.Message, deadLet
 		}
 		retry := w.newRetry("redis", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
 		for {
-			err := w.cfg.Recorder.SetPreference(ctx, p.UserID, p.Pref, p.Clear)
+			err := w.cfg.Recorder.SetPreference(ctx, ws.Space, p.UserID, p.Pref, p.Clear)
 			if err == nil {
 				m.WithLabelValues(map[bool]string{false: "set", true: "cleared"}[p.Clear]).Inc()
 				break
@@ -319,4 +332,14 @@ func (w *EventWorker) prefer(ctx context.Context, batch []kafka.Message, deadLet
 		}
 	}
 	return nil
+}
+
+// workspaceOf is the workspace of an event whose workspace field is name; the
+// error is a malformed event's.
+func workspaceOf(spaces *Workspaces, name string) (*Workspace, error) {
+	ws, err := spaces.Lookup(name)
+	if err != nil {
+		return nil, events.Malformed("%v", err)
+	}
+	return ws, nil
 }

@@ -10,6 +10,7 @@ import (
 // topic's and each delay tier's) share one Metrics.
 type Metrics struct {
 	jobs         *prometheus.CounterVec
+	wsJobs       *prometheus.CounterVec // by workspace and decision: only with workspaces
 	errors       *prometheus.CounterVec
 	batchSize    prometheus.Histogram
 	batchSeconds prometheus.Histogram
@@ -33,6 +34,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.jobs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_jobs_total", Help: "Jobs handled, by decision (allowed, duplicate, exempt, unchecked, capped, dlq, and held: a held job is counted again when it is released and decided).",
 	}, []string{"decision"})
+	m.wsJobs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_workspace_jobs_total", Help: "With workspaces: jobs handled, by workspace (one of the configured ones; a job naming another is dead-lettered and counted only in capper_jobs_total) and decision, as capper_jobs_total.",
+	}, []string{"workspace", "decision"})
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_errors_total", Help: "Backend failures by kind (redis, redis_budget, kafka_fetch, kafka_write, kafka_commit); each is retried.",
 	}, []string{"kind"})
@@ -94,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.jobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped, m.cappedBy,
+	for _, c := range []prometheus.Collector{m.jobs, m.wsJobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped, m.cappedBy,
 		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag, m.arbitrations} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("consumer: register metrics: %w", err)
@@ -107,4 +111,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) SetConsumerLag(n int64) { m.lag.Set(float64(n)) }
 
 // SetHeld sets how many held jobs wait on tier (its group's lag).
+// AddWorkspaces makes the decisions of each workspace of names count from 0,
+// so that rate() sees a workspace from its first job.
+func (m *Metrics) AddWorkspaces(names []string) {
+	for _, n := range names {
+		for _, d := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
+			m.wsJobs.WithLabelValues(n, d)
+		}
+	}
+}
+
 func (m *Metrics) SetHeld(tier string, n int64) { m.heldNow.WithLabelValues(tier).Set(float64(n)) }

@@ -89,10 +89,14 @@ type Config struct {
 	// sets max_clock_skew, the margin the logs keep for clocks that differ.
 	// Defaults to 0: never dated back.
 	TokenGrace time.Duration
-	// Segments returns the current segment snapshot. (Required)
+	// Segments returns the current segment snapshot, and Rules are the
+	// initial rules, of a deployment without workspaces. (Required without
+	// Workspaces)
 	Segments func() Segmenter
-	// Rules are the initial rules. (Required)
-	Rules *rules.Rules
+	Rules    *rules.Rules
+	// Workspaces are the initial workspaces, each with its rules and
+	// segments (Segments and Rules are then not used). Optional.
+	Workspaces *Workspaces
 	// Topics are the output topics. (Required)
 	Topics Topics
 	// BatchSize is the most jobs in one batch. Defaults to DefaultBatchSize.
@@ -154,9 +158,9 @@ func (c *Config) Validate() error {
 		return errors.New("consumer: writer is required")
 	case c.Decider == nil:
 		return errors.New("consumer: decider is required")
-	case c.Segments == nil:
+	case c.Workspaces == nil && c.Segments == nil:
 		return errors.New("consumer: segments is required")
-	case c.Rules == nil:
+	case c.Workspaces == nil && c.Rules == nil:
 		return errors.New("consumer: rules are required")
 	case c.Topics.Allowed == "" || c.Topics.Capped == "" || c.Topics.DLQ == "":
 		return errors.New("consumer: the allowed, capped and dead-letter topics are required")
@@ -175,9 +179,9 @@ func (c *Config) Validate() error {
 // Worker runs the consume, decide, produce, commit loop. Run it once.
 type Worker struct {
 	stream
-	cfg   Config
-	rules atomic.Pointer[rules.Rules]
-	m     *Metrics
+	cfg    Config
+	spaces atomic.Pointer[Workspaces]
+	m      *Metrics
 	// redisDownSince is when decisions started failing, zero while they
 	// succeed; only the consume stage touches it.
 	redisDownSince time.Time
@@ -229,7 +233,11 @@ func New(cfg Config) (*Worker, error) {
 		cfg.Clock = time.Now
 	}
 	w := &Worker{cfg: cfg, m: cfg.Metrics}
-	w.rules.Store(cfg.Rules)
+	if cfg.Workspaces == nil {
+		cfg.Workspaces = SingleWorkspace(cfg.Rules, cfg.Segments)
+		w.cfg.Workspaces = cfg.Workspaces
+	}
+	w.spaces.Store(cfg.Workspaces)
 	if w.m == nil {
 		var err error
 		if w.m, err = NewMetrics(cfg.Registerer); err != nil {
@@ -239,17 +247,26 @@ func New(cfg Config) (*Worker, error) {
 	w.stream = stream{reader: cfg.Reader, writer: cfg.Writer, faults: cfg.Faults, log: cfg.Logger, errors: w.m.errors,
 		batchSize: cfg.BatchSize, batchWait: cfg.BatchWait, commitTimeout: cfg.CommitTimeout, retryMin: cfg.RetryMin, retryMax: cfg.RetryMax}
 	w.ready.Store(true)
-	w.m.rulesVersion.Set(float64(cfg.Rules.Version))
+	if def := cfg.Workspaces.Default(); def != nil {
+		w.m.rulesVersion.Set(float64(def.Rules.Version))
+	}
 	return w, nil
 }
 
-// Rules returns the rules in force.
-func (w *Worker) Rules() *rules.Rules { return w.rules.Load() }
+// Workspaces returns the workspaces in force.
+func (w *Worker) Workspaces() *Workspaces { return w.spaces.Load() }
 
-// SetRules makes r apply from the next batch on.
+// SetRules makes r the rules of a deployment without workspaces from the next batch on.
 func (w *Worker) SetRules(r *rules.Rules) {
-	w.rules.Store(r)
+	w.spaces.Store(w.spaces.Load().WithRules("", r))
 	w.m.rulesVersion.Set(float64(r.Version))
+}
+
+// SetWorkspaces makes ws apply from the next batch on; version counts the
+// changes (capper_rules_version).
+func (w *Worker) SetWorkspaces(ws *Workspaces, version int64) {
+	w.spaces.Store(ws)
+	w.m.rulesVersion.Set(float64(version))
 }
 
 // Ready reports whether the last batch went through without a backend
@@ -334,6 +351,9 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	}
 	for k, n := range d.decisions {
 		w.m.jobs.WithLabelValues(k.String()).Add(float64(n))
+	}
+	for k, n := range d.byWS {
+		w.m.wsJobs.WithLabelValues(k.ws, k.kind.String()).Add(float64(n))
 	}
 	for c, n := range d.shadow {
 		w.m.shadowCapped.WithLabelValues(c).Add(float64(n))

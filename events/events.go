@@ -41,6 +41,8 @@ type Send struct {
 	Category string    `json:"category"`    // optional, default "marketing"; one of its tags
 	Tags     []string  `json:"tags"`        // optional
 	SentAt   time.Time `json:"sent_at"`     // (Required) when the user received it
+	// Workspace is the user's workspace, as a job's (empty: the default).
+	Workspace string `json:"workspace"`
 }
 
 // AllTags returns the send's category followed by its tags, without repeats.
@@ -53,6 +55,8 @@ type Feedback struct {
 	JobID  string `json:"job_id"`  // (Required) the job capper forwarded
 	UserID uint32 `json:"user_id"` // (Required)
 	Status string `json:"status"`  // (Required) e.g. delivered, failed, bounced
+	// Workspace is the send's workspace, as its job's (empty: the default).
+	Workspace string `json:"workspace"`
 }
 
 // GivesBack reports whether the status gives the send's slot back: the
@@ -150,22 +154,24 @@ func truncate(s string) string { return jobs.Truncate(s, 40) }
 //	{"user_id": 7, "vip_until": "2026-12-31T00:00:00Z"}              the rules' caps do not apply until then
 //	{"user_id": 7, "channel": "email", "clear": true}                forget the email preference ("vip" with neither)
 type Preference struct {
-	UserID uint32
-	Pref   capping.Preference
-	Clear  bool
+	UserID    uint32
+	Workspace string // the user's workspace (field "workspace"), as a job's (empty: the default)
+	Pref      capping.Preference
+	Clear     bool
 }
 
 // DecodePreference parses and validates a preference event.
 func DecodePreference(value []byte) (Preference, error) {
 	var raw struct {
-		UserID   *int64 `json:"user_id"`
-		Channel  string `json:"channel"`
-		Tag      string `json:"tag"`
-		Limit    int    `json:"limit"`
-		Window   string `json:"window"`
-		OptOut   bool   `json:"opt_out"`
-		VIPUntil string `json:"vip_until"`
-		Clear    bool   `json:"clear"`
+		UserID    *int64 `json:"user_id"`
+		Channel   string `json:"channel"`
+		Tag       string `json:"tag"`
+		Limit     int    `json:"limit"`
+		Window    string `json:"window"`
+		OptOut    bool   `json:"opt_out"`
+		VIPUntil  string `json:"vip_until"`
+		Clear     bool   `json:"clear"`
+		Workspace string `json:"workspace"`
 	}
 	if err := strict(value, &raw); err != nil {
 		return Preference{}, err
@@ -173,7 +179,7 @@ func DecodePreference(value []byte) (Preference, error) {
 	if raw.UserID == nil || *raw.UserID < 0 || *raw.UserID > 1<<32-1 {
 		return Preference{}, Malformed("user_id is missing, or not an integer in 0..4294967295")
 	}
-	p := Preference{UserID: uint32(*raw.UserID), Clear: raw.Clear,
+	p := Preference{UserID: uint32(*raw.UserID), Workspace: raw.Workspace, Clear: raw.Clear,
 		Pref: capping.Preference{Channel: raw.Channel, Tag: raw.Tag, Limit: raw.Limit, OptOut: raw.OptOut}}
 	if raw.Window != "" {
 		w, err := rules.ParseDuration(raw.Window)

@@ -45,6 +45,10 @@ type Job struct {
 	// job has none (HasPriority false), the rules give its default.
 	Priority    int  `json:"priority"`
 	HasPriority bool `json:"-"`
+	// Workspace names the brand or app whose rules, segments and users the
+	// send belongs to, in a deployment with workspaces; empty: the default
+	// workspace. A deployment without workspaces ignores it.
+	Workspace string `json:"workspace"`
 }
 
 // AllTags returns the job's category followed by its tags, without repeats:
@@ -96,6 +100,7 @@ type rawJob struct {
 	Timezone   string   `json:"timezone"`
 	ExpiresAt  string   `json:"expires_at"`
 	Priority   userID   `json:"priority"`
+	Workspace  string   `json:"workspace"`
 }
 
 // userID parses a JSON number into 0..4294967295 without allocating (a
@@ -171,7 +176,7 @@ func Decode(value []byte, maxBytes int) (Job, error) {
 		return bad("priority must be an integer in 0..%d", rules.MaxPriority)
 	}
 	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category, Tags: r.Tags, Timezone: r.Timezone,
-		Priority: int(r.Priority.v), HasPriority: r.Priority.set}
+		Priority: int(r.Priority.v), HasPriority: r.Priority.set, Workspace: r.Workspace}
 	if r.Timezone != "" {
 		zone, err := rules.Location(r.Timezone)
 		if err != nil {

@@ -77,13 +77,15 @@ const (
 	fieldTimezone
 	fieldExpiresAt
 	fieldPriority
+	fieldWorkspace
 )
 
 var fieldNames = [...]string{fieldJobID: "job_id", fieldUserID: "user_id", fieldCampaignID: "campaign_id", fieldChannel: "channel",
-	fieldCategory: "category", fieldTags: "tags", fieldTimezone: "timezone", fieldExpiresAt: "expires_at", fieldPriority: "priority"}
+	fieldCategory: "category", fieldTags: "tags", fieldTimezone: "timezone", fieldExpiresAt: "expires_at", fieldPriority: "priority",
+	fieldWorkspace: "workspace"}
 
 func fieldOf(key []byte) field {
-	for f := fieldJobID; f <= fieldPriority; f++ {
+	for f := fieldJobID; f <= fieldWorkspace; f++ {
 		if string(key) == fieldNames[f] {
 			return f
 		}
@@ -96,7 +98,7 @@ func fieldOf(key []byte) field {
 // folding to k and s): any ASCII case variant, or any non-ASCII key of a
 // plausible length.
 func foldsToField(key []byte) bool {
-	for f := fieldJobID; f <= fieldPriority; f++ {
+	for f := fieldJobID; f <= fieldWorkspace; f++ {
 		name := fieldNames[f]
 		if len(key) < len(name) || len(key) > 3*len(name) {
 			continue
@@ -189,6 +191,8 @@ func (s *scanner) field(f field, r *rawJob) bool {
 		r.Timezone = intern(v)
 	case fieldExpiresAt:
 		r.ExpiresAt = string(v)
+	case fieldWorkspace:
+		r.Workspace = intern(v)
 	}
 	return true
 }

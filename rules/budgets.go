@@ -31,6 +31,13 @@ type Budget struct {
 	// budget's), which under sustained demand above the limit travels in
 	// lumps that drift across windows (a window in 100 can get none).
 	Spread *bool `yaml:"spread"`
+	// Workspaces, in a deployment with workspaces, lists those that share
+	// this budget (one SMS provider account serving two brands); empty: all
+	// of them. Only the deployment's rules section sets it; a workspace's
+	// own budgets are its alone.
+	Workspaces []string `yaml:"workspaces"`
+
+	shared bool // added to a workspace's rules by InWorkspace: keeps its name
 }
 
 type compiledBudget struct {
@@ -41,10 +48,15 @@ type compiledBudget struct {
 	maxHold     time.Duration
 }
 
-func (r *Rules) compileBudgets(bs []Budget) error {
+func (r *Rules) compileBudgets(bs []Budget, workspace string) error {
 	r.budgetHold = map[string]time.Duration{}
 	for i, b := range bs {
 		f := fmt.Sprintf("rules.budgets[%d]", i)
+		if b.shared {
+			f = fmt.Sprintf("the shared budget %q", b.Name)
+		} else if workspace != "" && b.Name != "" {
+			b.Name = workspace + "/" + b.Name
+		}
 		switch {
 		case b.Name == "":
 			return fmt.Errorf("%s: name is required", f)

@@ -64,6 +64,28 @@ type Config struct {
 	Arbitration Duration `yaml:"arbitration"`
 	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
 	ReloadInterval Duration `yaml:"reload_interval"`
+
+	// workspace names the workspace these are the rules of (see InWorkspace);
+	// "": its own budgets keep their names.
+	workspace string
+}
+
+// InWorkspace returns c as the rules of workspace name, with the
+// deployment's budgets shared by several workspaces added. Its own budgets
+// are named "NAME/BUDGET" (in metrics, holds and their Redis keys), so that
+// two workspaces' budgets of one name are two budgets; unless qualify is
+// false: the workspace that keeps a deployment's keys from before it had
+// workspaces keeps its budgets' names, and their state in Redis.
+func (c Config) InWorkspace(name string, qualify bool, shared []Budget) Config {
+	if qualify {
+		c.workspace = name
+	}
+	c.Budgets = slices.Clip(c.Budgets)
+	for _, b := range shared {
+		b.shared = true
+		c.Budgets = append(c.Budgets, b)
+	}
+	return c
 }
 
 // Segment is one segment's caps.
@@ -317,7 +339,7 @@ func Compile(c Config, version int64) (*Rules, error) {
 	if err := r.compileHold(c); err != nil {
 		return nil, err
 	}
-	if err := r.compileBudgets(c.Budgets); err != nil {
+	if err := r.compileBudgets(c.Budgets, c.workspace); err != nil {
 		return nil, err
 	}
 	if err := r.compilePriorities(c.Priorities); err != nil {

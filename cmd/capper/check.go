@@ -29,13 +29,14 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
 	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
 	timeout := timeoutFlag(fs)
+	workspace := workspaceFlag(fs)
 	var prio optInt
 	fs.Var(&prio, "priority", "`priority` of the hypothetical send, 0..100 (default: the rules' default for it)")
-	if err := parseFlags(fs, "capper check --config FILE (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "capper check --config FILE [--workspace W] (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *budgetName != "" {
-		return checkBudget(ctx, *path, *budgetName, *campaign, *timeout, stdout)
+		return checkBudget(ctx, *path, *workspace, *budgetName, *campaign, *timeout, stdout)
 	}
 	if !user.set || user.v > 1<<32-1 {
 		fmt.Fprintln(stderr, "capper check: --user ID (0..4294967295) is required")
@@ -54,11 +55,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer b.Close()
+	ws, err := b.Workspace(*workspace)
+	if err != nil {
+		return err
+	}
 	if *timezone == "" {
-		zone = b.Rules.DefaultZone()
+		zone = ws.Rules.DefaultZone()
 	}
 	uid := uint32(user.v)
-	segment, ok := b.Store.Snapshot().Lookup(uid)
+	segment, ok := ws.Segmenter().Lookup(uid)
 	now := time.Now()
 	allTags := []string{*category}
 	for _, t := range strings.Split(*tags, ",") {
@@ -74,14 +79,17 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *priority > rules.MaxPriority {
 		return fmt.Errorf("--priority %d is not in 0..%d", *priority, rules.MaxPriority)
 	}
-	plan := b.Rules.Plan(rules.Job{Channel: *channel, Category: *category, Tags: allTags, Campaign: *campaign, Zone: zone,
+	plan := ws.Rules.Plan(rules.Job{Channel: *channel, Category: *category, Tags: allTags, Campaign: *campaign, Zone: zone,
 		Segment: segment, InSegment: inSegment, Priority: max(0, *priority), HasPriority: *priority >= 0}, now, nil)
 	caps := plan.Caps
 	shown := segment
 	if !inSegment {
 		shown = "default (in no segment)"
 	}
-	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s  priority %d\n", uid, shown, b.Limiter.Key(uid), zone, plan.Priority)
+	if ws.Name != "" {
+		fmt.Fprintf(stdout, "workspace %s  ", ws.Name)
+	}
+	fmt.Fprintf(stdout, "user %d  segment %s  key %s  time zone %s  priority %d\n", uid, shown, b.Limiter.Key(ws.Space, uid), zone, plan.Priority)
 	switch {
 	case plan.Exempt:
 		fmt.Fprintf(stdout, "category %s is exempt: such a send is neither counted nor capped\n", *category)
@@ -89,7 +97,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case plan.CountOnly:
 		fmt.Fprintf(stdout, "category %s is count-only: such a send is counted but never capped\n", *category)
 	}
-	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, JobID: "capper-check", Channel: *channel, Campaign: *campaign,
+	d, err := b.Limiter.Peek(ctx, capping.Request{UserID: uid, Space: ws.Space, JobID: "capper-check", Channel: *channel, Campaign: *campaign,
 		Tags: allTags, Caps: caps, Retention: plan.Retention, Arbitration: plan.Arbitration, Priority: plan.Priority,
 		Preferences: b.Config.Kafka.Topics.Preferences != ""})
 	if err != nil {
@@ -97,7 +105,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	printCaps(stdout, caps, &d, &plan, zone)
 	if b.Config.Kafka.Topics.Preferences != "" {
-		ps, err := b.Limiter.Preferences(ctx, uid)
+		ps, err := b.Limiter.Preferences(ctx, ws.Space, uid)
 		if err != nil {
 			return err
 		}
@@ -170,17 +178,24 @@ func policy(p rules.Policy) string {
 }
 
 // checkBudget prints one budget key's current use.
-func checkBudget(ctx context.Context, path, name, campaign string, timeout time.Duration, stdout io.Writer) error {
+func checkBudget(ctx context.Context, path, workspace, name, campaign string, timeout time.Duration, stdout io.Writer) error {
 	b, err := connect(ctx, path, timeout)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	spec, perCampaign, ok := b.Rules.BudgetNamed(name)
+	ws, err := b.Workspace(workspace)
+	if err != nil {
+		return err
+	}
+	spec, perCampaign, ok := ws.Rules.BudgetNamed(name)
+	if !ok && ws.Name != "" {
+		spec, perCampaign, ok = ws.Rules.BudgetNamed(ws.Name + "/" + name) // the workspace's own
+	}
 	if !ok {
 		return fmt.Errorf("no budget %q in the rules", name)
 	}
-	key := name
+	key := spec.Name
 	if perCampaign {
 		key += ":" + campaign
 	}
@@ -205,15 +220,16 @@ func connect(ctx context.Context, path string, timeout time.Duration) (*daemon.B
 	if err != nil {
 		return nil, err
 	}
-	return connectConfig(ctx, cfg, timeout)
+	return connectConfig(ctx, cfg, timeout, false)
 }
 
-func connectConfig(ctx context.Context, cfg *config.Config, timeout time.Duration) (*daemon.Backends, error) {
+// connectConfig is connect on a loaded config; noSegments loads none (Redis alone).
+func connectConfig(ctx context.Context, cfg *config.Config, timeout time.Duration, noSegments bool) (*daemon.Backends, error) {
 	cfg.Segments.StartupTimeout = config.Duration(min(time.Duration(cfg.Segments.StartupTimeout), timeout))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
-	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr, NoSegments: noSegments})
 	if err != nil && time.Since(start) >= timeout*9/10 {
 		return nil, fmt.Errorf("gave up after %v (--timeout D waits longer): %w", timeout, err)
 	}
@@ -225,4 +241,10 @@ func timeoutFlag(fs *flag.FlagSet) *time.Duration {
 	d := durationFlag(10 * time.Second)
 	fs.Var(&d, "timeout", "give up on a backend that does not answer after this long")
 	return (*time.Duration)(&d)
+}
+
+// workspaceFlag is --workspace, in a deployment with workspaces: the
+// workspace whose user (or budget) a command is about; empty: the default one.
+func workspaceFlag(fs *flag.FlagSet) *string {
+	return fs.String("workspace", "", "the `workspace` of the user or budget, with workspaces (default: default_workspace)")
 }

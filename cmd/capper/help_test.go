@@ -15,7 +15,7 @@ import (
 // without arguments print their usage and exit 2.
 func TestEveryHelp(t *testing.T) {
 	for _, c := range [][]string{{"run"}, {"check"}, {"validate"}, {"segments"}, {"segments", "build"}, {"segments", "inspect"},
-		{"segments", "upload"}, {"prefs"}, {"prefs", "get"}, {"prefs", "set"}, {"loadgen"}, {"report"}, {"version"}, {"help"}} {
+		{"segments", "upload"}, {"prefs"}, {"prefs", "get"}, {"prefs", "set"}, {"loadgen"}, {"report"}, {"keys"}, {"version"}, {"help"}} {
 		name := strings.Join(c, " ")
 		cmd := exec.Command(capperBin, append(c, "--help")...)
 		var stdout, stderr strings.Builder

@@ -286,7 +286,7 @@ func applyPreferences(ctx context.Context, cfg *config.Config, transport *kafka.
 	deadline := time.Now().Add(2 * time.Minute)
 	for len(pending) > 0 {
 		for u := range pending {
-			if ps, err := b.Limiter.Preferences(ctx, u); err == nil && len(ps) > 0 {
+			if ps, err := b.Limiter.Preferences(ctx, 0, u); err == nil && len(ps) > 0 {
 				delete(pending, u)
 			}
 		}

@@ -82,6 +82,8 @@ var examples = map[string]string{
 		"  capper prefs set --config capper.yaml --user 42 --vip-until 2026-12-31T00:00:00Z\n",
 	"capper loadgen": "  capper loadgen --config capper.yaml --manifest blast.csv --jobs 200000 --users 50000\n" +
 		"  capper loadgen --config capper.yaml --manifest sms.csv --channels sms --rate 150 --create-topics 6\n",
+	"capper keys": "  capper keys --config capper.yaml --workspace globex\n" +
+		"  capper keys --config capper.yaml --workspace globex --delete\n",
 	"capper report": "  capper report --config capper.yaml --manifest blast.csv\n" +
 		"  capper report --config capper.yaml --manifest blast.csv --hold-wait 2m --idle 1m\n",
 }
@@ -110,6 +112,8 @@ Usage:
                                                produce a synthetic blast to the input topic, record it
   capper report --config FILE --manifest FILE  check the output topics against the blast and the caps;
                                                the last line is JSON; exits 1 on loss or over-send
+  capper keys --config FILE --workspace W [--delete]
+                                               count (or delete) one workspace's keys in Redis
   capper version                               the version, VCS revision and Go version of this build
 
 Examples:
@@ -151,6 +155,8 @@ func command(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runPrefs(ctx, args[1:], stdout, stderr)
 	case "report":
 		return runReport(ctx, args[1:], stdout, stderr)
+	case "keys":
+		return runKeys(ctx, args[1:], stdout, stderr)
 	case "version", "--version":
 		if isHelp(args[1:]) {
 			fmt.Fprint(stdout, "usage: capper version\n\nprints the version, VCS revision and Go version of this build\n\nexamples:\n  capper version\n")

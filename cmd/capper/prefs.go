@@ -34,10 +34,11 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var user optUint
 	fs.Var(&user, "user", "user `ID`, 0..4294967295 (Required)")
 	timeout := timeoutFlag(fs)
+	workspace := workspaceFlag(fs)
 	var channel, tag, window, vip *string
 	var limit *int
 	var optOut, clear *bool
-	synopsis := "capper prefs get --config FILE --user ID"
+	synopsis := "capper prefs get --config FILE [--workspace W] --user ID"
 	if args[0] == "set" { // get has no other flags
 		channel = fs.String("channel", "", "a limit or opt-out of this channel")
 		tag = fs.String("tag", "", "a limit or opt-out of sends with this tag")
@@ -46,7 +47,7 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		optOut = fs.Bool("opt-out", false, "none at all")
 		vip = fs.String("vip-until", "", "the rules' caps do not apply to the user until this RFC 3339 time")
 		clear = fs.Bool("clear", false, "remove the channel's, the tag's or (with neither) the VIP preference")
-		synopsis = "capper prefs set --config FILE --user ID ((--channel C | --tag T) (--limit N --window D | --opt-out | --clear) | --vip-until T | --clear)"
+		synopsis = "capper prefs set --config FILE [--workspace W] --user ID ((--channel C | --tag T) (--limit N --window D | --opt-out | --clear) | --vip-until T | --clear)"
 	}
 	if err := parseFlags(fs, synopsis, args[1:], stdout, stderr); err != nil {
 		return err
@@ -60,16 +61,20 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if args[0] == "get" {
-		b, err := connectConfig(ctx, cfg, *timeout)
+		b, err := connectConfig(ctx, cfg, *timeout, true) // preferences are in Redis alone
 		if err != nil {
 			return err
 		}
 		defer b.Close()
-		ps, err := b.Limiter.Preferences(ctx, uint32(user.v))
+		ws, err := b.Workspace(*workspace)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "user %d  key %s  %d preferences\n", user.v, b.Limiter.PreferencesKey(uint32(user.v)), len(ps))
+		ps, err := b.Limiter.Preferences(ctx, ws.Space, uint32(user.v))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "user %d  key %s  %d preferences\n", user.v, b.Limiter.PreferencesKey(ws.Space, uint32(user.v)), len(ps))
 		for _, p := range ps {
 			fmt.Fprintf(stdout, "  %s\n", p)
 		}
@@ -82,6 +87,12 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("capper prefs set: kafka.topics.preferences is not configured (CAPPER_KAFKA_TOPICS_PREFERENCES): the workers apply preferences from it")
 	}
 	ev := map[string]any{"user_id": user.v}
+	if *workspace != "" {
+		if !cfg.HasWorkspaces() {
+			return errors.New("capper prefs set: --workspace: no workspaces are configured")
+		}
+		ev["workspace"] = *workspace
+	}
 	for k, v := range map[string]string{"channel": *channel, "tag": *tag, "window": *window, "vip_until": *vip} {
 		if v != "" {
 			ev[k] = v

@@ -34,14 +34,25 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	for _, w := range config.UnknownVariables(os.Environ()) {
 		fmt.Fprintf(stdout, "warning: %s\n", w)
 	}
-	rs, _ := rules.Compile(cfg.Rules, 0) // Load compiled them already
 	wheel, _ := cfg.Wheel()
 	tiers := 0
 	if wheel != nil {
 		tiers = len(wheel.Tiers())
 	}
-	fmt.Fprintf(stdout, "%s: valid: %d segments with caps, %d budgets, %d delay tiers, holding %v\n", *path,
-		len(rs.SegmentNames()), len(cfg.Rules.Budgets), tiers, rs.Holds())
+	if !cfg.HasWorkspaces() {
+		rs, _ := rules.Compile(cfg.Rules, 0) // Load compiled them already
+		fmt.Fprintf(stdout, "%s: valid: %d segments with caps, %d budgets, %d delay tiers, holding %v\n", *path,
+			len(rs.SegmentNames()), len(cfg.Rules.Budgets), tiers, rs.Holds())
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s: valid: %d workspaces (default %q), %d shared budgets, %d delay tiers\n", *path,
+		len(cfg.Workspaces), cfg.DefaultWorkspace, len(cfg.Rules.Budgets), tiers)
+	for _, w := range cfg.Workspaces {
+		rc, _, _ := cfg.WorkspaceRules(w) // Load compiled them already
+		rs, _ := rules.Compile(rc, 0)
+		fmt.Fprintf(stdout, "  workspace %s: %s: %d segments with caps, %d budgets, users' keys %s:{USER_ID}, segments %s, holding %v\n",
+			w.Name, cfg.Path(w.RulesFile), len(rs.SegmentNames()), len(rc.Budgets), cfg.WorkspaceKeyPrefix(w), cfg.WorkspaceSegments(w).Source, rs.Holds())
+	}
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strconv"
@@ -31,6 +32,14 @@ type Config struct {
 	Batch    Batch        `yaml:"batch"`
 	Hold     Hold         `yaml:"hold"`
 	Rules    rules.Config `yaml:"rules"`
+	// Workspaces make one deployment cap several brands or apps, each with
+	// its own rules file, segments and users (a job's workspace field names
+	// its own); the rules section then holds only the budgets they share.
+	// Empty: one set of rules, and jobs' workspace field is ignored.
+	Workspaces []Workspace `yaml:"workspaces"`
+	// DefaultWorkspace is the workspace of jobs and events that name none;
+	// empty: they are dead-lettered.
+	DefaultWorkspace string `yaml:"default_workspace"`
 	// MetricsAddr serves /metrics, /healthz and /readyz. Defaults to ":9090"; "off" disables.
 	MetricsAddr string `yaml:"metrics_addr"`
 	// ShutdownTimeout bounds finishing the in-flight batch on SIGTERM. Defaults to 30s.
@@ -47,6 +56,9 @@ type Config struct {
 	MaxClockSkew Duration `yaml:"max_clock_skew"`
 	// ClockCheckInterval is how often the skew is measured. Defaults to 30s.
 	ClockCheckInterval Duration `yaml:"clock_check_interval"`
+
+	dir     string // the file's directory: workspaces' rules files are relative to it
+	noFiles bool   // Validate does not read the workspaces' rules files (Reload)
 }
 
 // DefaultMaxClockSkew is max_clock_skew when the file does not set it.
@@ -224,12 +236,24 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return Parse(data, os.LookupEnv)
+	return parse(data, os.LookupEnv, filepath.Dir(path), false)
 }
 
-// Parse is Load on bytes, with env looking up environment variables.
+// Reload is Load on the bytes of the file at path, read again by a running
+// worker: the workspaces' rules files are not read (the worker reloads each
+// on its own, so that a bad one keeps only its workspace on its old rules).
+func Reload(data []byte, path string) (*Config, error) {
+	return parse(data, os.LookupEnv, filepath.Dir(path), true)
+}
+
+// Parse is Load on bytes, with env looking up environment variables;
+// workspaces' files are relative to the working directory.
 func Parse(data []byte, env func(string) (string, bool)) (*Config, error) {
-	c := Config{Redis: Redis{NearCacheSize: DefaultNearCacheSize}, MaxClockSkew: Duration(DefaultMaxClockSkew)} // defaults that 0 may override
+	return parse(data, env, "", false)
+}
+
+func parse(data []byte, env func(string) (string, bool), dir string, noFiles bool) (*Config, error) {
+	c := Config{Redis: Redis{NearCacheSize: DefaultNearCacheSize}, MaxClockSkew: Duration(DefaultMaxClockSkew), dir: dir, noFiles: noFiles} // defaults that 0 may override
 	dec := yaml.NewDecoder(strings.NewReader(string(data)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
@@ -475,6 +499,11 @@ func (c *Config) Validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		bad("log_level", "%q is not debug, info, warn or error", c.LogLevel)
+	}
+	wsErrs := c.validateWorkspaces(bad) // (bad appends to errs)
+	errs = append(errs, wsErrs...)
+	if c.HasWorkspaces() {
+		return errors.Join(errs...)
 	}
 	if rs, err := rules.Compile(c.Rules, 0); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))

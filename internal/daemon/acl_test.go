@@ -80,20 +80,20 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 
 	// Feedback gives a failed send back (GET, then DEL: the log is empty); an
 	// external send is recorded at its time.
-	if found, err := arb.Forget(ctx, 8, "cand"); err != nil || !found {
+	if found, err := arb.Forget(ctx, 0, 8, "cand"); err != nil || !found {
 		t.Fatalf("forget a recorded send as capper: %v %v", found, err)
 	}
 	// A log an older capper kept as a sorted set: read (ZRANGE) and written
 	// back as a string by a decision; a send forgotten from one (ZREM).
 	for _, u := range []uint32{10, 11} {
-		if err := admin.ZAdd(ctx, lim.Key(u), redis.Z{Score: float64(at.Add(-time.Minute).UnixMilli()), Member: capping.Member("old", "email", "", nil)}).Err(); err != nil {
+		if err := admin.ZAdd(ctx, lim.Key(0, u), redis.Z{Score: float64(at.Add(-time.Minute).UnixMilli()), Member: capping.Member("old", "email", "", nil)}).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if ds, err := arb.Decide(ctx, []capping.Request{{UserID: 10, JobID: "after-old", Channel: "email", Caps: caps[:1]}}); err != nil || ds[0].Counts[0] != 0 {
 		t.Fatalf("a send over a sorted-set log as capper: %+v %v", ds, err)
 	}
-	if found, err := arb.Forget(ctx, 11, "old"); err != nil || !found {
+	if found, err := arb.Forget(ctx, 0, 11, "old"); err != nil || !found {
 		t.Fatalf("forget from a sorted-set log as capper: %v %v", found, err)
 	}
 	if _, err := arb.Decide(ctx, []capping.Request{{UserID: 9, JobID: "external:e1", Channel: "email", Retention: time.Hour, SentAt: at.Add(-time.Minute)}}); err != nil {

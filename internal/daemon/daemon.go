@@ -37,7 +37,6 @@ import (
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/version"
 	"github.com/capper-dev/capper/rules"
-	"github.com/capper-dev/capper/segments"
 	"github.com/capper-dev/capper/skew"
 )
 
@@ -57,21 +56,25 @@ type Options struct {
 	// Clock is the time decisions, budgets and holds are taken at. Defaults
 	// to time.Now; tests set an offset to play a skewed clock.
 	Clock func() time.Time
+	// NoSegments connects without loading any segments (Workspace.Store is
+	// nil): for a command that only reads Redis (capper keys).
+	NoSegments bool
 
 	probeKafka bool // New: say at once when the brokers do not answer, while Redis is awaited
 }
 
-// Backends are the worker's connections: the Redis limiter, the segment
-// store and the rules in force at start. capper check uses them alone.
+// Backends are the worker's connections: the Redis limiter, and each
+// workspace's segment store and rules at start (Workspace). capper check
+// uses them alone.
 type Backends struct {
 	Config   *config.Config
 	Log      *slog.Logger
 	Registry *prometheus.Registry
 	Limiter  *capping.Limiter
 	Budgets  *budget.Budgets
-	Store    *segments.Store
-	Rules    *rules.Rules
 	Skew     *skew.Monitor // this clock against Redis's
+
+	spaces atomic.Pointer[[]*Workspace] // every workspace opened, in order
 
 	trips  *roundTrips
 	closes []func() // in reverse order of opening
@@ -90,10 +93,6 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 	b.Log = NewLogger(cfg.LogLevel, cmp.Or[io.Writer](opts.Stderr, os.Stderr))
 	if b.Registry == nil {
 		b.Registry = newRegistry()
-	}
-	var err error
-	if b.Rules, err = rules.Compile(cfg.Rules, 1); err != nil {
-		return nil, err
 	}
 	rdb, err := newRedis(cfg.Redis, b.trips)
 	if err != nil {
@@ -125,22 +124,7 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		b.Close()
 		return nil, err
 	}
-	src, err := NewSegmentSource(ctx, cfg.Segments)
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	b.Store, err = segments.New(segments.Config{
-		Segments: b.Rules.SegmentNames(), Source: src, Logger: b.Log, Registerer: b.Registry,
-		RefreshInterval: time.Duration(cfg.Segments.RefreshInterval), StartupTimeout: time.Duration(cfg.Segments.StartupTimeout),
-		CacheDir: cfg.Segments.CacheDir,
-	})
-	if err != nil {
-		b.Close()
-		return nil, err
-	}
-	b.closes = append(b.closes, func() { _ = b.Store.Close() })
-	if err := b.Store.Start(ctx); err != nil {
+	if err := b.openWorkspaces(ctx, cfg, opts.NoSegments); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -185,7 +169,7 @@ type Daemon struct {
 
 	readersClosed sync.Once
 
-	snapshot atomic.Pointer[segments.Snapshot] // the last one a worker was given
+	storesCtx atomic.Pointer[context.Context] // the segment stores' refreshes run until it ends (Run)
 
 	reload     sync.Mutex // serialises rules reloads; guards the fields below
 	lastConfig []byte
@@ -219,7 +203,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		}
 		return nil, err
 	}
-	d.Backends, d.version = b, b.Rules.Version
+	d.Backends, d.version = b, 1
 	if opts.ConfigPath != "" {
 		d.lastConfig, _ = os.ReadFile(opts.ConfigPath)
 	}
@@ -256,10 +240,17 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	d.metrics = metrics
+	spaces, err := d.workspaces(*d.spaces.Load(), cfg.DefaultWorkspace, nil)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	if spaces.Named() {
+		metrics.AddWorkspaces(spaces.Names())
+	}
 	wc := consumer.Config{
 		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, TokenGrace: time.Duration(cfg.MaxClockSkew), Clock: opts.Clock,
-		Segments: d.segments,
-		Rules:    d.Rules,
+		Workspaces: spaces,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
 			Held: cfg.Kafka.Topics.Held},
 		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,
@@ -329,7 +320,7 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 		d.readers = append(d.readers, r)
 		d.watched = append(d.watched, watchedReader{faults, e.topic, group, member, nil})
 		w, err := consumer.NewEventWorker(consumer.EventConfig{Kind: e.kind, Reader: r, Writer: d.writer, DLQ: cfg.Kafka.Topics.DLQ,
-			Recorder: d.Limiter, Rules: d.workers[0].Rules, MaxFuture: time.Duration(cfg.MaxClockSkew),
+			Recorder: d.Limiter, Workspaces: d.workers[0].Workspaces, MaxFuture: time.Duration(cfg.MaxClockSkew),
 			BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), Clock: wc.Clock, Logger: log, Faults: faults,
 			Metrics: d.metrics, EventMetrics: em})
 		if err != nil {
@@ -369,12 +360,17 @@ func (d *Daemon) holdCached(ctx context.Context, c cacheReader) {
 			}
 			continue
 		}
+		spaces := d.workers[0].Workspaces()
 		if c.kind == consumer.Feedback {
 			if f, err := events.DecodeFeedback(m.Value); err == nil && f.GivesBack() {
-				c.holds.hold(m.Partition, m.Offset, f.UserID)
+				if ws, err := spaces.Lookup(f.Workspace); err == nil { // else the event is dead-lettered
+					c.holds.hold(m.Partition, m.Offset, ws.Space, f.UserID)
+				}
 			}
 		} else if p, err := events.DecodePreference(m.Value); err == nil {
-			c.holds.hold(m.Partition, m.Offset, p.UserID)
+			if ws, err := spaces.Lookup(p.Workspace); err == nil {
+				c.holds.hold(m.Partition, m.Offset, ws.Space, p.UserID)
+			}
 		}
 	}
 }
@@ -388,16 +384,6 @@ func EventGroup(group string, kind consumer.EventKind) string {
 		return group + ".feedback"
 	}
 	return group + ".preferences"
-}
-
-// segments returns the current segment snapshot to a worker; the first time
-// a new one is given out, the near cache is dropped (a user's caps may have changed).
-func (d *Daemon) segments() consumer.Segmenter {
-	snap := d.Store.Snapshot()
-	if old := d.snapshot.Swap(snap); old != nil && old != snap {
-		d.Limiter.InvalidateCache()
-	}
-	return snap
 }
 
 // skewGuard refuses every decision while the clock is beyond max_clock_skew
@@ -512,8 +498,13 @@ func (d *Daemon) addWorker(c consumer.Config) error {
 // within max_clock_skew of Redis's, and the last batch of each of its readers
 // went through without a backend failure (what /readyz answers).
 func (d *Daemon) Ready() bool {
-	if !d.built.Load() || d.Store.Snapshot() == nil || !d.Skew.Within() {
+	if !d.built.Load() || !d.Skew.Within() {
 		return false
+	}
+	for _, ws := range d.workers[0].Workspaces().Names() {
+		if w, err := d.Workspace(ws); err != nil || !w.Ready() {
+			return false
+		}
 	}
 	for _, w := range d.workers {
 		if !w.Ready() {
@@ -540,7 +531,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	cfg := d.Config
 	bg, stopBG := context.WithCancel(context.Background())
 	defer stopBG()
-	go d.Store.Run(bg)
+	d.runStores(bg)
 	go d.Skew.Run(bg)
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
@@ -549,7 +540,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		go d.holdCached(bg, c)
 	}
 	d.Log.Info("capper running", "group_id", cfg.Kafka.GroupID, "input", cfg.Kafka.Topics.Input,
-		"segments", d.Rules.SegmentNames(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),
+		"workspaces", d.workers[0].Workspaces().Names(), "batch_size", cmp.Or(cfg.Batch.Size, consumer.DefaultBatchSize),
 		"delay_tiers", len(d.workers)-1, "event_topics", len(d.events), "metrics_addr", d.addr)
 	// The input topic and each delay tier have their own worker, so waiting
 	// on a tier never blocks the input.
@@ -639,23 +630,30 @@ func (d *Daemon) reloadRules(force bool) error {
 		d.Log.Error("rules reload: cannot read the config file; keeping the rules in force", "err", err)
 		return err
 	}
-	if !force && bytes.Equal(data, d.lastConfig) {
+	changed := !bytes.Equal(data, d.lastConfig)
+	if !force && !changed && !d.Config.HasWorkspaces() { // a workspace's own file may have changed
 		return nil
 	}
 	d.lastConfig = data
-	cfg, err := config.Parse(data, os.LookupEnv)
+	cfg, err := config.Reload(data, d.opts.ConfigPath)
+	if err == nil && cfg.HasWorkspaces() != d.Config.HasWorkspaces() {
+		err = errors.New("workspaces were added to or removed from a deployment without them: that needs a restart")
+	}
+	if err == nil && !sameTiers(cfg, d.wheel) {
+		d.Log.Warn("rules reload: hold.tiers changed in the file; the delay tiers change at the next restart", "rules_version", d.version+1)
+	}
+	if err == nil && cfg.HasWorkspaces() {
+		return d.reloadWorkspaces(context.Background(), cfg, force || changed)
+	}
 	var next *rules.Rules
 	if err == nil {
 		next, err = rules.Compile(cfg.Rules, d.version+1)
 	}
-	if err == nil && !slices.Equal(next.SegmentNames(), d.Rules.SegmentNames()) {
+	if err == nil && !slices.Equal(next.SegmentNames(), d.workers[0].Workspaces().Default().Rules.SegmentNames()) {
 		err = errors.New("the list of segments changed: that needs a restart")
 	}
 	if err == nil {
 		err = config.CheckRules(next, d.wheel) // the tiers this worker runs, not the file's
-	}
-	if err == nil && !sameTiers(cfg, d.wheel) {
-		d.Log.Warn("rules reload: hold.tiers changed in the file; the delay tiers change at the next restart", "rules_version", d.version+1)
 	}
 	if err != nil {
 		d.Log.Error("rules reload rejected; keeping the rules in force", "err", err, "rules_version", d.version)

@@ -290,7 +290,7 @@ func TestPreferences(t *testing.T) {
 	for end := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		ok := true
 		for u, n := range want {
-			ps, err := d.Limiter.Preferences(ctx, u)
+			ps, err := d.Limiter.Preferences(ctx, 0, u)
 			if err != nil || len(ps) != n {
 				ok = false
 			}

@@ -37,15 +37,16 @@ type copyHolds struct {
 type heldEvent struct {
 	partition int
 	offset    int64
+	space     capping.Space
 	user      uint32
 }
 
 // hold drops the user's copy and keeps none until the event at offset of
 // partition is committed by its group.
-func (h *copyHolds) hold(partition int, offset int64, user uint32) {
-	h.lim.HoldCopies(user)
+func (h *copyHolds) hold(partition int, offset int64, space capping.Space, user uint32) {
+	h.lim.HoldCopies(space, user)
 	h.mu.Lock()
-	h.pending = append(h.pending, heldEvent{partition, offset, user})
+	h.pending = append(h.pending, heldEvent{partition, offset, space, user})
 	h.mu.Unlock()
 }
 
@@ -79,12 +80,12 @@ func (h *copyHolds) releaseApplied(ctx context.Context) (int, error) {
 			committed[p.Partition] = p.CommittedOffset // -1: nothing committed yet
 		}
 	}
-	var done []uint32
+	done := map[capping.Space][]uint32{}
 	h.mu.Lock()
 	keep := h.pending[:0]
 	for _, e := range h.pending {
 		if c, ok := committed[e.partition]; ok && e.offset < c {
-			done = append(done, e.user)
+			done[e.space] = append(done[e.space], e.user)
 		} else {
 			keep = append(keep, e)
 		}
@@ -92,7 +93,9 @@ func (h *copyHolds) releaseApplied(ctx context.Context) (int, error) {
 	h.pending = keep
 	n := len(keep)
 	h.mu.Unlock()
-	h.lim.ReleaseCopies(done)
+	for s, users := range done {
+		h.lim.ReleaseCopies(s, users)
+	}
 	return n, nil
 }
 

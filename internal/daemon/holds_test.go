@@ -77,9 +77,9 @@ func TestCopiesHeldUntilTheEventIsCommitted(t *testing.T) {
 		t.Fatalf("before the event: allowed %v, from the copy %v; want capped from the copy", allowed, cached)
 	}
 
-	h.hold(1, 4, 7) // the user's preference event, at offset 4 of partition 1
-	held(1)         // nothing committed yet
-	for range 2 {   // the first from Redis would have installed a copy for the second
+	h.hold(1, 4, 0, 7) // the user's preference event, at offset 4 of partition 1
+	held(1)            // nothing committed yet
+	for range 2 {      // the first from Redis would have installed a copy for the second
 		if allowed, cached := decide(); allowed || cached {
 			t.Fatalf("while held: allowed %v, from the copy %v; want capped by Redis", allowed, cached)
 		}

@@ -206,6 +206,52 @@ func (s *Stack) EnableEvents(partitions int) {
 	s.EditConfig("dlq: "+s.Topics[3], fmt.Sprintf("external: %s, feedback: %s, preferences: %s, dlq: %s", s.External, s.Feedback, s.Preferences, s.Topics[3]))
 }
 
+// Workspace is one workspace of a stack with workspaces: its rules file's
+// content (the fields of the rules section) and its segments' users.
+type Workspace struct {
+	Name     string
+	Rules    string
+	Segments map[string][]uint32
+}
+
+// EnableWorkspaces replaces the stack's rules by workspaces, each with its
+// rules file next to the config file and its segments under its own
+// prefix; def is default_workspace, shared the rules section's content (the
+// shared budgets; "" for none).
+func (s *Stack) EnableWorkspaces(def, shared string, ws ...Workspace) {
+	s.T.Helper()
+	var list strings.Builder
+	list.WriteString("workspaces:\n")
+	for _, w := range ws {
+		s.WriteWorkspace(w)
+		fmt.Fprintf(&list, "  - {name: %s, rules_file: %s.yaml}\n", w.Name, w.Name)
+	}
+	fmt.Fprintf(&list, "default_workspace: %q\n", def)
+	if shared != "" {
+		list.WriteString("rules:\n" + shared + "\n")
+	}
+	s.EditConfig(TestRules, "\n"+list.String())
+}
+
+// WriteWorkspace writes w's rules file and uploads its segments.
+func (s *Stack) WriteWorkspace(w Workspace) {
+	s.T.Helper()
+	if err := os.WriteFile(filepath.Join(filepath.Dir(s.Config), w.Name+".yaml"), []byte(w.Rules), 0o644); err != nil {
+		s.T.Fatal(err)
+	}
+	endpoint, bucket := S3(s.T)
+	up := &segtool.Uploader{Client: S3Client(endpoint), Bucket: bucket, Prefix: s.Topics[0] + "/" + w.Name}
+	for seg, ids := range w.Segments {
+		data, err := segtool.Encode(roaring.BitmapOf(ids...))
+		if err != nil {
+			s.T.Fatal(err)
+		}
+		if err := up.Put(context.Background(), seg, data); err != nil {
+			s.T.Fatal(err)
+		}
+	}
+}
+
 // ProduceEvents writes JSON events to topic, keyed by their user_id.
 func (s *Stack) ProduceEvents(topic string, events ...map[string]any) {
 	s.T.Helper()
@@ -227,7 +273,8 @@ type JobSpec struct {
 	Campaign, Timezone    string
 	Tags                  []string
 	ExpiresAt             time.Time
-	Priority              *int // nil: the job has none
+	Priority              *int   // nil: the job has none
+	Workspace             string // "": the job names none
 }
 
 func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
@@ -253,6 +300,9 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 		}
 		if j.Priority != nil {
 			v["priority"] = *j.Priority
+		}
+		if j.Workspace != "" {
+			v["workspace"] = j.Workspace
 		}
 		b, _ := json.Marshal(v)
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
