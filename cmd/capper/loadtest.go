@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,7 +78,8 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var prefEvs []loadtest.Event
 	if o.prefsShare > 0 {
 		msgs, evs := loadtest.GeneratePreferences(o.g.Users, o.prefsShare, o.g.Seed, time.Now())
-		if err = applyPreferences(ctx, cfg, transport, msgs, evs, stderr); err != nil {
+		loadtest.InWorkspace(msgs, o.workspace)
+		if err = applyPreferences(ctx, cfg, transport, o.workspace, msgs, evs, stderr); err != nil {
 			return err
 		}
 		prefEvs = evs
@@ -87,6 +89,9 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	ext, fb, evs := loadtest.GenerateEvents(sent, o.externalShare, o.feedbackShare, o.g.Seed, time.Now())
+	for _, ms := range [][]kafka.Message{msgs, ext, fb} {
+		loadtest.InWorkspace(ms, o.workspace)
+	}
 	if err := reachable(ctx, cfg, transport, ts.Input); err != nil {
 		return err
 	}
@@ -124,7 +129,7 @@ type loadgenOpts struct {
 	path                                                *string
 	g                                                   loadtest.GenConfig
 	externalShare, prefsShare, vipMidway, feedbackShare float64
-	channels, manifest                                  string
+	channels, manifest, workspace                       string
 	rate, partitions                                    int
 }
 
@@ -149,6 +154,7 @@ func loadgenFlags(fs *flag.FlagSet) *loadgenOpts {
 	fs.StringVar(&o.channels, "channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
 	fs.IntVar(&o.rate, "rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
 	fs.StringVar(&o.manifest, "manifest", "", "file to record what was sent, for capper report (Required)")
+	fs.StringVar(&o.workspace, "workspace", "", "with workspaces: the workspace every job and event names (the report judges it with --workspace)")
 	fs.IntVar(&o.partitions, "create-topics", 0, "create the input, output and configured event topics with this many partitions when missing (0: do not)")
 	return o
 }
@@ -223,7 +229,8 @@ func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Tran
 	if o.vipMidway > 0 {
 		var vmsgs []kafka.Message
 		vmsgs, vevs = loadtest.GenerateVIP(o.g.Users, o.vipMidway, o.g.Seed, time.Now(), prefEvs, sent)
-		go func() { midway <- applyPreferences(ctx, cfg, transport, vmsgs, vevs, stderr) }()
+		loadtest.InWorkspace(vmsgs, o.workspace)
+		go func() { midway <- applyPreferences(ctx, cfg, transport, o.workspace, vmsgs, vevs, stderr) }()
 	} else {
 		midway <- nil
 	}
@@ -264,7 +271,7 @@ func produceEvents(ctx context.Context, cfg *config.Config, transport *kafka.Tra
 // holds every one of them (a running capper applies them): the report holds
 // each, evs[i], from the moment it was seen applied (its ProducedAt, set
 // here), so that every send decided later is judged with it.
-func applyPreferences(ctx context.Context, cfg *config.Config, transport *kafka.Transport, msgs []kafka.Message, evs []loadtest.Event, stderr io.Writer) error {
+func applyPreferences(ctx context.Context, cfg *config.Config, transport *kafka.Transport, workspace string, msgs []kafka.Message, evs []loadtest.Event, stderr io.Writer) error {
 	w := daemon.NewWriter(cfg.Kafka, transport, cfg.Kafka.Topics.Preferences, 5000, daemon.NewLogger("warn", os.Stderr))
 	err := loadtest.Produce(ctx, w, msgs, 5000, nil)
 	w.Close()
@@ -274,11 +281,15 @@ func applyPreferences(ctx context.Context, cfg *config.Config, transport *kafka.
 	for i := range evs {
 		evs[i].SentAt = loadtest.ProducedAt(msgs[i])
 	}
-	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr})
+	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr, NoSegments: true})
 	if err != nil {
 		return err
 	}
 	defer b.Close()
+	ws, err := b.Workspace(workspace)
+	if err != nil {
+		return err
+	}
 	pending := map[uint32]bool{}
 	for _, e := range evs {
 		pending[e.UserID] = true
@@ -286,7 +297,7 @@ func applyPreferences(ctx context.Context, cfg *config.Config, transport *kafka.
 	deadline := time.Now().Add(2 * time.Minute)
 	for len(pending) > 0 {
 		for u := range pending {
-			if ps, err := b.Limiter.Preferences(ctx, 0, u); err == nil && len(ps) > 0 {
+			if ps, err := b.Limiter.Preferences(ctx, ws.Space, u); err == nil && len(ps) > 0 {
 				delete(pending, u)
 			}
 		}
@@ -313,12 +324,13 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("capper report", flag.ContinueOnError)
 	path := configFlag(fs)
 	manifest := fs.String("manifest", "", "manifest written by capper loadgen (Required)")
+	workspace := workspaceFlag(fs)
 	waitD, idleD, holdWaitD := durationFlag(5*time.Minute), durationFlag(30*time.Second), durationFlag(time.Minute)
 	fs.Var(&waitD, "wait", "give up waiting for outputs after this long")
 	fs.Var(&idleD, "idle", "stop waiting when no new output arrived for this long")
 	fs.Var(&holdWaitD, "hold-wait", "wait for the release of held jobs due within this (e.g. 1d); later ones are reported pending")
 	wait, idle, holdWait := (*time.Duration)(&waitD), (*time.Duration)(&idleD), (*time.Duration)(&holdWaitD)
-	if err := parseFlags(fs, "capper report --config FILE --manifest FILE [--wait D --idle D --hold-wait D]", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "capper report --config FILE --manifest FILE [--workspace W] [--wait D --idle D --hold-wait D]", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *manifest == "" {
@@ -351,24 +363,31 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := reachable(ctx, cfg, transport, slices.Collect(maps.Values(topics))...); err != nil {
 		return err
 	}
-	rs, err := rules.Compile(cfg.Rules, 0)
+	rc, segCfg, err := judgedRules(cfg, *workspace)
 	if err != nil {
 		return err
 	}
-	src, err := daemon.NewSegmentSource(ctx, cfg.Segments)
+	rs, err := rules.Compile(rc, 0)
 	if err != nil {
 		return err
 	}
-	store, err := segments.New(segments.Config{Segments: rs.SegmentNames(), Source: src, Logger: daemon.NewLogger("warn", os.Stderr),
-		StartupTimeout: time.Duration(cfg.Segments.StartupTimeout)})
-	if err != nil {
-		return err
+	lookup := func(uint32) (string, bool) { return "", false } // a workspace whose users all get its default caps
+	if len(rs.SegmentNames()) > 0 {
+		src, err := daemon.NewSegmentSource(ctx, segCfg)
+		if err != nil {
+			return err
+		}
+		store, err := segments.New(segments.Config{Segments: rs.SegmentNames(), Source: src, Logger: daemon.NewLogger("warn", os.Stderr),
+			StartupTimeout: time.Duration(segCfg.StartupTimeout)})
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		if err := store.Start(ctx); err != nil {
+			return err
+		}
+		lookup = store.Snapshot().Lookup
 	}
-	defer store.Close()
-	if err := store.Start(ctx); err != nil {
-		return err
-	}
-	snap := store.Snapshot()
 	givenBack := map[string]time.Time{}
 	var prefs map[uint32][]loadtest.Pref
 	externals, feedbacks := 0, 0
@@ -395,7 +414,7 @@ func runReport(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	// Each output is judged as it is read and then dropped: the report's memory is a few bytes per job.
-	checker := loadtest.NewChecker(sent, loadtest.Policy{Rules: cfg.Rules, Segment: snap.Lookup, GivenBack: givenBack, Preferences: prefs})
+	checker := loadtest.NewChecker(sent, loadtest.Policy{Rules: rc, Segment: lookup, GivenBack: givenBack, Preferences: prefs})
 	rctx, cancel := context.WithTimeout(ctx, *wait)
 	defer cancel()
 	read, err := loadtest.ReadOutputs(rctx, loadtest.ReadConfig{
@@ -496,7 +515,10 @@ func procKiB(path, field string) (int64, bool) {
 }
 
 func printReport(w io.Writer, r *loadtest.Result, outputs int) {
-	fmt.Fprintf(w, "capper report: %d jobs sent, %d outputs read\n", r.Jobs, outputs)
+	fmt.Fprintf(w, "capper report: %d jobs sent, %d outputs read\n", r.Jobs, outputs-r.Foreign)
+	if r.Foreign > 0 {
+		fmt.Fprintf(w, "  (and %d outputs of jobs the manifest does not list: another blast's or workspace's, not judged)\n", r.Foreign)
+	}
 	fmt.Fprintf(w, "  decisions   allowed %d, duplicate %d, exempt %d, unchecked %d, capped %d, dead-letter %d\n", r.Allowed, r.Duplicates, r.Exempt, r.Unchecked, r.Capped, r.DLQ)
 	var caps []string
 	for c, n := range r.ByCap {
@@ -543,4 +565,26 @@ func loadConfig(path string) (*config.Config, error) {
 		}
 	}
 	return cfg, err
+}
+
+// judgedRules are the rules and segments a report judges a manifest by: the
+// rules section's, or with workspaces the named one's (default_workspace
+// when empty). A budget shared with other workspaces is judged on this
+// workspace's sends alone: the others' sends count toward it too, so the
+// check sees a lower bound of its use.
+func judgedRules(cfg *config.Config, workspace string) (rules.Config, config.Segments, error) {
+	if !cfg.HasWorkspaces() {
+		if workspace != "" {
+			return rules.Config{}, config.Segments{}, errors.New("--workspace: no workspaces are configured")
+		}
+		return cfg.Rules, cfg.Segments, nil
+	}
+	name := cmp.Or(workspace, cfg.DefaultWorkspace)
+	for _, w := range cfg.Workspaces {
+		if w.Name == name {
+			rc, _, err := cfg.WorkspaceRules(w)
+			return rc, cfg.WorkspaceSegments(w), err
+		}
+	}
+	return rules.Config{}, config.Segments{}, fmt.Errorf("--workspace %q is not one of the workspaces", name)
 }

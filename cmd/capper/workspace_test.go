@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -120,4 +121,46 @@ func TestWorkspacesAreIsolated(t *testing.T) {
 			t.Errorf("metrics: %s = %v, want %v", series, v, want)
 		}
 	}
+}
+
+// TestReportJudgesEachWorkspace: two blasts to the same user ids, one per
+// workspace, each judged by capper report with its own workspace's rules and
+// segments, pass; acme's judged by globex's stricter rules does not.
+func TestReportJudgesEachWorkspace(t *testing.T) {
+	s := testenv.NewStack(t, 2, nil)
+	vip := make([]uint32, 20)
+	for i := range vip {
+		vip[i] = uint32(i + 1)
+	}
+	acme := testenv.Workspace{Name: "acme", Segments: map[string][]uint32{"vip": vip},
+		Rules: "segments: [{name: vip, caps: [{name: daily, window: 24h, limit: 5}]}]\ndefault_caps: [{name: daily, window: 24h, limit: 3}]\ncount_only_categories: [receipt]\n"}
+	globex := testenv.Workspace{Name: "globex", Rules: "default_caps: [{name: daily, window: 24h, limit: 1}]\ncount_only_categories: [receipt]\n"}
+	s.EnableWorkspaces("", "", acme, globex)
+	w := start(s, true)
+	w.waitReady(t)
+	env := []string{"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1"}
+	dir := t.TempDir()
+	manifest := map[string]string{}
+	for i, ws := range []string{"acme", "globex"} {
+		manifest[ws] = filepath.Join(dir, ws+".csv")
+		if out, err := capper(t, "", env, "loadgen", "--config", s.Config, "--manifest", manifest[ws], "--workspace", ws,
+			"--jobs", "1500", "--users", "200", "--seed", fmt.Sprint(7+i)); err != nil { // seeds apart: job ids apart
+			t.Fatalf("loadgen --workspace %s: %v\n%s", ws, err, out)
+		}
+	}
+	report := func(ws, m string) (string, error) {
+		return capper(t, "", env, "report", "--config", s.Config, "--manifest", m, "--workspace", ws, "--idle", "3s", "--wait", "2m")
+	}
+	for _, ws := range []string{"acme", "globex"} {
+		out, err := report(ws, manifest[ws])
+		if err != nil || !strings.Contains(out, `"violations":0`) || !strings.Contains(out, "1500 jobs sent, 1500 outputs read") {
+			t.Fatalf("report --workspace %s on its own blast: %v\n%s", ws, err, out)
+		}
+		t.Logf("report --workspace %s:\n%s", ws, out)
+	}
+	out, err := report("globex", manifest["acme"])
+	if err == nil || !strings.Contains(out, "caps exceeded") {
+		t.Fatalf("acme's blast judged by globex's rules (1 a day, no vip segment): %v, want a failed report\n%s", err, out)
+	}
+	t.Logf("acme's blast judged by globex's rules:\n%s", out)
 }

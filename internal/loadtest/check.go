@@ -94,6 +94,10 @@ func (c *Checker) Add(o *Output) {
 	if c.j == nil {
 		return
 	}
+	if _, ok := c.m.Index(o.ID); !ok { // another blast's (another workspace's, on the same topics)
+		c.r.Foreign++
+		return
+	}
 	c.r.tally(o)
 	c.timing(o)
 	c.account(o)

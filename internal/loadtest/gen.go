@@ -222,3 +222,20 @@ func Produce(ctx context.Context, w interface {
 	}
 	return nil
 }
+
+// InWorkspace adds "workspace": ws to every message of msgs whose value is a
+// JSON object (a job or an event; a malformed body is left as it is), so a
+// blast or its events go to one workspace of a deployment with workspaces.
+func InWorkspace(msgs []kafka.Message, ws string) {
+	if ws == "" {
+		return
+	}
+	for i := range msgs {
+		var v map[string]any
+		if json.Unmarshal(msgs[i].Value, &v) != nil || v == nil {
+			continue
+		}
+		v["workspace"] = ws
+		msgs[i].Value, _ = json.Marshal(v)
+	}
+}

@@ -65,7 +65,10 @@ type Result struct {
 	ArbitrationsLost int `json:"arbitrations_lost"`
 	// VIPJudged counts the final outputs (allowed or capped) of jobs decided
 	// while their user was VIP: each is a violation if the rules' caps capped it.
-	VIPJudged   int     `json:"vip_judged"`
+	VIPJudged int `json:"vip_judged"`
+	// Foreign counts the outputs of jobs the manifest does not list (another
+	// blast's, another workspace's): neither counted above nor judged.
+	Foreign     int     `json:"foreign"`
 	Unaccounted int     `json:"unaccounted"`
 	Violations  int     `json:"violations"`
 	JobsPerSec  float64 `json:"jobs_per_sec"`
