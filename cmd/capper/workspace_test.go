@@ -164,3 +164,34 @@ func TestReportJudgesEachWorkspace(t *testing.T) {
 	}
 	t.Logf("acme's blast judged by globex's rules:\n%s", out)
 }
+
+// TestWorkspaceBudgets: two workspaces' own budgets of one name are two
+// budgets (one exhausted leaves the other's tokens), and a budget they share
+// counts both workspaces' sends.
+func TestWorkspaceBudgets(t *testing.T) {
+	s := testenv.NewStack(t, 2, nil)
+	s.EnableHold(2, "1s")
+	own := "default_caps: [{name: daily, window: 24h, limit: 100}]\nbudgets: [{name: sms, channel: sms, limit: 2, window: 1m, max_hold: 1s}]\n"
+	s.EnableWorkspaces("", "  budgets: [{name: provider, channel: push, limit: 3, window: 1m, max_hold: 1s, workspaces: [acme, globex]}]",
+		testenv.Workspace{Name: "acme", Rules: own}, testenv.Workspace{Name: "globex", Rules: own})
+	w := start(s, false)
+	var jobs []testenv.JobSpec
+	for _, ws := range []string{"acme", "globex"} {
+		for u := uint32(1); u <= 3; u++ {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("%s-sms-%d", ws, u), User: u, Channel: "sms", Workspace: ws})
+		}
+		for u := uint32(1); u <= 2; u++ {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("%s-push-%d", ws, u), User: u, Channel: "push", Workspace: ws})
+		}
+	}
+	s.Produce(jobs)
+	outs := s.Collect(len(jobs), 60*time.Second)
+	got := map[string]int{} // decision and cap -> jobs
+	for _, o := range outs {
+		got[o.Decision+" "+o.Cap]++
+	}
+	want := map[string]int{"allowed ": 7, "capped acme/sms": 1, "capped globex/sms": 1, "capped provider": 1}
+	if len(outs) != len(jobs) || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("outputs by decision and cap: %v, want %v\n%s", got, want, w.logText())
+	}
+}
