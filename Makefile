@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-budget-cost bench-priority bench-prefs
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-budget-cost bench-priority bench-prefs bench-workspaces
 
 GO ?= go
 
@@ -69,3 +69,7 @@ bench-priority:
 ## bench-prefs: decisions/s with users' preferences not read, read but absent, present for every user (medians of 3)
 bench-prefs:
 	scripts/bench-modes.sh Preferences off none every_user
+
+## bench-workspaces: one workspace against 100 identical ones, the same blast: jobs/s and the worker's peak memory per workspace (medians of 3, alternated)
+bench-workspaces:
+	scripts/bench-workspaces.sh

@@ -27,6 +27,10 @@ PREFS_SHARE=${DEMO_PREFS_SHARE:-}    # users' own preferences: the run's prefere
                                      # users with one (a limit, an opt-out or VIP) before the blast
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 RESTART_AFTER=${DEMO_RESTART_AFTER:-} # seconds: start it again this long after the SIGKILL (same metrics address)
+WORKSPACES=${DEMO_WORKSPACES:-0}     # N > 0: CONFIG's rules as N identical workspaces ws-1..ws-N, each with the
+                                     # same bitmaps under its own prefix; the users spread over them (user % N),
+                                     # and the report judges the blast by ws-1's rules (the same as every one's)
+REPORT_ARGS=""
 # DEMO_KEEP_KEYS=1 keeps the run's Redis keys (dropped at the end otherwise, see cleanup)
 # DEMO_KEEP_TOPICS=1 keeps the run's topics (deleted at the end otherwise, see cleanup)
 
@@ -100,6 +104,28 @@ seq 1 "$a" | "$capper" segments build --name new --out "$work/segments/new.roari
 seq $((a + 1)) "$b" | "$capper" segments build --name active --out "$work/segments/active.roaring"
 seq $((b + 1)) "$c" | "$capper" segments build --name dormant --out "$work/segments/dormant.roaring"
 "$capper" segments upload "$work/segments" "s3://$CAPPER_TEST_S3_BUCKET/$run"
+
+if ((WORKSPACES > 0)); then
+  say "$WORKSPACES workspaces with the rules of $CONFIG"
+  for i in $(seq "$WORKSPACES"); do
+    "$capper" segments upload "$work/segments" "s3://$CAPPER_TEST_S3_BUCKET/$run/ws-$i" >/dev/null
+  done
+  python3 - "$CONFIG" "$work" "$WORKSPACES" <<'PY'
+import sys, yaml
+cfg = yaml.safe_load(open(sys.argv[1]))
+work, n = sys.argv[2], int(sys.argv[3])
+rules = cfg.pop("rules")
+reload = rules.pop("reload_interval", None)
+yaml.safe_dump(rules, open(f"{work}/workspace-rules.yaml", "w"))
+cfg["rules"] = {"reload_interval": reload} if reload else {}
+cfg["workspaces"] = [{"name": f"ws-{i}", "rules_file": "workspace-rules.yaml"} for i in range(1, n + 1)]
+cfg["default_workspace"] = "ws-1"
+yaml.safe_dump(cfg, open(f"{work}/workspaces.yaml", "w"))
+PY
+  CONFIG="$work/workspaces.yaml"
+  LOADGEN_ARGS="$LOADGEN_ARGS --workspace $(seq -s, -f 'ws-%g' 1 "$WORKSPACES")"
+  REPORT_ARGS="--workspace ws-1"
+fi
 
 say "topics $run.sends{,.allowed,.capped,.dlq,.held,.delay.*} with $PARTITIONS partitions"
 "$capper" loadgen --config "$CONFIG" --create-topics "$PARTITIONS" --jobs 0 --manifest /dev/null
@@ -184,7 +210,8 @@ fi
 
 say "report"
 status=0
-"$capper" report --config "$CONFIG" --manifest "$work/manifest.csv" --idle 30s || status=$?
+# shellcheck disable=SC2086 # REPORT_ARGS is a list of flags
+"$capper" report --config "$CONFIG" --manifest "$work/manifest.csv" --idle 30s $REPORT_ARGS || status=$?
 
 # The worker's own cost: CPU time from /proc, batches and Redis round trips from its metrics.
 if ! kill -0 "$worker_pid" 2>/dev/null; then

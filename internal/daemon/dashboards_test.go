@@ -78,30 +78,11 @@ func exprs(t *testing.T) map[string]string {
 	return out
 }
 
-var (
-	metricRe   = regexp.MustCompile(`\bcapper_[a-z0-9_]+`)
-	matchersRe = regexp.MustCompile(`\b(capper_[a-z0-9_]+)\{([^}]*)\}`)
-	groupingRe = regexp.MustCompile(`\b(?:by|without) \(([^)]*)\)`)
-	legendRe   = regexp.MustCompile(`\{\{ *([a-z_]+) *\}\}`)
-	opRe       = regexp.MustCompile(`[=!~].*`) // a matcher's operator and value, after its label
-)
-
-// TestDashboardsAndAlertsUseExportedMetrics scrapes a worker that decided
-// every kind of job (allowed, capped, shadow-capped, exempt, duplicate,
-// dead-lettered) with holding on, and checks that every metric the Grafana
-// dashboard and the alert rules query exists, with every label they select,
-// group or print by: the files cannot drift from the code.
-func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
-	s := testenv.NewStack(t, 1, nil)
-	s.EnableHold(1, "1s")
-	s.EditConfig("caps: [{name: daily, window: 24h, limit: 2}]\n    - name: active",
-		"caps: [{name: daily, window: 24h, limit: 2}, {name: hourly-shadow, window: 1h, limit: 1, shadow: true}]\n    - name: active")
-	d, _ := startDaemon(t, s)
-	jobs := []testenv.JobSpec{{ID: "a", User: 1, Channel: "email"}, {ID: "b", User: 1, Channel: "email"}, {ID: "c", User: 1, Channel: "email"},
-		{ID: "t", User: 1, Channel: "email", Category: "transactional"}, {ID: "a", User: 1, Channel: "email"}}
-	s.Produce(jobs)
-	s.CollectJobs(jobs, 60*time.Second)
-	resp, err := http.Get("http://" + d.MetricsAddr() + "/metrics")
+// seriesLabels scrapes addr's /metrics: each series name with its label
+// names, and the metric families.
+func seriesLabels(t *testing.T, addr string) (map[string]map[string]bool, map[string]*dto.MetricFamily) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +108,49 @@ func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
 		}
 		if f.GetType().String() == "HISTOGRAM" {
 			labels[name+"_bucket"]["le"] = true
+		}
+	}
+	return labels, fams
+}
+
+var (
+	metricRe   = regexp.MustCompile(`\bcapper_[a-z0-9_]+`)
+	matchersRe = regexp.MustCompile(`\b(capper_[a-z0-9_]+)\{([^}]*)\}`)
+	groupingRe = regexp.MustCompile(`\b(?:by|without) \(([^)]*)\)`)
+	legendRe   = regexp.MustCompile(`\{\{ *([a-z_]+) *\}\}`)
+	opRe       = regexp.MustCompile(`[=!~].*`) // a matcher's operator and value, after its label
+)
+
+// TestDashboardsAndAlertsUseExportedMetrics scrapes a worker that decided
+// every kind of job (allowed, capped, shadow-capped, exempt, duplicate,
+// dead-lettered) with holding on, and checks that every metric the Grafana
+// dashboard and the alert rules query exists, with every label they select,
+// group or print by: the files cannot drift from the code.
+func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	s.EnableHold(1, "1s")
+	s.EditConfig("caps: [{name: daily, window: 24h, limit: 2}]\n    - name: active",
+		"caps: [{name: daily, window: 24h, limit: 2}, {name: hourly-shadow, window: 1h, limit: 1, shadow: true}]\n    - name: active")
+	d, _ := startDaemon(t, s)
+	jobs := []testenv.JobSpec{{ID: "a", User: 1, Channel: "email"}, {ID: "b", User: 1, Channel: "email"}, {ID: "c", User: 1, Channel: "email"},
+		{ID: "t", User: 1, Channel: "email", Category: "transactional"}, {ID: "a", User: 1, Channel: "email"}}
+	s.Produce(jobs)
+	s.CollectJobs(jobs, 60*time.Second)
+	labels, fams := seriesLabels(t, d.MetricsAddr())
+	// A deployment with workspaces exports the per-workspace series too.
+	ws := testenv.NewStack(t, 1, nil)
+	ws.EnableWorkspaces("acme", "", testenv.Workspace{Name: "acme", Rules: "default_caps: [{name: daily, window: 24h, limit: 1}]\n"})
+	wd, _ := startDaemon(t, ws)
+	wjobs := []testenv.JobSpec{{ID: "w1", User: 1, Channel: "email"}, {ID: "w2", User: 1, Channel: "email", Workspace: "acme"}}
+	ws.Produce(wjobs)
+	ws.CollectJobs(wjobs, 60*time.Second)
+	wlabels, wfams := seriesLabels(t, wd.MetricsAddr())
+	for name, ls := range wlabels {
+		if labels[name] == nil {
+			labels[name] = map[string]bool{}
+		}
+		for l := range ls {
+			labels[name][l] = true
 		}
 	}
 	all := exprs(t)
@@ -177,6 +201,9 @@ func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
 		if v := sample(fams, series); v < 1 {
 			t.Errorf("%s = %v, want at least 1", series, v)
 		}
+	}
+	if v := sample(wfams, `capper_workspace_jobs_total{decision="capped",workspace="acme"}`); v != 1 {
+		t.Errorf("acme's capped jobs = %v, want 1 (two sends to user 1 under a daily cap of 1, one naming no workspace)", v)
 	}
 }
 

@@ -223,11 +223,12 @@ func Produce(ctx context.Context, w interface {
 	return nil
 }
 
-// InWorkspace adds "workspace": ws to every message of msgs whose value is a
-// JSON object (a job or an event; a malformed body is left as it is), so a
-// blast or its events go to one workspace of a deployment with workspaces.
-func InWorkspace(msgs []kafka.Message, ws string) {
-	if ws == "" {
+// InWorkspace adds a "workspace" field to every message of msgs whose value
+// is a JSON object with a user_id (a job or an event; a malformed body is
+// left as it is), so a blast or its events go to workspaces of a deployment
+// with workspaces: a user's messages all to one, workspaces[user_id % len].
+func InWorkspace(msgs []kafka.Message, workspaces []string) {
+	if len(workspaces) == 0 {
 		return
 	}
 	for i := range msgs {
@@ -235,7 +236,8 @@ func InWorkspace(msgs []kafka.Message, ws string) {
 		if json.Unmarshal(msgs[i].Value, &v) != nil || v == nil {
 			continue
 		}
-		v["workspace"] = ws
+		u, _ := v["user_id"].(float64)
+		v["workspace"] = workspaces[uint64(u)%uint64(len(workspaces))]
 		msgs[i].Value, _ = json.Marshal(v)
 	}
 }
