@@ -27,10 +27,11 @@ PREFS_SHARE=${DEMO_PREFS_SHARE:-}    # users' own preferences: the run's prefere
                                      # users with one (a limit, an opt-out or VIP) before the blast
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 RESTART_AFTER=${DEMO_RESTART_AFTER:-} # seconds: start it again this long after the SIGKILL (same metrics address)
-WORKSPACES=${DEMO_WORKSPACES:-0}     # N > 0: CONFIG's rules as N identical workspaces ws-1..ws-N, each with the
-                                     # same bitmaps under its own prefix; the users spread over them (user % N),
-                                     # and the report judges the blast by ws-1's rules (the same as every one's)
-REPORT_ARGS=""
+WORKSPACES=${DEMO_WORKSPACES:-0}     # N > 0: CONFIG's rules as N identical workspaces ws-1..ws-N; the users spread
+                                     # over them (user u is ws-(u % N + 1)'s), each workspace's bitmaps hold its
+                                     # users, and the report judges the blast by CONFIG itself: every
+                                     # workspace's rules are its rules, their bitmaps together its bitmaps
+REPORT_CONFIG=$CONFIG
 # DEMO_KEEP_KEYS=1 keeps the run's Redis keys (dropped at the end otherwise, see cleanup)
 # DEMO_KEEP_TOPICS=1 keeps the run's topics (deleted at the end otherwise, see cleanup)
 
@@ -107,8 +108,14 @@ seq $((b + 1)) "$c" | "$capper" segments build --name dormant --out "$work/segme
 
 if ((WORKSPACES > 0)); then
   say "$WORKSPACES workspaces with the rules of $CONFIG"
-  for i in $(seq "$WORKSPACES"); do
-    "$capper" segments upload "$work/segments" "s3://$CAPPER_TEST_S3_BUCKET/$run/ws-$i" >/dev/null
+  for i in $(seq "$WORKSPACES"); do # its own users of each segment
+    mkdir -p "$work/ws-segments/$i"
+    for seg in new:1:$a active:$((a + 1)):$b dormant:$((b + 1)):$c; do
+      IFS=: read -r name lo hi <<<"$seg"
+      seq "$lo" "$hi" | awk -v n="$WORKSPACES" -v r=$((i - 1)) '$1 % n == r' |
+        "$capper" segments build --name "$name" --out "$work/ws-segments/$i/$name.roaring" >/dev/null
+    done
+    "$capper" segments upload "$work/ws-segments/$i" "s3://$CAPPER_TEST_S3_BUCKET/$run/ws-$i" >/dev/null
   done
   python3 - "$CONFIG" "$work" "$WORKSPACES" <<'PY'
 import sys, yaml
@@ -124,7 +131,6 @@ yaml.safe_dump(cfg, open(f"{work}/workspaces.yaml", "w"))
 PY
   CONFIG="$work/workspaces.yaml"
   LOADGEN_ARGS="$LOADGEN_ARGS --workspace $(seq -s, -f 'ws-%g' 1 "$WORKSPACES")"
-  REPORT_ARGS="--workspace ws-1"
 fi
 
 say "topics $run.sends{,.allowed,.capped,.dlq,.held,.delay.*} with $PARTITIONS partitions"
@@ -168,6 +174,7 @@ done; done
 for addr in "${metrics_addrs[@]}"; do
   curl -fsS "http://$addr/readyz" >/dev/null || { cat "$work"/worker*.log >&2; echo "demo: capper ($addr) not ready after 30 s" >&2; exit 1; }
 done
+ready_ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat") # its start-up's CPU (segments loaded, rules compiled)
 
 if ((EXTRA_WORKERS)); then
   # Workers that start together join each of their groups (the input's, one per delay tier) one after another,
@@ -210,8 +217,7 @@ fi
 
 say "report"
 status=0
-# shellcheck disable=SC2086 # REPORT_ARGS is a list of flags
-"$capper" report --config "$CONFIG" --manifest "$work/manifest.csv" --idle 30s $REPORT_ARGS || status=$?
+"$capper" report --config "$REPORT_CONFIG" --manifest "$work/manifest.csv" --idle 30s || status=$?
 
 # The worker's own cost: CPU time from /proc, batches and Redis round trips from its metrics.
 if ! kill -0 "$worker_pid" 2>/dev/null; then
@@ -222,6 +228,8 @@ if ! kill -0 "$worker_pid" 2>/dev/null; then
 fi
 ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat")
 rss=$(awk '/^VmHWM:/ {print $2}' "/proc/$worker_pid/status") # peak resident set, KiB
+awk -v t=$((ticks - ready_ticks)) -v s="$ready_ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" 'BEGIN {
+  printf "worker after start-up: cpu %.1f s (%.1f us/job) from ready to the report'"'"'s end; start-up %.1f s\n", t/hz, 1e6*t/hz/jobs, s/hz }' 
 curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v rss="$rss" '
   /^capper_batch_size_count/ {batches=$2} /^capper_batch_size_sum/ {handled=$2}
   /^capper_redis_round_trips_per_batch_sum/ {rt=$2} /^capper_redis_round_trips_per_batch_count/ {rtn=$2}

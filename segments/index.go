@@ -95,6 +95,14 @@ func newIndex(bms []*roaring.Bitmap) (*index, error) {
 			ch.sortSparse()
 		}
 	}
+	// The table ends at the last chunk with an id: a snapshot of ids below
+	// 2^24 keeps 1 KiB of it, not 256 (a deployment with a hundred
+	// workspaces keeps a snapshot per workspace).
+	last := len(ix.table) - 1
+	for last >= 0 && ix.table[last] == 0 {
+		last--
+	}
+	ix.table = append([]uint32(nil), ix.table[:last+1]...)
 	return ix, nil
 }
 
@@ -125,7 +133,11 @@ func (ch *chunk) sortSparse() {
 
 // owner returns the 1-based owner of user, 0 when no segment holds it.
 func (ix *index) owner(user uint32) int {
-	ci := ix.table[user>>16]
+	h := int(user >> 16)
+	if h >= len(ix.table) {
+		return 0
+	}
+	ci := ix.table[h]
 	if ci == 0 {
 		return 0
 	}

@@ -1,6 +1,7 @@
 package main_test
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -193,5 +194,102 @@ func TestWorkspaceBudgets(t *testing.T) {
 	want := map[string]int{"allowed ": 7, "capped acme/sms": 1, "capped globex/sms": 1, "capped provider": 1}
 	if len(outs) != len(jobs) || fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("outputs by decision and cap: %v, want %v\n%s", got, want, w.logText())
+	}
+}
+
+// TestMoveToWorkspacesKeepsHistory moves a running deployment to workspaces
+// as README says: its rules become the first workspace's file, which keeps
+// the deployment's key prefix and bitmaps and is the default. After the
+// restart its users' sends from before still count, its segments still
+// apply, jobs without a workspace field are its jobs, and a new workspace's
+// user of the same id starts afresh.
+func TestMoveToWorkspacesKeepsHistory(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	w := start(s, false)
+	// User 3 is in the segment active (3 a day), user 77 in none (2 a day).
+	before := []testenv.JobSpec{{ID: "b1", User: 3, Channel: "email"}, {ID: "b2", User: 3, Channel: "email"},
+		{ID: "b3", User: 77, Channel: "email"}, {ID: "b4", User: 77, Channel: "email"}}
+	s.Produce(before)
+	if n := testenv.CountDecision(s.Collect(len(before), 60*time.Second), "allowed"); n != 4 {
+		t.Fatalf("before the move: %d of 4 allowed", n)
+	}
+	if ok, err := w.signalAndWait(syscall.SIGTERM); !ok || err != nil {
+		t.Fatalf("SIGTERM: exited %v (in time: %v)", err, ok)
+	}
+	var legacy strings.Builder
+	for _, line := range strings.Split(strings.TrimPrefix(strings.TrimSpace(testenv.TestRules), "rules:\n"), "\n") {
+		legacy.WriteString(strings.TrimPrefix(line, "  ") + "\n")
+	}
+	if err := os.WriteFile(filepath.Join(filepath.Dir(s.Config), "legacy.yaml"), []byte(legacy.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.WriteWorkspace(testenv.Workspace{Name: "globex", Rules: "default_caps: [{name: daily, window: 24h, limit: 1}]\n"})
+	s.EditConfig(testenv.TestRules, fmt.Sprintf("\nworkspaces:\n  - {name: legacy, rules_file: legacy.yaml, key_prefix: %s, segments: .}\n"+
+		"  - {name: globex, rules_file: globex.yaml}\ndefault_workspace: legacy\n", s.Prefix))
+	start(s, false)
+	after := []testenv.JobSpec{{ID: "a1", User: 3, Channel: "email"}, {ID: "a2", User: 3, Channel: "email"},
+		{ID: "a3", User: 77, Channel: "email", Workspace: "legacy"}, {ID: "a4", User: 77, Channel: "email", Workspace: "globex"}}
+	s.Produce(after)
+	got := map[string]string{}
+	for _, o := range s.Collect(len(before)+len(after), 60*time.Second) {
+		got[o.JobID] = o.Decision
+	}
+	want := map[string]string{"a1": "allowed", "a2": "capped", "a3": "capped", "a4": "allowed"}
+	for id, d := range want {
+		if got[id] != d {
+			t.Errorf("job %s: %q, want %q (the active segment's 3rd send allowed and 4th capped, user 77's history kept, globex's user 77 another user)", id, got[id], d)
+		}
+	}
+}
+
+// TestWorkspaceEvents: external sends, feedback and preferences apply to
+// their own workspace's user; an event naming an unknown workspace is
+// dead-lettered.
+func TestWorkspaceEvents(t *testing.T) {
+	s := testenv.NewStack(t, 1, nil)
+	s.EnableEvents(1)
+	one := "default_caps: [{name: daily, window: 24h, limit: 1}]\n"
+	s.EnableWorkspaces("acme", "", testenv.Workspace{Name: "acme", Rules: one}, testenv.Workspace{Name: "globex", Rules: one})
+	start(s, false)
+	rdb := s.RedisClient()
+	key := func(ws string, u uint32) string { return fmt.Sprintf("%s:w:%s:{%d}", s.Prefix, ws, u) }
+	waitFor := func(what string, done func() bool) {
+		t.Helper()
+		for end := time.Now().Add(60 * time.Second); !done(); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not within 60 s", what)
+			}
+		}
+	}
+	// globex's user 5 is VIP until tomorrow; acme's user 5 is not.
+	s.ProduceEvents(s.Preferences, map[string]any{"user_id": 5, "workspace": "globex", "vip_until": time.Now().Add(24 * time.Hour).UTC().Format(time.RFC3339)},
+		map[string]any{"user_id": 9, "workspace": "nobody", "channel": "email", "opt_out": true})
+	waitFor("globex's user 5's preference applied", func() bool { return rdb.Exists(context.Background(), key("globex", 5)+":prefs").Val() == 1 })
+	// An external send fills globex's user 6's cap.
+	s.ProduceEvents(s.External, map[string]any{"event_id": "e1", "user_id": 6, "workspace": "globex", "channel": "email", "sent_at": time.Now().UTC().Format(time.RFC3339Nano)})
+	waitFor("globex's user 6's external send recorded", func() bool { return testenv.LogLen(t, rdb, key("globex", 6)) == 1 })
+	jobs := []testenv.JobSpec{{ID: "a5-1", User: 5, Channel: "email"}, {ID: "a5-2", User: 5, Channel: "email"},
+		{ID: "g5-1", User: 5, Channel: "email", Workspace: "globex"}, {ID: "g5-2", User: 5, Channel: "email", Workspace: "globex"},
+		{ID: "a6-1", User: 6, Channel: "email"}, {ID: "g6-1", User: 6, Channel: "email", Workspace: "globex"}}
+	s.Produce(jobs)
+	got := map[string]string{}
+	for _, o := range s.CollectJobs(jobs, 60*time.Second) {
+		got[o.JobID] = o.Decision
+	}
+	want := map[string]string{"a5-1": "allowed", "a5-2": "capped", "g5-1": "allowed", "g5-2": "allowed", "a6-1": "allowed", "g6-1": "capped"}
+	for id, d := range want {
+		if got[id] != d {
+			t.Errorf("job %s: %q, want %q", id, got[id], d)
+		}
+	}
+	// acme's user 5's send bounced: its slot comes back in acme alone.
+	s.ProduceEvents(s.Feedback, map[string]any{"job_id": "a5-1", "user_id": 5, "workspace": "acme", "status": "bounced"})
+	waitFor("acme's user 5's bounced send given back", func() bool { return testenv.LogLen(t, rdb, key("acme", 5)) == 0 })
+	if n := testenv.LogLen(t, rdb, key("globex", 5)); n != 2 {
+		t.Errorf("globex's user 5 holds %d sends after acme's feedback, want 2", n)
+	}
+	dlq := s.CollectFrom([]string{s.Topics[3]}, 1, 30*time.Second)
+	if len(dlq) != 1 || !strings.Contains(dlq[0].Error, `malformed event: workspace "nobody" is not configured`) {
+		t.Errorf("dead letters %+v, want the preference naming workspace nobody", dlq)
 	}
 }

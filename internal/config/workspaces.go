@@ -28,7 +28,9 @@ type Workspace struct {
 	// Relative to the configuration file's directory. (Required)
 	RulesFile string `yaml:"rules_file"`
 	// Segments is the workspace's place under segments.source: its bitmaps are
-	// SOURCE/SEGMENTS/<segment>.roaring. Defaults to its name.
+	// SOURCE/SEGMENTS/<segment>.roaring. Defaults to its name; "." is
+	// segments.source itself (the workspace that takes over a deployment's
+	// bitmaps where they are).
 	Segments string `yaml:"segments"`
 	// KeyPrefix starts its users' keys: PREFIX:{USER_ID}. Defaults to
 	// redis.key_prefix + ":w:" + its name. The workspace that takes over a
@@ -75,7 +77,9 @@ func (c *Config) OwnBudgetNames(w Workspace) bool { return c.WorkspaceKeyPrefix(
 // segments.source, and its own cache directory.
 func (c *Config) WorkspaceSegments(w Workspace) Segments {
 	s := c.Segments
-	s.Source = strings.TrimSuffix(s.Source, "/") + "/" + strings.Trim(cmpOr(w.Segments, w.Name), "/")
+	if w.Segments != "." {
+		s.Source = strings.TrimSuffix(s.Source, "/") + "/" + strings.Trim(cmpOr(w.Segments, w.Name), "/")
+	}
 	if s.CacheDir != "" {
 		s.CacheDir = filepath.Join(s.CacheDir, w.Name)
 	}
