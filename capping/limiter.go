@@ -299,12 +299,25 @@ func (r *round) lookUp(asked []int, hit []bool) {
 		}
 		return
 	}
-	bySpace := map[Space][]int{}
+	// By space: a counting sort of asked (every one's space is below len(r.spaces), see pending).
+	n := len(r.spaces)
+	start := grow(&sc.spaceStart, n+1)
 	for _, i := range asked {
-		bySpace[r.reqs[i].Space] = append(bySpace[r.reqs[i].Space], i)
+		start[r.reqs[i].Space+1]++
 	}
-	for _, idx := range bySpace {
-		if c := r.cache(idx[0]); c != nil {
+	for s := 1; s <= n; s++ {
+		start[s] += start[s-1]
+	}
+	next := append(grow(&sc.spaceNext, n)[:0], start[:n]...)
+	grouped := grow(&sc.grouped, len(asked))
+	for _, i := range asked {
+		s := r.reqs[i].Space
+		grouped[next[s]] = i
+		next[s]++
+	}
+	for s := range n {
+		idx := grouped[start[s]:start[s+1]]
+		if c := r.spaces[s].cache; c != nil && len(idx) > 0 {
 			c.decideAll(r.reqs, args, idx, r.decs, hit, grow(&sc.order, len(idx)), grow(&sc.slots, len(idx)), hints)
 		}
 	}
@@ -326,7 +339,7 @@ func (r *round) pending() []int {
 			r.setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
-		if n := len(b.args[i].caps); cached && n > 0 && n <= maxCaps && !reqs[i].Candidate {
+		if n := len(b.args[i].caps); cached && n > 0 && n <= maxCaps && !reqs[i].Candidate && int(reqs[i].Space) < len(r.spaces) {
 			asked = append(asked, i)
 		}
 	}

@@ -47,7 +47,8 @@ type decided struct {
 	batch     []kafka.Message
 	outs      []kafka.Message
 	decisions map[Kind]int   // final and held jobs by kind, counted once the outputs are acknowledged
-	byWS      map[wsKind]int // the same by workspace, with workspaces
+	byWS      [][DeadLetter + 1]int // the same by workspace (Workspace.index), with workspaces
+	spaces    *Workspaces
 	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap
 	cappedBy  map[string]int // capped jobs, by the cap that refused them
 	start     time.Time
@@ -93,7 +94,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
 		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}
-	return w.encode(batch, es, start), nil
+	return w.encode(batch, es, segs.spaces, start), nil
 }
 
 // decode reads the job of e and, for a delay tier's worker, the hold state
@@ -137,29 +138,20 @@ func (w *Worker) decode(e *entry, segs *segmenters, now time.Time) bool {
 }
 
 // segmenters are a batch's workspaces and the segment snapshot of each, taken
-// at its first job.
+// at its first job (by Workspace.index).
 type segmenters struct {
 	spaces *Workspaces
-	last   *Workspace // the usual case: one workspace in the batch
-	seg    Segmenter
-	more   map[*Workspace]Segmenter
+	segs   []Segmenter
 }
 
 func (s *segmenters) of(w *Workspace) Segmenter {
-	switch {
-	case w == s.last:
-		return s.seg
-	case s.last == nil:
-		s.last, s.seg = w, w.Segments()
-		return s.seg
+	if s.segs == nil {
+		s.segs = make([]Segmenter, s.spaces.Len())
 	}
-	seg, ok := s.more[w]
-	if !ok {
-		if s.more == nil {
-			s.more = map[*Workspace]Segmenter{}
-		}
+	seg := s.segs[w.index]
+	if seg == nil {
 		seg = w.Segments()
-		s.more[w] = seg
+		s.segs[w.index] = seg
 	}
 	return seg
 }
@@ -431,7 +423,7 @@ func (w *Worker) failOpen(e *entry, now time.Time) bool {
 }
 
 // encode builds the batch's messages from its outcomes and counts them.
-func (w *Worker) encode(batch []kafka.Message, es []entry, start time.Time) *decided {
+func (w *Worker) encode(batch []kafka.Message, es []entry, spaces *Workspaces, start time.Time) *decided {
 	enc := newEncoder(w.cfg.Topics, w.cfg.Tier != "", w.cfg.MaxOutputBytes)
 	d := &decided{batch: batch, outs: make([]kafka.Message, 0, len(es)), decisions: make(map[Kind]int, 5),
 		shadow: map[string]int{}, cappedBy: map[string]int{}, start: start}
@@ -458,20 +450,15 @@ func (w *Worker) encode(batch []kafka.Message, es []entry, start time.Time) *dec
 		d.decisions[o.Kind]++
 		if e.ws != nil && e.ws.Name != "" {
 			if d.byWS == nil {
-				d.byWS = map[wsKind]int{}
+				d.byWS, d.spaces = make([][DeadLetter + 1]int, spaces.Len()), spaces
 			}
-			d.byWS[wsKind{e.ws.Name, o.Kind}]++
+			d.byWS[e.ws.index][o.Kind]++
 		}
 		if o.Arbitration != "" {
 			w.m.arbitrations.WithLabelValues(o.Arbitration).Inc()
 		}
 	}
 	return d
-}
-
-type wsKind struct {
-	ws   string
-	kind Kind
 }
 
 // requestErrors lines an error of a Decide call up with its requests: the

@@ -352,8 +352,12 @@ func (w *Worker) deliver(ctx context.Context, d *decided) error {
 	for k, n := range d.decisions {
 		w.m.jobs.WithLabelValues(k.String()).Add(float64(n))
 	}
-	for k, n := range d.byWS {
-		w.m.wsJobs.WithLabelValues(k.ws, k.kind.String()).Add(float64(n))
+	for i, kinds := range d.byWS {
+		for k, n := range kinds {
+			if n > 0 {
+				w.m.wsJobs.WithLabelValues(d.spaces.names[i], Kind(k).String()).Add(float64(n))
+			}
+		}
 	}
 	for c, n := range d.shadow {
 		w.m.shadowCapped.WithLabelValues(c).Add(float64(n))

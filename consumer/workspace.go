@@ -22,6 +22,8 @@ type Workspace struct {
 	Rules *rules.Rules
 	// Segments returns its current segment snapshot.
 	Segments func() Segmenter
+
+	index int // its position in its Workspaces: a batch's per-workspace arrays are indexed by it
 }
 
 // Workspaces are the workspaces in force. They are immutable: a change (a
@@ -39,6 +41,7 @@ type Workspaces struct {
 func NewWorkspaces(ws []*Workspace, def string) (*Workspaces, error) {
 	s := &Workspaces{byName: make(map[string]*Workspace, len(ws)), named: true}
 	for _, w := range ws {
+		w := *w // its index is this Workspaces' own
 		switch {
 		case w.Name == "":
 			return nil, fmt.Errorf("consumer: a workspace has no name")
@@ -47,10 +50,13 @@ func NewWorkspaces(ws []*Workspace, def string) (*Workspaces, error) {
 		case w.Rules == nil || w.Segments == nil:
 			return nil, fmt.Errorf("consumer: workspace %q needs its rules and segments", w.Name)
 		}
-		s.byName[w.Name] = w
+		s.byName[w.Name] = &w
 		s.names = append(s.names, w.Name)
 	}
 	slices.Sort(s.names)
+	for i, n := range s.names {
+		s.byName[n].index = i
+	}
 	if def != "" {
 		if s.def = s.byName[def]; s.def == nil {
 			return nil, fmt.Errorf("consumer: the default workspace %q is not one of %v", def, s.names)
@@ -76,6 +82,9 @@ func (s *Workspaces) Names() []string { return s.names }
 // Default returns the workspace of jobs that name none; nil when such jobs
 // are dead-lettered.
 func (s *Workspaces) Default() *Workspace { return s.def }
+
+// Len returns how many workspaces there are.
+func (s *Workspaces) Len() int { return len(s.names) }
 
 // Get returns the workspace called name, nil when there is none.
 func (s *Workspaces) Get(name string) *Workspace { return s.byName[name] }
@@ -109,7 +118,7 @@ func (s *Workspaces) WithRules(name string, r *rules.Rules) *Workspaces {
 	for k, w := range s.byName {
 		next.byName[k] = w
 	}
-	w := *s.byName[name]
+	w := *s.byName[name] // the same index
 	w.Rules = r
 	next.byName[name] = &w
 	if s.def != nil && s.def.Name == name {

@@ -27,10 +27,10 @@ PREFS_SHARE=${DEMO_PREFS_SHARE:-}    # users' own preferences: the run's prefere
                                      # users with one (a limit, an opt-out or VIP) before the blast
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 RESTART_AFTER=${DEMO_RESTART_AFTER:-} # seconds: start it again this long after the SIGKILL (same metrics address)
-WORKSPACES=${DEMO_WORKSPACES:-0}     # N > 0: CONFIG's rules as N identical workspaces ws-1..ws-N; the users spread
-                                     # over them (user u is ws-(u % N + 1)'s), each workspace's bitmaps hold its
-                                     # users, and the report judges the blast by CONFIG itself: every
-                                     # workspace's rules are its rules, their bitmaps together its bitmaps
+WORKSPACES=${DEMO_WORKSPACES:-0}     # N > 0: CONFIG's rules as N identical workspaces ws-1..ws-N, the users in N
+                                     # contiguous blocks, one per workspace (loadgen --workspace), each
+                                     # workspace's bitmaps holding its users; the report judges the blast by
+                                     # CONFIG itself: every workspace's rules are its rules, their bitmaps together its bitmaps
 REPORT_CONFIG=$CONFIG
 # DEMO_KEEP_KEYS=1 keeps the run's Redis keys (dropped at the end otherwise, see cleanup)
 # DEMO_KEEP_TOPICS=1 keeps the run's topics (deleted at the end otherwise, see cleanup)
@@ -108,11 +108,12 @@ seq $((b + 1)) "$c" | "$capper" segments build --name dormant --out "$work/segme
 
 if ((WORKSPACES > 0)); then
   say "$WORKSPACES workspaces with the rules of $CONFIG"
+  block=$(((USERS + WORKSPACES - 1) / WORKSPACES)) # as loadgen --workspace gives them
   for i in $(seq "$WORKSPACES"); do # its own users of each segment
     mkdir -p "$work/ws-segments/$i"
     for seg in new:1:$a active:$((a + 1)):$b dormant:$((b + 1)):$c; do
       IFS=: read -r name lo hi <<<"$seg"
-      seq "$lo" "$hi" | awk -v n="$WORKSPACES" -v r=$((i - 1)) '$1 % n == r' |
+      seq "$lo" "$hi" | awk -v from=$(((i - 1) * block + 1)) -v to=$((i * block)) '$1 >= from && $1 <= to' |
         "$capper" segments build --name "$name" --out "$work/ws-segments/$i/$name.roaring" >/dev/null
     done
     "$capper" segments upload "$work/ws-segments/$i" "s3://$CAPPER_TEST_S3_BUCKET/$run/ws-$i" >/dev/null

@@ -81,7 +81,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var prefEvs []loadtest.Event
 	if o.prefsShare > 0 {
 		msgs, evs := loadtest.GeneratePreferences(o.g.Users, o.prefsShare, o.g.Seed, time.Now())
-		loadtest.InWorkspace(msgs, o.workspaces())
+		loadtest.InWorkspace(msgs, o.workspaces(), o.g.Users)
 		if err = applyPreferences(ctx, cfg, transport, o.workspace, msgs, evs, stderr); err != nil {
 			return err
 		}
@@ -93,7 +93,7 @@ func runLoadgen(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	ext, fb, evs := loadtest.GenerateEvents(sent, o.externalShare, o.feedbackShare, o.g.Seed, time.Now())
 	for _, ms := range [][]kafka.Message{msgs, ext, fb} {
-		loadtest.InWorkspace(ms, o.workspaces())
+		loadtest.InWorkspace(ms, o.workspaces(), o.g.Users)
 	}
 	if err := reachable(ctx, cfg, transport, ts.Input); err != nil {
 		return err
@@ -168,7 +168,7 @@ func loadgenFlags(fs *flag.FlagSet) *loadgenOpts {
 	fs.StringVar(&o.channels, "channels", "email,push,sms", "channels to spread the jobs over, comma-separated")
 	fs.IntVar(&o.rate, "rate", 0, "produce this many messages per second, in tenths of a second (0: as fast as the broker takes them)")
 	fs.StringVar(&o.manifest, "manifest", "", "file to record what was sent, for capper report (Required)")
-	fs.StringVar(&o.workspace, "workspace", "", "with workspaces: the workspace every job and event names (the report judges it with --workspace); a comma-separated list spreads the users over them (user_id modulo their count)")
+	fs.StringVar(&o.workspace, "workspace", "", "with workspaces: the workspace every job and event names (the report judges it with --workspace); a comma-separated list gives users 1..--users to them in contiguous blocks, in order")
 	fs.IntVar(&o.partitions, "create-topics", 0, "create the input, output and configured event topics with this many partitions when missing (0: do not)")
 	return o
 }
@@ -243,7 +243,7 @@ func produceBlast(ctx context.Context, cfg *config.Config, transport *kafka.Tran
 	if o.vipMidway > 0 {
 		var vmsgs []kafka.Message
 		vmsgs, vevs = loadtest.GenerateVIP(o.g.Users, o.vipMidway, o.g.Seed, time.Now(), prefEvs, sent)
-		loadtest.InWorkspace(vmsgs, o.workspaces())
+		loadtest.InWorkspace(vmsgs, o.workspaces(), o.g.Users)
 		go func() { midway <- applyPreferences(ctx, cfg, transport, o.workspace, vmsgs, vevs, stderr) }()
 	} else {
 		midway <- nil

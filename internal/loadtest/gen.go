@@ -226,18 +226,21 @@ func Produce(ctx context.Context, w interface {
 // InWorkspace adds a "workspace" field to every message of msgs whose value
 // is a JSON object with a user_id (a job or an event; a malformed body is
 // left as it is), so a blast or its events go to workspaces of a deployment
-// with workspaces: a user's messages all to one, workspaces[user_id % len].
-func InWorkspace(msgs []kafka.Message, workspaces []string) {
+// with workspaces: users 1..users in as many contiguous blocks, one per
+// workspace in order (a brand's users are a range of its own), all of a
+// user's messages to one.
+func InWorkspace(msgs []kafka.Message, workspaces []string, users int) {
 	if len(workspaces) == 0 {
 		return
 	}
+	block := max(1, (users+len(workspaces)-1)/len(workspaces))
 	for i := range msgs {
 		var v map[string]any
 		if json.Unmarshal(msgs[i].Value, &v) != nil || v == nil {
 			continue
 		}
 		u, _ := v["user_id"].(float64)
-		v["workspace"] = workspaces[uint64(u)%uint64(len(workspaces))]
+		v["workspace"] = workspaces[min(max(0, int(u)-1)/block, len(workspaces)-1)]
 		msgs[i].Value, _ = json.Marshal(v)
 	}
 }
