@@ -46,7 +46,7 @@ func (w *Worker) route(e *entry) { e.out = route(&e.plan, &e.facts, w.cfg.Wheel,
 type decided struct {
 	batch     []kafka.Message
 	outs      []kafka.Message
-	decisions map[Kind]int   // final and held jobs by kind, counted once the outputs are acknowledged
+	decisions map[Kind]int          // final and held jobs by kind, counted once the outputs are acknowledged
 	byWS      [][DeadLetter + 1]int // the same by workspace (Workspace.index), with workspaces
 	spaces    *Workspaces
 	shadow    map[string]int // allowed jobs that a shadow cap would have capped, by cap

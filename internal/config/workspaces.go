@@ -143,12 +143,13 @@ func (c *Config) validateWorkspaces(bad func(field, format string, args ...any))
 		if c.DefaultWorkspace != "" {
 			bad("default_workspace", "%q is set but no workspaces are configured", c.DefaultWorkspace)
 		}
+		var errs []error
 		for i, b := range c.Rules.Budgets {
 			if len(b.Workspaces) > 0 {
-				bad(fmt.Sprintf("rules.budgets[%d].workspaces", i), "is set but no workspaces are configured")
+				errs = append(errs, fmt.Errorf("config: rules.budgets[%d].workspaces: set, but no workspaces are configured", i))
 			}
 		}
-		return nil
+		return errs
 	}
 	names := map[string]bool{}
 	prefixes := map[string]string{}
@@ -195,7 +196,7 @@ func (c *Config) validateWorkspaces(bad func(field, format string, args ...any))
 	for i, b := range c.Rules.Budgets {
 		for _, n := range b.Workspaces {
 			if !names[n] {
-				bad(fmt.Sprintf("rules.budgets[%d].workspaces", i), "%q is not one of the workspaces", n)
+				errs = append(errs, fmt.Errorf("config: rules.budgets[%d].workspaces: %q is not one of the workspaces", i, n))
 			}
 		}
 	}
