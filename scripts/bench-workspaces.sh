@@ -3,8 +3,9 @@
 # (BENCH_JOBS, default 500,000, for BENCH_USERS, default 250,000) through demo.sh on bench-lib's decide.yaml,
 # its rules as one workspace and as MANY (default 100) identical workspaces, the users spread over them (each
 # workspace with its own rules, segment store, key space and near cache), alternated ROUNDS times (default 3).
-# Prints the medians of jobs/s and of the worker's peak resident set, the throughput ratio many/one, and the
-# memory each workspace beyond the first adds. Every run's report must find nothing lost and no cap exceeded.
+# Prints the medians of jobs/s, of the worker's CPU per job from ready on (its start-up, a segment store per
+# workspace, apart) and of its peak resident set, the ratios many/one, and the memory each workspace beyond the
+# first adds. Every run's report must find nothing lost and no cap exceeded.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 JOBS=${BENCH_JOBS:-500000}
@@ -18,12 +19,12 @@ run() { # run WORKSPACES -> prints "jobs_per_sec rss_mib cpu_us"
   if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out" || ! grep -q '"pending":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-workspaces: the run with $1 workspaces failed" >&2; exit 1
   fi
-  echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker:)' | sed "s/^/  [$1 workspaces] /" >&2
-  python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(grep '^worker:' <<<"$out" | tail -1)" <<'PY'
+  echo "$out" | grep -E '^(  (decisions|throughput|checks)|worker)' | sed "s/^/  [$1 workspaces] /" >&2
+  python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(grep '^worker:' <<<"$out" | tail -1)" "$(grep '^worker after start-up:' <<<"$out" | tail -1)" <<'PY'
 import json, re, sys
 r = json.loads(sys.argv[1])
-cpu = re.search(r'\(([\d.]+) us/job\)', sys.argv[2]).group(1)
 rss = re.search(r'peak rss (\d+) MiB', sys.argv[2]).group(1)
+cpu = re.search(r'\(([\d.]+) us/job\)', sys.argv[3]).group(1)  # from ready on: start-up (a segment store per workspace) apart
 print(r["jobs_per_sec"], rss, cpu)
 PY
 }

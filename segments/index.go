@@ -30,7 +30,17 @@ type chunk struct {
 	dense  []byte   // owners by low 16 bits, when dense
 	lows   []uint16 // sorted low 16 bits, when sparse
 	owners []uint8  // owners of lows
+	// dir, for a sparse chunk of more than dirMin ids, is where in lows each
+	// value of their high byte starts (257 entries: the last is len(lows)),
+	// so a lookup searches the few ids of its byte, not all of them: a chunk
+	// of a few thousand ids (a workspace's users in a range of 65,536) was
+	// 12 dependent reads, and a hundred workspaces' chunks do not stay in
+	// the CPU's caches. 514 bytes a chunk.
+	dir []uint16
 }
+
+// dirMin is the fewest ids of a sparse chunk that get a directory.
+const dirMin = 64
 
 // newIndex builds the owner index of bms, in priority order.
 func newIndex(bms []*roaring.Bitmap) (*index, error) {
@@ -93,6 +103,15 @@ func newIndex(bms []*roaring.Bitmap) (*index, error) {
 	for i := range ix.chunks {
 		if ch := &ix.chunks[i]; ch.dense == nil {
 			ch.sortSparse()
+			if len(ch.lows) > dirMin {
+				ch.dir = make([]uint16, 257)
+				for b, k := 0, 0; b <= 256; b++ {
+					for k < len(ch.lows) && int(ch.lows[k]>>8) < b {
+						k++
+					}
+					ch.dir[b] = uint16(k)
+				}
+			}
 		}
 	}
 	// The table ends at the last chunk with an id: a snapshot of ids below
@@ -150,6 +169,9 @@ func (ix *index) owner(user uint32) int {
 		return int(ch.dense[low>>1]>>((low&1)*4)) & 0xF
 	}
 	lo, hi := 0, len(ch.lows)
+	if ch.dir != nil {
+		lo, hi = int(ch.dir[low>>8]), int(ch.dir[low>>8+1])
+	}
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
 		if ch.lows[m] < low {
@@ -168,7 +190,7 @@ func (ix *index) owner(user uint32) int {
 func (ix *index) bytes() uint64 {
 	n := uint64(len(ix.table)) * 4
 	for _, ch := range ix.chunks {
-		n += uint64(len(ch.dense)) + uint64(len(ch.lows))*3 + 48
+		n += uint64(len(ch.dense)) + uint64(len(ch.lows))*3 + uint64(len(ch.dir))*2 + 72
 	}
 	return n
 }

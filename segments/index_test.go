@@ -34,6 +34,9 @@ func TestLookupMatchesProbingTheBitmaps(t *testing.T) {
 				for k := 0; k < 2000; k++ { // sparse: scattered over the whole id space
 					bm.Add(rng.Uint32())
 				}
+				for k, base := 0, uint32(8+rng.IntN(4))<<16; k < 3000; k++ { // sparse but crowded: a directory's
+					bm.Add(base | rng.Uint32N(1<<16))
+				}
 				bm.AddRange(1<<32-1000, 1<<32) // the top of the id range in every segment
 				bms[i] = bm
 				segs[i] = segments.Segment{Name: fmt.Sprintf("s%d", i), Bitmap: bm.Clone()}
