@@ -40,14 +40,14 @@ const cacheMaxLog = 64
 
 // entryOverhead approximates what one entry costs besides its members and
 // scores: the slot and its index entry.
-const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 16
+const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 24 // the index's slot: an 8-byte key, a 4-byte value
 
 type nearCache struct {
-	shards    [cacheShards]cacheShard
-	gen       *atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped (a Limiter's caches share one)
-	evictions atomic.Uint64
-	holds     atomic.Uint64 // calls of hold
-	perShard  int
+	shards                  [cacheShards]cacheShard
+	gen                     atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped
+	hits, misses, evictions atomic.Uint64
+	holds                   atomic.Uint64 // calls of hold
+	perShard                int
 }
 
 // A shard holds no Go pointers besides its index, slots and arena: its
@@ -58,12 +58,12 @@ type nearCache struct {
 // allocates nothing once the arena has grown.
 type cacheShard struct {
 	mu    sync.Mutex
-	index map[uint32]int32 // user -> slot
+	index map[uint64]int32 // user (Request.who: its space and id) -> slot
 	slots []cacheEntry
 	hand  int
 	arena []byte           // the entries' logs, appended; never written over (see items)
 	dead  int              // bytes of arena no live entry refers to (see compact)
-	held  map[uint32]int32 // users no copy is kept for (see hold), and their holds; nil when none
+	held  map[uint64]int32 // users no copy is kept for (see hold), and their holds; nil when none
 }
 
 // cacheEntry is a copy of one user's log, oldest first, at
@@ -79,13 +79,26 @@ type cacheEntry struct {
 	user    uint32
 	off     int32
 	size    uint16 // bytes in the arena: at most cacheMaxBytes
+	space   Space  // the user's (with user: the index's key, Request.who)
 	n       uint8  // entries: at most cacheMaxLog
 	nLatest uint8  // the copy's version (a log only grows, at its end)
-	live    bool
-	ref     bool // looked up since the clock hand last passed
-	whole   bool
-	prefs   bool // made by a request that read preferences: the user had none
+	flags   entryFlags
 }
+
+// entryFlags are a cacheEntry's: four bools would leave no room for its space.
+type entryFlags uint8
+
+const (
+	entryLive  entryFlags = 1 << iota
+	entryRef              // looked up since the clock hand last passed
+	entryWhole            // the log as Redis holds it (see Whole copies)
+	entryPrefs            // made by a request that read preferences: the user had none
+)
+
+func (e *cacheEntry) is(f entryFlags) bool { return e.flags&f == f }
+
+// who is the index's key of e's user (Request.who).
+func (e *cacheEntry) who() uint64 { return uint64(e.space)<<32 | uint64(e.user) }
 
 // cacheMaxBytes bounds a copy's bytes in the arena: a whole log of
 // cacheMaxLog entries with members of 255 bytes (the longest a copy keeps).
@@ -103,18 +116,21 @@ var (
 const arenaCompactMin = 64 << 10
 
 func newNearCache(size int) *nearCache {
-	c := &nearCache{perShard: max(1, size/cacheShards), gen: new(atomic.Uint64)}
+	c := &nearCache{perShard: max(1, size/cacheShards)}
 	for i := range c.shards {
-		c.shards[i].index = map[uint32]int32{}
+		c.shards[i].index = map[uint64]int32{}
 	}
 	return c
 }
 
-func (c *nearCache) shard(user uint32) *cacheShard {
+func (c *nearCache) shard(user uint64) *cacheShard {
 	return &c.shards[shardOf(user)]
 }
 
-func shardOf(user uint32) int { return int((user * 0x9E3779B1) >> 28) }
+// shardOf spreads users (Request.who) over the shards; space 0's ids as before spaces.
+func shardOf(user uint64) int {
+	return int(((uint32(user) ^ uint32(user>>32)*0x85EBCA6B) * 0x9E3779B1) >> 28)
+}
 
 // logItem is one entry of a log being evaluated.
 type logItem struct {
@@ -127,7 +143,7 @@ type logItem struct {
 // copies into a new one), so they stay valid.
 func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 	buf = buf[:0]
-	if e.whole {
+	if e.is(entryWhole) {
 		raw := unsafe.String(&sh.arena[e.off], int(e.size))
 		for p := 8; p < len(raw); {
 			m, score, next, _ := nextEntry(raw, p) // checked by install
@@ -164,14 +180,14 @@ func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []Decision, hit []bool, order []int, slots []int32, hints []int32) {
 	var start [cacheShards + 1]int
 	for _, i := range idx {
-		start[shardOf(reqs[i].UserID)+1]++
+		start[shardOf(reqs[i].who())+1]++
 	}
 	for s := 1; s <= cacheShards; s++ {
 		start[s] += start[s-1]
 	}
 	next := start
 	for _, i := range idx {
-		s := shardOf(reqs[i].UserID)
+		s := shardOf(reqs[i].who())
 		order[next[s]] = i
 		next[s]++
 	}
@@ -184,7 +200,7 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 		sh := &c.shards[s]
 		sh.mu.Lock()
 		for k, i := range group {
-			n, ok := sh.index[reqs[i].UserID]
+			n, ok := sh.index[reqs[i].who()]
 			if !ok {
 				n = -1
 			}
@@ -204,18 +220,18 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 // holds the copy's items while it decides (capacity cacheMaxLog).
 func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, buf []logItem) bool {
 	e := &sh.slots[slot]
-	if !e.live || a.now >= e.expires {
+	if !e.is(entryLive) || a.now >= e.expires {
 		sh.remove(slot)
 		return false
 	}
-	if r.Preferences && !e.prefs { // the user may have preferences since: the script reads them
+	if r.Preferences && !e.is(entryPrefs) { // the user may have preferences since: the script reads them
 		return false
 	}
-	e.ref = true
+	e.flags |= entryRef
 	log := sh.items(e, buf)
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
-	if h[0] == 1 && e.whole {
+	if h[0] == 1 && e.is(entryWhole) {
 		raw := unsafe.String(&sh.arena[e.off], int(e.size))
 		if int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a) {
 			a.expect = raw
@@ -378,7 +394,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 	for p := 0; p < len(tail); {
 		m, score, next, ok := nextEntry(tail, p)
 		if !ok || len(log) == cacheMaxLog || len(m) > 255 {
-			c.drop(r.UserID)
+			c.drop(r.who())
 			return
 		}
 		log = append(log, logItem{m, score})
@@ -393,37 +409,44 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 		raw = ""
 	}
 	if expires <= a.now {
-		c.drop(r.UserID)
+		c.drop(r.who())
 		return
 	}
 	if raw != "" { // kept whole: its entries are read from it
 		size = len(raw)
 	}
 	if size > cacheMaxBytes { // cannot be: the entries are at most cacheMaxLog, their members 255 bytes
-		c.drop(r.UserID)
+		c.drop(r.who())
 		return
 	}
-	e := cacheEntry{user: r.UserID, live: true, expires: expires, n: uint8(n), size: uint16(size), whole: raw != "", prefs: r.Preferences}
+	e := cacheEntry{user: r.UserID, space: r.Space, flags: entryLive, expires: expires, n: uint8(n), size: uint16(size)}
+	if raw != "" {
+		e.flags |= entryWhole
+	}
+	if r.Preferences {
+		e.flags |= entryPrefs
+	}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
 			e.nLatest++
 		}
 	}
-	sh := c.shard(r.UserID)
+	who := r.who()
+	sh := c.shard(who)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if c.gen.Load() != gen {
 		return
 	}
-	if _, held := sh.held[r.UserID]; held {
+	if _, held := sh.held[who]; held {
 		return
 	}
 	slot, ok := hint-1, false
-	if hint > 0 && int(slot) < len(sh.slots) && sh.slots[slot].live && sh.slots[slot].user == r.UserID {
+	if hint > 0 && int(slot) < len(sh.slots) && sh.slots[slot].is(entryLive) && sh.slots[slot].who() == who {
 		ok = true
 	} else {
-		slot, ok = sh.index[r.UserID]
+		slot, ok = sh.index[who]
 	}
 	if ok {
 		old := &sh.slots[slot]
@@ -431,9 +454,9 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 			return // a decision that ran later in Redis already left a newer copy
 		}
 		sh.dead += int(old.size)
-		old.live = false // its bytes are dead: compact must not copy them
+		old.flags &^= entryLive // its bytes are dead: compact must not copy them
 		if e.off = sh.put(log, size, raw); e.off < 0 {
-			delete(sh.index, r.UserID)
+			delete(sh.index, who)
 			*old = cacheEntry{}
 			return
 		}
@@ -445,7 +468,7 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 	}
 	slot = sh.free(c)
 	sh.slots[slot] = e
-	sh.index[r.UserID] = slot
+	sh.index[who] = slot
 }
 
 // put appends log (size bytes encoded, see cacheEntry), or raw when it is
@@ -484,7 +507,7 @@ func (sh *cacheShard) compact() {
 	arena := make([]byte, 0, live+live/2+arenaCompactMin)
 	for i := range sh.slots {
 		e := &sh.slots[i]
-		if !e.live {
+		if !e.is(entryLive) {
 			continue
 		}
 		off := len(arena)
@@ -539,11 +562,11 @@ func (sh *cacheShard) free(c *nearCache) int32 {
 	for {
 		sh.hand = (sh.hand + 1) % len(sh.slots)
 		e := &sh.slots[sh.hand]
-		if e.live && e.ref {
-			e.ref = false
+		if e.is(entryLive | entryRef) {
+			e.flags &^= entryRef
 			continue
 		}
-		if e.live {
+		if e.is(entryLive) {
 			c.evictions.Add(1)
 			sh.remove(int32(sh.hand))
 		}
@@ -554,16 +577,16 @@ func (sh *cacheShard) free(c *nearCache) int32 {
 // remove empties a slot (it stays allocated, for the clock to reuse).
 func (sh *cacheShard) remove(slot int32) {
 	e := &sh.slots[slot]
-	if !e.live {
+	if !e.is(entryLive) {
 		return
 	}
-	delete(sh.index, e.user)
+	delete(sh.index, e.who())
 	sh.dead += int(e.size)
 	*e = cacheEntry{}
 }
 
 // drop forgets user's copy: its log changed in a way the cache did not see.
-func (c *nearCache) drop(user uint32) {
+func (c *nearCache) drop(user uint64) {
 	sh := c.shard(user)
 	sh.mu.Lock()
 	if slot, ok := sh.index[user]; ok {
@@ -575,11 +598,11 @@ func (c *nearCache) drop(user uint32) {
 // hold forgets user's copy and keeps none until as many releases: a change
 // to the user's log or preferences is on its way to Redis (an event another
 // process will apply), and a copy read before it lands must not answer after.
-func (c *nearCache) hold(user uint32) {
+func (c *nearCache) hold(user uint64) {
 	sh := c.shard(user)
 	sh.mu.Lock()
 	if sh.held == nil {
-		sh.held = map[uint32]int32{}
+		sh.held = map[uint64]int32{}
 	}
 	sh.held[user]++
 	if slot, ok := sh.index[user]; ok {
@@ -593,7 +616,7 @@ func (c *nearCache) hold(user uint32) {
 // decision in flight may have read a log from before a change and install
 // after its release: the generation is bumped first, so that its copy is
 // dropped (as after a clear), and the users are let go after.
-func (c *nearCache) release(users []uint32) {
+func (c *nearCache) release(users []uint64) {
 	c.gen.Add(1)
 	for _, u := range users {
 		sh := c.shard(u)
@@ -617,7 +640,7 @@ func (c *nearCache) clear() {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		sh.index = map[uint32]int32{}
+		sh.index = map[uint64]int32{}
 		sh.slots, sh.hand, sh.arena, sh.dead = nil, 0, nil, 0
 		sh.mu.Unlock()
 	}

@@ -105,13 +105,13 @@ func TestNearCacheHoldKeepsNoCopyUntilReleased(t *testing.T) {
 		t.Fatalf("after the holds: answered %v, %d copies (user 8's alone), %d held, want no answer, 1 and 1", d, copies(), held())
 	}
 	c.install(r, a, c.gen.Load(), tail, "", 0)
-	c.release([]uint32{7})
+	c.release([]uint64{7})
 	c.install(r, a, c.gen.Load(), tail, "", 0)
 	if c.decide(r, a, &d) || held() != 1 {
 		t.Fatalf("a copy installed while held (once, then twice): answered %+v, %d held", d, held())
 	}
 	before := c.gen.Load() // a decision in flight across the last release
-	c.release([]uint32{7})
+	c.release([]uint64{7})
 	c.install(r, a, before, tail, "", 0)
 	if c.decide(r, a, &d) || held() != 0 {
 		t.Fatalf("a decision begun before the release installed its copy: answered %+v, %d held", d, held())
@@ -129,7 +129,7 @@ func TestNearCacheEvictsWhatWasNotLookedUp(t *testing.T) {
 	c := newNearCache(cacheShards * 4) // 4 copies per shard
 	var users []uint32
 	for u := uint32(1); len(users) < 5; u++ { // five users of one shard
-		if c.shard(u) == c.shard(1) {
+		if c.shard(uint64(u)) == c.shard(1) {
 			users = append(users, u)
 		}
 	}
@@ -174,7 +174,7 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 			c.install(r, a, c.gen.Load(), tail, "", 0)
 			installs++
 			if u%7 == 0 {
-				c.drop(u)
+				c.drop(uint64(u))
 			}
 		}
 	}
@@ -182,7 +182,7 @@ func TestNearCacheArenaStaysBounded(t *testing.T) {
 		sh := &c.shards[i]
 		live := 0
 		for j := range sh.slots {
-			if sh.slots[j].live {
+			if sh.slots[j].is(entryLive) {
 				live += int(sh.slots[j].size)
 			}
 		}
@@ -256,7 +256,7 @@ func TestNearCacheConcurrentUse(t *testing.T) {
 						}
 					}
 				case k < 19:
-					c.drop(u)
+					c.drop(uint64(u))
 				default:
 					if rng.IntN(1000) == 0 {
 						c.clear()
@@ -351,7 +351,7 @@ func TestNearCacheInstallHintGoneStale(t *testing.T) {
 	c := newNearCache(2 * cacheShards) // two slots per shard
 	var users []uint32
 	for u := uint32(1); len(users) < 3; u++ {
-		if shardOf(u) == shardOf(1) {
+		if shardOf(uint64(u)) == shardOf(1) {
 			users = append(users, u)
 		}
 	}
@@ -362,27 +362,27 @@ func TestNearCacheInstallHintGoneStale(t *testing.T) {
 	}
 	install(a, 0)
 	install(b, 0)
-	sh := c.shard(a)
-	hintA := sh.index[a] + 1 // a's slot, as a lookup saw it
-	c.drop(a)
-	sh.slots[sh.index[b]].ref = true // looked up lately: the clock passes it by
-	install(x, 0)                    // takes a's slot
-	if sh.index[x]+1 != hintA {
-		t.Fatalf("x in slot %d, want a's old slot %d (the test's premise)", sh.index[x], hintA-1)
+	sh := c.shard(uint64(a))
+	hintA := sh.index[uint64(a)] + 1 // a's slot, as a lookup saw it
+	c.drop(uint64(a))
+	sh.slots[sh.index[uint64(b)]].flags |= entryRef // looked up lately: the clock passes it by
+	install(x, 0)                                   // takes a's slot
+	if sh.index[uint64(x)]+1 != hintA {
+		t.Fatalf("x in slot %d, want a's old slot %d (the test's premise)", sh.index[uint64(x)], hintA-1)
 	}
 	install(a, hintA)
 	for u, slot := range sh.index {
-		if sh.slots[slot].user != u || !sh.slots[slot].live {
-			t.Errorf("user %d's index names slot %d, which holds user %d (live %v)", u, slot, sh.slots[slot].user, sh.slots[slot].live)
+		if sh.slots[slot].who() != u || !sh.slots[slot].is(entryLive) {
+			t.Errorf("user %d's index names slot %d, which holds user %d (live %v)", u, slot, sh.slots[slot].user, sh.slots[slot].is(entryLive))
 		}
 	}
-	if _, ok := sh.index[a]; !ok {
+	if _, ok := sh.index[uint64(a)]; !ok {
 		t.Error("a's copy not installed")
 	}
 	// A hint still right is followed: a's copy is replaced in place.
-	slot := sh.index[a]
+	slot := sh.index[uint64(a)]
 	install(a, slot+1)
-	if sh.index[a] != slot || len(sh.index) != 2 {
-		t.Errorf("a in slot %d (was %d), %d copies, want it replaced in place among 2", sh.index[a], slot, len(sh.index))
+	if sh.index[uint64(a)] != slot || len(sh.index) != 2 {
+		t.Errorf("a in slot %d (was %d), %d copies, want it replaced in place among 2", sh.index[uint64(a)], slot, len(sh.index))
 	}
 }

@@ -242,7 +242,7 @@ type Request struct {
 }
 
 // who identifies r's user among every space's.
-func (r *Request) who() uint64 { return uint64(r.Space)<<32 | uint64(r.UserID) }
+func (r *Request) who() uint64 { return who(r.Space, r.UserID) }
 
 func (r *Request) validate() error {
 	if r.JobID == "" {

@@ -47,8 +47,8 @@ func (l *Limiter) Forget(ctx context.Context, s Space, userID uint32, jobID stri
 // DropCached drops the near cache's copy of user's log: call it when the log
 // lost an entry elsewhere (another process's Forget).
 func (l *Limiter) DropCached(s Space, userID uint32) {
-	if c := l.space(s).cache; c != nil {
-		c.drop(userID)
+	if l.cache != nil {
+		l.cache.drop(who(s, userID))
 	}
 }
 
@@ -59,8 +59,8 @@ func (l *Limiter) DropCached(s Space, userID uint32) {
 // drop and the change would read the log from before and install a copy
 // that answers "capped" after. Holds of one user add up.
 func (l *Limiter) HoldCopies(s Space, userID uint32) {
-	if c := l.space(s).cache; c != nil {
-		c.hold(userID)
+	if l.cache != nil {
+		l.cache.hold(who(s, userID))
 	}
 }
 
@@ -68,7 +68,11 @@ func (l *Limiter) HoldCopies(s Space, userID uint32) {
 // Redis (the event's group committed past it). A copy installed afterwards
 // by a decision that began before is dropped.
 func (l *Limiter) ReleaseCopies(s Space, users []uint32) {
-	if c := l.space(s).cache; c != nil && len(users) > 0 {
-		c.release(users)
+	if l.cache != nil && len(users) > 0 {
+		whos := make([]uint64, len(users))
+		for i, u := range users {
+			whos[i] = who(s, u)
+		}
+		l.cache.release(whos)
 	}
 }

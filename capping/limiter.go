@@ -128,17 +128,16 @@ type Limiter struct {
 	client   Client
 	cluster  *redis.ClusterClient // nil for a single node
 	cfg      Config
-	spaces   atomic.Pointer[[]keySpace] // by Space; grows only (AddSpace)
-	spaceMu  sync.Mutex                 // serialises AddSpace
-	gen      atomic.Uint64              // the near caches' generation (nearCache.gen)
-	seen     *seenUsers                 // nil with ScriptOnly
-	calls    atomic.Uint64              // script calls sent
-	requests atomic.Uint64              // requests they carried
+	spaces   atomic.Pointer[[]string] // the key prefix of each Space; grows only (AddSpace)
+	spaceMu  sync.Mutex               // serialises AddSpace
+	cache    *nearCache               // nil when off
+	seen     *seenUsers               // nil with ScriptOnly
+	calls    atomic.Uint64            // script calls sent
+	requests atomic.Uint64            // requests they carried
 
 	newLogs, newLogMisses   atomic.Uint64 // SET NX that recorded a new log, and that found one
 	copyAppends, copyMisses atomic.Uint64 // sends decided from a whole copy and appended (mode 4), and those whose log had changed
 	functionLoads           atomic.Uint64 // loads of the function library on a node that answered "Function not found"
-	cacheHits, cacheMisses  atomic.Uint64 // near cache lookups answered, and not
 }
 
 // New returns a Limiter after loading its script on every node of client.
@@ -148,6 +147,9 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{client: client, cfg: cfg.withDefaults()}
 	l.cluster, _ = client.(*redis.ClusterClient)
+	if cfg.NearCache > 0 {
+		l.cache = newNearCache(cfg.NearCache)
+	}
 	if _, err := l.AddSpace(l.cfg.KeyPrefix); err != nil {
 		return nil, err
 	}
@@ -163,7 +165,7 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 // Key returns the Redis key of the log of user userID of space s.
 func (l *Limiter) Key(s Space, userID uint32) string {
 	var buf [64]byte // one allocation (the string) for prefixes of up to 50 bytes
-	b := append(buf[:0], l.space(s).prefix...)
+	b := append(buf[:0], l.prefix(s)...)
 	b = append(b, ":{"...)
 	b = strconv.AppendUint(b, uint64(userID), 10)
 	return string(append(b, '}'))
@@ -205,9 +207,11 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 		defer cancel()
 	}
 	r := &round{l: l, reqs: reqs, record: record, now: l.cfg.Clock(), decs: make([]Decision, len(reqs))}
-	if record && l.cfg.NearCache > 0 { // a look is never cached, nor answered from the cache
-		r.spaces = *l.spaces.Load()
-		r.gen = l.gen.Load()
+	if record {
+		r.cache = l.cache // a look is never cached, nor answered from the cache
+	}
+	if r.cache != nil {
+		r.gen = r.cache.gen.Load()
 	}
 	var caps *[]Cap // a look counts every cap (capper check shows them all)
 	if record {
@@ -218,7 +222,7 @@ func (l *Limiter) run(ctx context.Context, reqs []Request, record bool) ([]Decis
 	defer sc.release()
 	r.b = &batch{l: l, reqs: reqs, record: record, results: grow(&sc.results, len(reqs)), nodes: grow(&sc.nodes, len(reqs)),
 		alone: grow(&sc.alone, len(reqs)), args: newArgs(reqs, r.now, l.cfg.ClockMargin, caps, sc), sc: sc}
-	if r.spaces != nil {
+	if r.cache != nil {
 		r.b.maxLog = cacheMaxLog
 	}
 	pending := r.pending()
@@ -251,17 +255,9 @@ type round struct {
 	now    time.Time
 	decs   []Decision
 	errs   RequestErrors // made at the first failure
-	spaces []keySpace    // with the near caches: nil when they are off, and for a look
-	gen    uint64        // the caches' generation when the round began (see nearCache.install)
+	cache  *nearCache    // nil when off, and for a look
+	gen    uint64        // the cache's generation when the round began (see nearCache.install)
 	asked  bool          // the near cache looked some requests up (its hints are set)
-}
-
-// cache is request i's near cache: nil when none answers it.
-func (r *round) cache(i int) *nearCache {
-	if s := int(r.reqs[i].Space); s < len(r.spaces) {
-		return r.spaces[s].cache
-	}
-	return nil
 }
 
 func (r *round) setErr(i int, err error) {
@@ -275,58 +271,15 @@ func (r *round) setErr(i int, err error) {
 func (r *round) fail(i int, err error) {
 	r.decs[i] = Decision{} // a copy's decision may be there
 	r.setErr(i, fmt.Errorf("capping: decide job %q for user %d: %w", r.reqs[i].JobID, r.reqs[i].UserID, err))
-	if c := r.cache(i); c != nil { // it may have been recorded: the copy is no longer the log
-		c.drop(r.reqs[i].UserID)
-	}
-}
-
-// lookUp answers from the near caches those of asked they can (hit), the
-// requests of each space from its cache, in one decideAll per space.
-func (r *round) lookUp(asked []int, hit []bool) {
-	sc, args := r.b.sc, r.b.args
-	hints := grow(&sc.hints, len(r.reqs))
-	first := r.reqs[asked[0]].Space
-	mixed := false
-	for _, i := range asked {
-		if r.reqs[i].Space != first {
-			mixed = true
-			break
-		}
-	}
-	if !mixed { // the usual case: one workspace, or one space in the batch
-		if c := r.cache(asked[0]); c != nil {
-			c.decideAll(r.reqs, args, asked, r.decs, hit, grow(&sc.order, len(asked)), grow(&sc.slots, len(asked)), hints)
-		}
-		return
-	}
-	// By space: a counting sort of asked (every one's space is below len(r.spaces), see pending).
-	n := len(r.spaces)
-	start := grow(&sc.spaceStart, n+1)
-	for _, i := range asked {
-		start[r.reqs[i].Space+1]++
-	}
-	for s := 1; s <= n; s++ {
-		start[s] += start[s-1]
-	}
-	next := append(grow(&sc.spaceNext, n)[:0], start[:n]...)
-	grouped := grow(&sc.grouped, len(asked))
-	for _, i := range asked {
-		s := r.reqs[i].Space
-		grouped[next[s]] = i
-		next[s]++
-	}
-	for s := range n {
-		idx := grouped[start[s]:start[s+1]]
-		if c := r.spaces[s].cache; c != nil && len(idx) > 0 {
-			c.decideAll(r.reqs, args, idx, r.decs, hit, grow(&sc.order, len(idx)), grow(&sc.slots, len(idx)), hints)
-		}
+	if r.cache != nil { // it may have been recorded: the copy is no longer the log
+		r.cache.drop(r.reqs[i].who())
 	}
 }
 
 // pending validates the requests, answers from the near cache those it can,
 // marks the sends that may go as new logs, and returns the requests for Redis.
 func (r *round) pending() []int {
-	l, b, reqs, sc, cached := r.l, r.b, r.reqs, r.b.sc, r.spaces != nil
+	l, b, reqs, sc, cache := r.l, r.b, r.reqs, r.b.sc, r.cache
 	pending := grow(&sc.pending, len(reqs))[:0]
 	asked := sc.asked[:0] // the requests the near cache may answer
 	spaces := len(*l.spaces.Load())
@@ -339,7 +292,7 @@ func (r *round) pending() []int {
 			r.setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
-		if n := len(b.args[i].caps); cached && n > 0 && n <= maxCaps && !reqs[i].Candidate && int(reqs[i].Space) < len(r.spaces) {
+		if n := len(b.args[i].caps); cache != nil && n > 0 && n <= maxCaps && !reqs[i].Candidate {
 			asked = append(asked, i)
 		}
 	}
@@ -347,7 +300,7 @@ func (r *round) pending() []int {
 	hit := grow(&sc.hit, len(reqs))
 	if len(asked) > 0 {
 		r.asked = true
-		r.lookUp(asked, hit)
+		cache.decideAll(reqs, b.args, asked, r.decs, hit, grow(&sc.order, len(asked)), grow(&sc.slots, len(asked)), grow(&sc.hints, len(reqs)))
 	}
 	sent := sc.sent // users with a request for Redis in this batch
 	clear(sent)
@@ -356,7 +309,7 @@ func (r *round) pending() []int {
 		if r.errs != nil && r.errs[i] != nil { // invalid
 			continue
 		}
-		if cached {
+		if cache != nil {
 			// A later request of a user whose earlier one goes to Redis must
 			// see that one's outcome, so it goes too (its answer from the
 			// copy is dropped).
@@ -378,9 +331,9 @@ func (r *round) pending() []int {
 		}
 		pending = append(pending, i)
 	}
-	if cached {
-		l.cacheHits.Add(uint64(hits))
-		l.cacheMisses.Add(uint64(len(asked) - hits))
+	if cache != nil {
+		cache.hits.Add(uint64(hits))
+		cache.misses.Add(uint64(len(asked) - hits))
 	}
 	l.requests.Add(uint64(len(pending)))
 	if l.seen != nil && r.record {
@@ -483,7 +436,7 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 	if err == nil && r.reqs[i].DuplicateOnly && !r.decs[i].Duplicate {
 		r.decs[i] = Decision{At: now} // looked, and not found
 	}
-	if c := r.cache(i); err == nil && c != nil && !r.reqs[i].DuplicateOnly { // a look changes nothing
+	if c := r.cache; err == nil && c != nil && !r.reqs[i].DuplicateOnly { // a look changes nothing
 		if len(tail) > 0 {
 			var hint int32
 			if r.asked {
@@ -491,7 +444,7 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 			}
 			c.install(&r.reqs[i], &b.args[i], r.gen, tail, raw, hint)
 		} else {
-			c.drop(r.reqs[i].UserID)
+			c.drop(r.reqs[i].who())
 		}
 	}
 	return err
@@ -555,14 +508,9 @@ type Stats struct {
 func (l *Limiter) Stats() Stats {
 	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load(),
 		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), FunctionLoads: l.functionLoads.Load()}
-	s.CacheHits, s.CacheMisses = l.cacheHits.Load(), l.cacheMisses.Load()
-	for _, ks := range *l.spaces.Load() {
-		if c := ks.cache; c != nil {
-			s.CacheEvictions += c.evictions.Load()
-			s.CacheHolds += c.holds.Load()
-			entries, bytes, held := c.stats()
-			s.CacheEntries, s.CacheBytes, s.CacheHeld = s.CacheEntries+entries, s.CacheBytes+bytes, s.CacheHeld+held
-		}
+	if c := l.cache; c != nil {
+		s.CacheHits, s.CacheMisses, s.CacheEvictions, s.CacheHolds = c.hits.Load(), c.misses.Load(), c.evictions.Load(), c.holds.Load()
+		s.CacheEntries, s.CacheBytes, s.CacheHeld = c.stats()
 	}
 	return s
 }
@@ -571,10 +519,8 @@ func (l *Limiter) Stats() Stats {
 // in flight). Call it when the caps a user gets may have changed: a rules
 // reload, a new segment snapshot.
 func (l *Limiter) InvalidateCache() {
-	for _, ks := range *l.spaces.Load() {
-		if ks.cache != nil {
-			ks.cache.clear()
-		}
+	if l.cache != nil {
+		l.cache.clear()
 	}
 }
 

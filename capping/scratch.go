@@ -49,8 +49,6 @@ type scratch struct {
 	order   []int
 	slots   []int32
 	hints   []int32 // by request: its copy's slot plus one at the lookup (see nearCache.install)
-	// A batch of several spaces' requests, grouped by space (see round.lookUp).
-	spaceStart, spaceNext, grouped []int
 }
 
 var scratchPool = make(spares[scratch], 4)

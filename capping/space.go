@@ -13,14 +13,9 @@ import (
 
 // Space is a key space: the keys of one workspace's users. The same user id
 // in two spaces is two users, with two logs, two sets of preferences and two
-// near cache copies. Space 0 is Config.KeyPrefix's; AddSpace adds others.
+// near cache copies (the cache's key is the space and the id, Request.who).
+// Space 0 is Config.KeyPrefix's; AddSpace adds others.
 type Space uint16
-
-// keySpace is a Space's key prefix and near cache.
-type keySpace struct {
-	prefix string
-	cache  *nearCache // nil when off
-}
 
 // AddSpace returns the Space whose users' logs are PREFIX:{USER_ID}, adding
 // it if it is new. Spaces are never removed: a process that stops using one
@@ -31,41 +26,39 @@ func (l *Limiter) AddSpace(prefix string) (Space, error) {
 	}
 	l.spaceMu.Lock()
 	defer l.spaceMu.Unlock()
-	var old []keySpace
+	var old []string
 	if p := l.spaces.Load(); p != nil {
 		old = *p
 	}
-	for i, ks := range old {
-		if ks.prefix == prefix {
+	for i, p := range old {
+		if p == prefix {
 			return Space(i), nil
 		}
 	}
 	if len(old) > 1<<16-1 {
 		return 0, fmt.Errorf("capping: key space %q: there are already %d", prefix, len(old))
 	}
-	ks := keySpace{prefix: prefix}
-	if l.cfg.NearCache > 0 {
-		ks.cache = newNearCache(l.cfg.NearCache)
-		ks.cache.gen = &l.gen
-	}
-	spaces := append(old[:len(old):len(old)], ks)
+	spaces := append(old[:len(old):len(old)], prefix)
 	l.spaces.Store(&spaces)
 	return Space(len(old)), nil
 }
 
-// space returns s's key space; an unknown one is Space 0's with no cache:
-// its requests fail validation (Request.Space).
-func (l *Limiter) space(s Space) *keySpace {
+// prefix returns s's key prefix; an unknown space's is Space 0's (its
+// requests fail validation: see round.pending).
+func (l *Limiter) prefix(s Space) string {
 	spaces := *l.spaces.Load()
 	if int(s) < len(spaces) {
-		return &spaces[s]
+		return spaces[s]
 	}
-	return &keySpace{prefix: spaces[0].prefix}
+	return spaces[0]
 }
+
+// who is the near cache's key of user userID of space s (Request.who).
+func who(s Space, userID uint32) uint64 { return uint64(s)<<32 | uint64(userID) }
 
 // SpacePattern is the SCAN pattern of every key of space s's users: their
 // logs, preferences and arbitration candidates.
-func (l *Limiter) SpacePattern(s Space) string { return EscapeGlob(l.space(s).prefix) + ":{*" }
+func (l *Limiter) SpacePattern(s Space) string { return EscapeGlob(l.prefix(s)) + ":{*" }
 
 // EscapeGlob escapes what a SCAN pattern would read as a wildcard in s.
 func EscapeGlob(s string) string {
