@@ -50,15 +50,15 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("--timezone: %w", err)
 	}
-	b, err := connect(ctx, *path, *timeout)
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	b, ws, err := connectWorkspace(ctx, cfg, *timeout, false, *workspace)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	ws, err := b.Workspace(*workspace)
-	if err != nil {
-		return err
-	}
 	if *timezone == "" {
 		zone = ws.Rules.DefaultZone()
 	}
@@ -179,15 +179,15 @@ func policy(p rules.Policy) string {
 
 // checkBudget prints one budget key's current use.
 func checkBudget(ctx context.Context, path, workspace, name, campaign string, timeout time.Duration, stdout io.Writer) error {
-	b, err := connect(ctx, path, timeout)
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return err
+	}
+	b, ws, err := connectWorkspace(ctx, cfg, timeout, true, workspace) // budgets are in Redis alone
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	ws, err := b.Workspace(workspace)
-	if err != nil {
-		return err
-	}
 	spec, perCampaign, ok := ws.Rules.BudgetNamed(name)
 	if !ok && ws.Name != "" {
 		spec, perCampaign, ok = ws.Rules.BudgetNamed(ws.Name + "/" + name) // the workspace's own
@@ -211,29 +211,29 @@ func checkBudget(ctx context.Context, path, workspace, name, campaign string, ti
 	return nil
 }
 
-// connect opens the backends of the config at path, read-only use.
-// connect opens the backends of a one-shot command (check, prefs get): it
-// gives up after timeout, the segments' first snapshot and Redis included,
-// naming --timeout, rather than the worker's minutes of patience.
-func connect(ctx context.Context, path string, timeout time.Duration) (*daemon.Backends, error) {
-	cfg, err := loadConfig(path)
-	if err != nil {
-		return nil, err
-	}
-	return connectConfig(ctx, cfg, timeout, false)
-}
-
-// connectConfig is connect on a loaded config; noSegments loads none (Redis alone).
-func connectConfig(ctx context.Context, cfg *config.Config, timeout time.Duration, noSegments bool) (*daemon.Backends, error) {
+// connectWorkspace opens the backends of a one-shot command (check, prefs
+// get, keys) and returns the workspace called name (the default one for
+// ""); noSegments loads none (Redis alone). It gives up after timeout, the
+// segments' first snapshot and Redis included, naming --timeout, rather than
+// the worker's minutes of patience.
+func connectWorkspace(ctx context.Context, cfg *config.Config, timeout time.Duration, noSegments bool, name string) (*daemon.Backends, *daemon.Workspace, error) {
 	cfg.Segments.StartupTimeout = config.Duration(min(time.Duration(cfg.Segments.StartupTimeout), timeout))
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	start := time.Now()
 	b, err := daemon.Connect(ctx, cfg, daemon.Options{Stderr: os.Stderr, NoSegments: noSegments})
 	if err != nil && time.Since(start) >= timeout*9/10 {
-		return nil, fmt.Errorf("gave up after %v (--timeout D waits longer): %w", timeout, err)
+		return nil, nil, fmt.Errorf("gave up after %v (--timeout D waits longer): %w", timeout, err)
 	}
-	return b, err
+	if err != nil {
+		return nil, nil, err
+	}
+	ws, err := b.Workspace(name)
+	if err != nil {
+		b.Close()
+		return nil, nil, err
+	}
+	return b, ws, nil
 }
 
 // timeoutFlag is a one-shot command's --timeout.

@@ -28,15 +28,11 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	b, err := connectConfig(ctx, cfg, *timeout, true) // Redis alone
+	b, ws, err := connectWorkspace(ctx, cfg, *timeout, true, *workspace) // Redis alone
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	ws, err := b.Workspace(*workspace)
-	if err != nil {
-		return err
-	}
 	patterns := []string{b.Limiter.SpacePattern(ws.Space)}
 	if ws.Name != "" && b.Config.OwnBudgetNames(ws.Config()) { // (one that kept the deployment's keys names its budgets as before)
 		patterns = append(patterns, capping.EscapeGlob(strings.TrimSuffix(b.Budgets.RedisKey(ws.Name+"/"), "}"))+"*")

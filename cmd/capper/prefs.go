@@ -61,15 +61,11 @@ func runPrefs(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if args[0] == "get" {
-		b, err := connectConfig(ctx, cfg, *timeout, true) // preferences are in Redis alone
+		b, ws, err := connectWorkspace(ctx, cfg, *timeout, true, *workspace) // preferences are in Redis alone
 		if err != nil {
 			return err
 		}
 		defer b.Close()
-		ws, err := b.Workspace(*workspace)
-		if err != nil {
-			return err
-		}
 		ps, err := b.Limiter.Preferences(ctx, ws.Space, uint32(user.v))
 		if err != nil {
 			return err
