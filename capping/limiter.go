@@ -29,6 +29,9 @@ type Client interface {
 // the single-node Client itself. It needs what a Client offers.
 type node = Client
 
+// DefaultKeyPrefix is Config.KeyPrefix's default.
+const DefaultKeyPrefix = "fc"
+
 // Config configures a Limiter. A zero value means the default of each field.
 type Config struct {
 	// KeyPrefix starts every key; a user's log is PREFIX:{USER_ID}. Defaults to "fc".
@@ -103,7 +106,7 @@ func (c Config) Validate() error {
 
 func (c Config) withDefaults() Config {
 	if c.KeyPrefix == "" {
-		c.KeyPrefix = "fc"
+		c.KeyPrefix = DefaultKeyPrefix
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/jobs"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -101,14 +102,7 @@ func (s *Workspaces) Lookup(name string) (*Workspace, error) {
 	if w := s.byName[name]; w != nil {
 		return w, nil
 	}
-	return nil, fmt.Errorf("workspace %q is not configured (workspaces: %v)", truncateName(name), s.names)
-}
-
-func truncateName(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
-	}
-	return s
+	return nil, fmt.Errorf("workspace %q is not configured (workspaces: %v)", jobs.Truncate(name, 64), s.names)
 }
 
 // WithRules returns s with the rules of workspace name replaced by r.

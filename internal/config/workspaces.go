@@ -4,6 +4,7 @@ package config
 // own rules file, segments and users' keys.
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/rules"
 )
 
@@ -63,7 +65,7 @@ func (c *Config) WorkspaceKeyPrefix(w Workspace) string {
 
 func (c *Config) keyPrefix() string {
 	if c.Redis.KeyPrefix == "" {
-		return "fc"
+		return capping.DefaultKeyPrefix
 	}
 	return c.Redis.KeyPrefix
 }
@@ -78,19 +80,12 @@ func (c *Config) OwnBudgetNames(w Workspace) bool { return c.WorkspaceKeyPrefix(
 func (c *Config) WorkspaceSegments(w Workspace) Segments {
 	s := c.Segments
 	if w.Segments != "." {
-		s.Source = strings.TrimSuffix(s.Source, "/") + "/" + strings.Trim(cmpOr(w.Segments, w.Name), "/")
+		s.Source = strings.TrimSuffix(s.Source, "/") + "/" + strings.Trim(cmp.Or(w.Segments, w.Name), "/")
 	}
 	if s.CacheDir != "" {
 		s.CacheDir = filepath.Join(s.CacheDir, w.Name)
 	}
 	return s
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // WorkspaceRules reads the rules file of w and returns its rules, with the

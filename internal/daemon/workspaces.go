@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -47,7 +48,7 @@ func (b *Backends) Workspace(name string) (*Workspace, error) {
 	if !b.Config.HasWorkspaces() {
 		return spaces[0], nil
 	}
-	name = cmpOr(name, b.Config.DefaultWorkspace)
+	name = cmp.Or(name, b.Config.DefaultWorkspace)
 	for _, ws := range spaces {
 		if ws.Name == name {
 			return ws, nil
@@ -61,13 +62,6 @@ func (b *Backends) Workspace(name string) (*Workspace, error) {
 		return nil, fmt.Errorf("name a workspace (--workspace): no default_workspace is configured (workspaces: %v)", names)
 	}
 	return nil, fmt.Errorf("workspace %q is not configured (workspaces: %v)", name, names)
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // openWorkspaces opens the workspaces of cfg: the single one without
