@@ -16,10 +16,13 @@ const MaxSegments = 255
 // after the other costs a cache miss per segment.
 //
 // The id space is cut into 65,536 chunks of 65,536 ids (the high and low 16
-// bits, as in roaring). A dense chunk stores an owner per id, 4 bits each when
-// there are at most 15 segments and 8 otherwise (32 or 64 KiB, about what the
-// bitmap containers of 4 or 8 segments take for such a chunk); a sparse chunk
-// stores its sorted low bits and their owners (3 bytes per id).
+// bits, as in roaring). A dense chunk stores an owner per id of the span from
+// its lowest id to its highest, 4 bits each when there are at most 15
+// segments and 8 otherwise (32 or 64 KiB for a whole chunk, about what the
+// bitmap containers of 4 or 8 segments take for it); a sparse chunk stores its
+// sorted low bits and their owners (3 bytes per id). A chunk is dense when
+// that takes no more memory: a run of consecutive ids (a workspace's users in
+// a range of 65,536) is a short dense span, read with one access.
 type index struct {
 	bits   uint     // 4 or 8
 	table  []uint32 // high 16 bits -> chunk number + 1; 0: no id in the chunk
@@ -27,7 +30,8 @@ type index struct {
 }
 
 type chunk struct {
-	dense  []byte   // owners by low 16 bits, when dense
+	dense  []byte   // owners by low 16 bits less base, when dense
+	base   uint16   // the lowest id's low bits, when dense (even with 4 bits)
 	lows   []uint16 // sorted low 16 bits, when sparse
 	owners []uint8  // owners of lows
 	// dir, for a sparse chunk of more than dirMin ids, is where in lows each
@@ -51,16 +55,22 @@ func newIndex(bms []*roaring.Bitmap) (*index, error) {
 	if len(bms) <= 15 {
 		ix.bits = 4
 	}
-	denseBytes := (1 << 16) * int(ix.bits) / 8
 	// Pass 1: ids per chunk (summed over segments: an upper bound of the distinct
-	// ids) chooses each chunk's form. A sparse chunk costs 3 bytes an id.
+	// ids) and their span choose each chunk's form. A sparse chunk costs 3
+	// bytes an id.
 	counts := make([]uint32, 1<<16)
+	lowest, highest := make([]uint16, 1<<16), make([]uint16, 1<<16)
 	buf := make([]uint32, 4096)
 	for _, bm := range bms {
 		it := bm.ManyIterator()
 		for n := it.NextMany(buf); n > 0; n = it.NextMany(buf) {
 			for _, v := range buf[:n] {
-				counts[v>>16]++
+				h, low := v>>16, uint16(v)
+				if counts[h] == 0 || low < lowest[h] {
+					lowest[h] = low
+				}
+				highest[h] = max(highest[h], low)
+				counts[h]++
 			}
 		}
 	}
@@ -71,8 +81,12 @@ func newIndex(bms []*roaring.Bitmap) (*index, error) {
 		ix.chunks = append(ix.chunks, chunk{})
 		ix.table[h] = uint32(len(ix.chunks))
 		ch := &ix.chunks[len(ix.chunks)-1]
-		if 3*int(c) >= denseBytes {
-			ch.dense = make([]byte, denseBytes)
+		base := lowest[h]
+		if ix.bits == 4 {
+			base &^= 1 // two owners a byte, from an even id
+		}
+		if span := ((int(highest[h]-base)+1)*int(ix.bits) + 7) / 8; 3*int(c) >= span {
+			ch.dense, ch.base = make([]byte, span), base
 		} else {
 			ch.lows = make([]uint16, 0, c)
 			ch.owners = make([]uint8, 0, c)
@@ -86,10 +100,12 @@ func newIndex(bms []*roaring.Bitmap) (*index, error) {
 			for _, v := range buf[:n] {
 				ch := &ix.chunks[ix.table[v>>16]-1]
 				low := uint16(v)
-				switch {
-				case ch.dense == nil:
+				if ch.dense == nil {
 					ch.lows = append(ch.lows, low)
 					ch.owners = append(ch.owners, owner)
+					continue
+				}
+				switch low -= ch.base; {
 				case ix.bits == 8:
 					ch.dense[low] = owner
 				case low&1 == 0:
@@ -163,10 +179,14 @@ func (ix *index) owner(user uint32) int {
 	ch := &ix.chunks[ci-1]
 	low := uint16(user)
 	if ch.dense != nil {
-		if ix.bits == 8 {
-			return int(ch.dense[low])
+		off := int(low) - int(ch.base)
+		if off < 0 || off >= len(ch.dense)*8/int(ix.bits) {
+			return 0
 		}
-		return int(ch.dense[low>>1]>>((low&1)*4)) & 0xF
+		if ix.bits == 8 {
+			return int(ch.dense[off])
+		}
+		return int(ch.dense[off>>1]>>((off&1)*4)) & 0xF
 	}
 	lo, hi := 0, len(ch.lows)
 	if ch.dir != nil {

@@ -13,8 +13,8 @@ import (
 
 // TestLookupMatchesProbingTheBitmaps checks the snapshot's owner index against
 // the definition: the first bitmap, in priority order, that holds the user.
-// Segments mix dense chunks (random halves of whole chunks), sparse chunks
-// (scattered ids) and overlaps; 3 segments use 4-bit owners, 20 use 8-bit.
+// Segments mix dense chunks (random halves of whole chunks), short dense spans
+// (most ids of a block), sparse chunks (scattered ids) and overlaps; 3 segments use 4-bit owners, 20 use 8-bit.
 func TestLookupMatchesProbingTheBitmaps(t *testing.T) {
 	for _, n := range []int{1, 3, 15, 16, 20} {
 		t.Run(fmt.Sprintf("%d segments", n), func(t *testing.T) {
@@ -36,6 +36,11 @@ func TestLookupMatchesProbingTheBitmaps(t *testing.T) {
 				}
 				for k, base := 0, uint32(8+rng.IntN(4))<<16; k < 3000; k++ { // sparse but crowded: a directory's
 					bm.Add(base | rng.Uint32N(1<<16))
+				}
+				for u := uint32(13<<16 + 1001 + i); u < 13<<16+3500; u++ { // a short dense span (a workspace's users
+					if rng.IntN(5) > 0 { // in a block), from an odd id in one segment and an even one in the next
+						bm.Add(u)
+					}
 				}
 				bm.AddRange(1<<32-1000, 1<<32) // the top of the id range in every segment
 				bms[i] = bm
@@ -68,6 +73,9 @@ func TestLookupMatchesProbingTheBitmaps(t *testing.T) {
 			for k := 0; k < 200000; k++ {
 				check(rng.Uint32())
 				check(uint32(rng.IntN(8 << 16)))
+			}
+			for u := uint32(13<<16 + 990); u < 13<<16+3510; u++ { // the span and its edges
+				check(u)
 			}
 			check(0)
 			check(1<<32 - 1)
