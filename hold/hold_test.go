@@ -123,6 +123,14 @@ func (s *source) CommitMessages(_ context.Context, msgs ...kafka.Message) error 
 	return nil
 }
 
+// rebalancing is a source whose group rebalances when the test says.
+type rebalancing struct {
+	source
+	n int64
+}
+
+func (s *rebalancing) Rebalances() int64 { return s.n }
+
 // held is a tier message of partition p at offset off waking at wake.
 func held(p int, off int64, wake time.Time) kafka.Message {
 	s := hold.State{Since: wake.Add(-time.Hour), Due: wake.Add(time.Hour), Wake: wake, Count: 1}
@@ -282,4 +290,92 @@ func TestReaderCommitsOnlyWhatIsDone(t *testing.T) {
 	commit(ms[0], "0:10") // 10 done, 11 not
 	commit(ms[1], "0:12") // all done
 	commit(ms[1])         // again (a failed commit retried): nothing new
+}
+
+// TestReaderDropsWhatARebalanceTookBack: a rebalance drops the messages a
+// reader held, of every tier: those of its own partitions come again (each
+// returned once), those of another replica's now are that replica's alone.
+// A commit never passes a dropped offset before it is fetched again, and
+// one the group's offset passed (another replica's work) holds nothing back.
+func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
+	past, later := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
+	src := &rebalancing{}
+	src.msgs = []kafka.Message{held(0, 10, later), held(0, 11, later), held(1, 7, later), held(0, 12, past)}
+	r := hold.NewReader(src, nil, hold.Ahead)
+	ctx := context.Background()
+	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 12 {
+		t.Fatalf("first: offset %d, %v; want 12, due before those held", m.Offset, err)
+	}
+	// The group rebalances: partition 0 stays, partition 1 goes to another
+	// replica. Partition 0 is read again from its committed offset.
+	src.n++
+	src.msgs = []kafka.Message{held(0, 10, past), held(0, 11, past), held(0, 12, past), held(0, 13, past)}
+	var got []int64
+	for range 3 {
+		fctx, cancel := context.WithCancel(ctx) // no deadline: a deadline is a batch collecting more
+		stop := time.AfterFunc(10*time.Second, cancel) // kept, 10 and 11 would wake in an hour
+		m, err := r.FetchMessage(fctx)
+		stop.Stop()
+		cancel()
+		if err != nil {
+			t.Fatalf("after the rebalance, having returned %v: %v", got, err)
+		}
+		got = append(got, m.Offset)
+		if m.Offset == 10 { // done before 11 is fetched again: the commit stops before 11
+			src.committed = nil
+			if err := r.CommitMessages(ctx, held(0, 12, past), m); err != nil {
+				t.Fatal(err)
+			}
+			if len(src.committed) != 1 || src.committed[0].Offset != 10 {
+				t.Errorf("commit of 10 and 12 with 11 dropped and not fetched again: %+v, want 0:10", src.committed)
+			}
+		}
+	}
+	if !slices.Equal(got, []int64{10, 11, 13}) {
+		t.Errorf("after the rebalance: offsets %v, want 10, 11 and 13 (12 was passed on, 7 is another replica's)", got)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if m, err := r.FetchMessage(wctx); err == nil {
+		t.Errorf("partition 1's offset 7, held before the rebalance, came back: offset %d:%d", m.Partition, m.Offset)
+	}
+	// Another rebalance drops what is held again (none now); then the group's
+	// offset had passed a dropped one: the next commit is not held back.
+	src.msgs = []kafka.Message{held(2, 1, later)}
+	if _, err := r.FetchMessage(wctx); err == nil {
+		t.Fatal("a message not due was returned")
+	}
+	src.n++
+	src.msgs = []kafka.Message{held(2, 5, past), held(2, 6, past)}
+	for _, want := range []int64{5, 6} {
+		if m, err := r.FetchMessage(ctx); err != nil || m.Offset != want {
+			t.Fatalf("partition 2: offset %d, %v; want %d", m.Offset, err, want)
+		}
+	}
+	src.committed = nil
+	if err := r.CommitMessages(ctx, held(2, 5, past), held(2, 6, past)); err != nil {
+		t.Fatal(err)
+	}
+	if len(src.committed) != 1 || src.committed[0].Offset != 6 {
+		t.Errorf("commit past an offset another replica did: %+v, want 2:6", src.committed)
+	}
+	// The fetch that sees the rebalance may return a message read before it
+	// (of the generation before): it does not pass the dropped offsets.
+	src.msgs = []kafka.Message{held(3, 20, later), held(3, 21, later)}
+	if _, err := r.FetchMessage(wctx); err == nil {
+		t.Fatal("a message not due was returned")
+	}
+	src.n++
+	src.msgs = []kafka.Message{held(3, 22, past)}
+	m, err := r.FetchMessage(ctx)
+	if err != nil || m.Offset != 22 {
+		t.Fatalf("partition 3: offset %d, %v; want 22", m.Offset, err)
+	}
+	src.committed = nil
+	if err := r.CommitMessages(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if len(src.committed) != 0 {
+		t.Errorf("commit of 22, read as the group rebalanced, with 20 and 21 dropped: %+v, want none", src.committed)
+	}
 }

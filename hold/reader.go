@@ -17,33 +17,46 @@ type Source interface {
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Ahead is how many messages the shortest tier's Reader reads ahead of the
-// ones it returned.
+// Rebalancer is a Source that counts its group's assignments: each
+// rebalance ends with one, after which its partitions are read again from
+// their committed offsets.
+type Rebalancer interface {
+	Rebalances() int64
+}
+
+// Ahead is how many messages a Reader reads ahead of the ones it returned.
 const Ahead = 1024
 
 // Reader reads one tier and returns each message no earlier than its wake
-// time, the earliest wake first: while it waits for one, it may read on, up
-// to ahead messages, so that a message due sooner is not kept behind it (in
+// time, the earliest wake first: while it waits for one, it reads on, up to
+// ahead messages, so that a message due sooner is not kept behind it. In
 // the shortest tier a job with a few milliseconds left is queued behind jobs
-// with the whole delay left; read in order, it was released up to that delay
-// late). In the other tiers wake times grow with the queueing time: reading
-// ahead gains nothing there, and a rebalance would hand what a reader holds
-// to another replica too (a job decided or moved on twice). The worker reads
-// it like the input topic. Messages it holds are not committed: a commit
-// covers, per partition, only offsets before the first message fetched and
-// not yet committed, so a crash or a rebalance redelivers everything it had
-// not passed on; a message it fetches again while it still holds it (the
-// group's offset reset by a rebalance) is dropped.
+// with the whole delay left; in every tier the consumer-group reader
+// interleaves the partitions as their fetches come, so a message can follow
+// one of another partition queued seconds after it (read in order, held
+// sends came back up to 3 s late, and a budget's tokens with them). The
+// worker reads it like the input topic. Messages it holds are not
+// committed: a commit covers, per partition, only offsets before the first
+// message fetched and not yet committed, so a crash or a rebalance
+// redelivers everything it had not passed on; a message it fetches again
+// while it still holds it (the group's offset reset by a rebalance) is
+// dropped. When its Source is a Rebalancer, a rebalance drops every message
+// it held: its own partitions send them again, and those of partitions now
+// another replica's are that replica's alone (kept, each would be moved on
+// or decided twice).
 //
 // FetchMessage is not safe for concurrent use; CommitMessages and Waiting
 // may be called while it runs.
 type Reader struct {
-	src   Source
-	now   func() time.Time
-	ahead int
-	held  wakeHeap     // fetched, not returned yet
-	seq   uint64       // fetch order, for ties
-	wake  atomic.Int64 // unix nanoseconds the earliest held message wakes at; 0: none held
+	src        Source
+	rebalancer Rebalancer // nil: the source does not tell
+	rebalances int64      // its count when last looked at, after the last fetch
+	straddles  bool       // the last fetch saw a rebalance: its message may be of either generation
+	now        func() time.Time
+	ahead      int
+	held       wakeHeap     // fetched, not returned yet
+	seq        uint64       // fetch order, for ties
+	wake       atomic.Int64 // unix nanoseconds the earliest held message wakes at; 0: none held
 	// release: the batch being collected holds a job due to be decided
 	release bool
 
@@ -57,22 +70,62 @@ type partition struct {
 }
 
 // offsets are one partition's: those fetched and not yet committed by the
-// worker (ascending), the newest the worker committed, and the newest the
-// source committed.
+// worker (ascending), those dropped by a rebalance and not fetched again
+// (ascending: no commit passes them), the newest the worker committed, and
+// the newest the source committed.
 type offsets struct {
 	open      []int64
+	dropped   []int64
 	done      int64
 	committed int64
 }
 
 // NewReader returns a Reader of src that holds up to ahead messages (at
-// least one: Ahead for the shortest tier, 1 for the others); now defaults to
-// time.Now.
+// least one; Ahead); now defaults to time.Now.
 func NewReader(src Source, now func() time.Time, ahead int) *Reader {
 	if now == nil {
 		now = time.Now
 	}
-	return &Reader{src: src, now: now, ahead: max(1, ahead), open: map[partition]*offsets{}}
+	r := &Reader{src: src, now: now, ahead: max(1, ahead), open: map[partition]*offsets{}}
+	if rb, ok := src.(Rebalancer); ok {
+		r.rebalancer, r.rebalances = rb, rb.Rebalances()
+	}
+	return r
+}
+
+// fetch fetches one message from the source and, when the group rebalanced
+// since the last fetch, drops every message held before it (all were
+// fetched before that rebalance, which the last look found had not come
+// yet; the one just fetched may be of either generation, and is kept: at
+// worst it is passed on twice).
+func (r *Reader) fetch(ctx context.Context) (kafka.Message, error) {
+	m, err := r.src.FetchMessage(ctx)
+	r.straddles = false
+	if r.rebalancer != nil {
+		if n := r.rebalancer.Rebalances(); n != r.rebalances {
+			r.rebalances, r.straddles = n, true
+			r.dropHeld()
+		}
+	}
+	return m, err
+}
+
+// dropHeld forgets the held messages: their offsets stay uncommitted until
+// fetched again.
+func (r *Reader) dropHeld() {
+	r.mu.Lock()
+	for _, h := range r.held {
+		o := r.partition(h.m)
+		if i, found := slices.BinarySearch(o.open, h.m.Offset); found {
+			o.open = slices.Delete(o.open, i, i+1)
+		}
+		if i, found := slices.BinarySearch(o.dropped, h.m.Offset); !found {
+			o.dropped = slices.Insert(o.dropped, i, h.m.Offset)
+		}
+	}
+	r.mu.Unlock()
+	r.held = r.held[:0]
+	r.setWake()
 }
 
 // FetchMessage returns the held message with the earliest wake time once
@@ -100,7 +153,7 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 				// to be produced (one queued now wakes later)
 				fctx, cancel = context.WithTimeout(ctx, time.Millisecond)
 			}
-			m, err := r.src.FetchMessage(fctx)
+			m, err := r.fetch(fctx)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil && fctx.Err() != nil {
@@ -133,7 +186,7 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			continue
 		}
 		fctx, cancel := context.WithTimeout(ctx, wait)
-		m, err := r.src.FetchMessage(fctx)
+		m, err := r.fetch(fctx)
 		cancel()
 		switch {
 		case err == nil:
@@ -147,13 +200,29 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 }
 
 // hold keeps m until its wake time and opens its offset, unless it holds
-// that offset already (held, or passed on and not committed).
+// that offset already (held, or passed on and not committed) or is done
+// with it.
 func (r *Reader) hold(m kafka.Message) {
 	r.mu.Lock()
 	o := r.partition(m)
 	i, found := slices.BinarySearch(o.open, m.Offset)
+	if _, dropped := slices.BinarySearch(o.dropped, m.Offset); !found && !dropped && m.Offset <= o.done {
+		found = true // done, its commit held back by one dropped before it: sent again by a rebalance
+	}
 	if !found {
 		o.open = slices.Insert(o.open, i, m.Offset)
+		// A dropped offset fetched again is open again. A partition is read
+		// in order, so those dropped before it were not sent again: the
+		// group's offset had passed them (another replica's work), and they
+		// must not hold back its commits. Unless m may be of the generation
+		// before the rebalance, read before the dropped ones were sent again.
+		j, again := slices.BinarySearch(o.dropped, m.Offset)
+		if again {
+			j++
+		}
+		if again || !r.straddles {
+			o.dropped = slices.Delete(o.dropped, 0, j)
+		}
 	}
 	r.mu.Unlock()
 	if found {
@@ -214,6 +283,9 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 		upto := o.done
 		if len(o.open) > 0 {
 			upto = min(upto, o.open[0]-1)
+		}
+		if len(o.dropped) > 0 {
+			upto = min(upto, o.dropped[0]-1)
 		}
 		if upto > o.committed {
 			commits = append(commits, kafka.Message{Topic: k.topic, Partition: k.id, Offset: upto})

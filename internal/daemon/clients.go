@@ -234,6 +234,19 @@ func newTierReader(c config.Kafka, t hold.Tier, member []byte, faults *consumer.
 	return newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, member, faults, logger), nil
 }
 
+// tierSource is a tier's reader as hold.Reader reads it: it counts the
+// group's rebalances (hold.Rebalancer) from kafka-go's stats, which hand
+// out the counts since their last call: nothing else may read them.
+type tierSource struct {
+	*kafka.Reader
+	rebalances int64
+}
+
+func (s *tierSource) Rebalances() int64 {
+	s.rebalances += s.Stats().Rebalances
+	return s.rebalances
+}
+
 // TierGroup is the consumer group that reads the delay tier named tier.
 func TierGroup(group, tier string) string { return group + ".delay." + tier }
 

@@ -261,7 +261,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	if wheel != nil {
-		for i, t := range wheel.Tiers() {
+		for _, t := range wheel.Tiers() {
 			log := d.Log.With("tier", t.Name)
 			faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name)), Logger: log}
 			member := newMember()
@@ -271,11 +271,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 				return nil, err
 			}
 			d.readers = append(d.readers, r)
-			ahead := 1 // wake times grow with the queueing time
-			if i == 0 {
-				ahead = hold.Ahead // the shortest: a job with less than its delay left is queued behind those with all of it
-			}
-			hr := hold.NewReader(r, nil, ahead)
+			hr := hold.NewReader(&tierSource{Reader: r}, nil, hold.Ahead)
 			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), member, hr.Waiting})
 			tc := wc
 			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hr, t.Name, log, faults
