@@ -312,7 +312,7 @@ func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 	src.msgs = []kafka.Message{held(0, 10, past), held(0, 11, past), held(0, 12, past), held(0, 13, past)}
 	var got []int64
 	for range 3 {
-		fctx, cancel := context.WithCancel(ctx) // no deadline: a deadline is a batch collecting more
+		fctx, cancel := context.WithCancel(ctx)        // no deadline: a deadline is a batch collecting more
 		stop := time.AfterFunc(10*time.Second, cancel) // kept, 10 and 11 would wake in an hour
 		m, err := r.FetchMessage(fctx)
 		stop.Stop()
