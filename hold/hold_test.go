@@ -126,10 +126,13 @@ func (s *source) CommitMessages(_ context.Context, msgs ...kafka.Message) error 
 // rebalancing is a source whose group rebalances when the test says.
 type rebalancing struct {
 	source
-	n int64
+	joined, assigned int64
 }
 
-func (s *rebalancing) Rebalances() int64 { return s.n }
+func (s *rebalancing) Generations() (int64, int64) { return s.joined, s.assigned }
+
+// rebalance: the group is joined and a generation begins before the next fetch.
+func (s *rebalancing) rebalance() { s.joined, s.assigned = s.joined+1, s.assigned+1 }
 
 // held is a tier message of partition p at offset off waking at wake.
 func held(p int, off int64, wake time.Time) kafka.Message {
@@ -308,7 +311,7 @@ func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 	}
 	// The group rebalances: partition 0 stays, partition 1 goes to another
 	// replica. Partition 0 is read again from its committed offset.
-	src.n++
+	src.rebalance()
 	src.msgs = []kafka.Message{held(0, 10, past), held(0, 11, past), held(0, 12, past), held(0, 13, past)}
 	var got []int64
 	for range 3 {
@@ -345,7 +348,7 @@ func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 	if _, err := r.FetchMessage(wctx); err == nil {
 		t.Fatal("a message not due was returned")
 	}
-	src.n++
+	src.rebalance()
 	src.msgs = []kafka.Message{held(2, 5, past), held(2, 6, past)}
 	for _, want := range []int64{5, 6} {
 		if m, err := r.FetchMessage(ctx); err != nil || m.Offset != want {
@@ -365,7 +368,7 @@ func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 	if _, err := r.FetchMessage(wctx); err == nil {
 		t.Fatal("a message not due was returned")
 	}
-	src.n++
+	src.rebalance()
 	src.msgs = []kafka.Message{held(3, 22, past)}
 	m, err := r.FetchMessage(ctx)
 	if err != nil || m.Offset != 22 {
@@ -377,5 +380,46 @@ func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 	}
 	if len(src.committed) != 0 {
 		t.Errorf("commit of 22, read as the group rebalanced, with 20 and 21 dropped: %+v, want none", src.committed)
+	}
+	// Joined, and no generation yet: what is fetched is of the one that
+	// ended (left in the consumer's queue), dropped, and sent again.
+	src.msgs = []kafka.Message{held(4, 30, later)}
+	if _, err := r.FetchMessage(wctx); err == nil {
+		t.Fatal("a message not due was returned")
+	}
+	src.joined++
+	src.msgs = []kafka.Message{held(4, 31, past)}
+	cctx, cancel2 := context.WithCancel(ctx)
+	time.AfterFunc(50*time.Millisecond, cancel2)
+	if m, err := r.FetchMessage(cctx); err == nil {
+		t.Fatalf("offset %d:%d, fetched after the join and before the next generation, was returned", m.Partition, m.Offset)
+	}
+	src.assigned++
+	src.msgs = []kafka.Message{held(4, 30, past), held(4, 31, past)}
+	for _, want := range []int64{30, 31} {
+		if m, err := r.FetchMessage(ctx); err != nil || m.Offset != want {
+			t.Fatalf("partition 4: offset %d, %v; want %d", m.Offset, err, want)
+		}
+	}
+	src.committed = nil
+	if err := r.CommitMessages(ctx, held(4, 30, past), held(4, 31, past)); err != nil {
+		t.Fatal(err)
+	}
+	if len(src.committed) != 1 || src.committed[0].Offset != 31 {
+		t.Errorf("commit of 30 and 31: %+v, want 4:31", src.committed)
+	}
+	// A partition's leader changed (counted as an assignment, no join): the
+	// consumer reads on from where it was, and nothing held is dropped.
+	src.msgs = []kafka.Message{held(5, 40, later)}
+	if _, err := r.FetchMessage(wctx); err == nil {
+		t.Fatal("a message not due was returned")
+	}
+	src.assigned++
+	src.msgs = []kafka.Message{held(5, 41, past)}
+	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 41 {
+		t.Fatalf("after a change of leader: offset %d, %v; want 41", m.Offset, err)
+	}
+	if !r.Waiting() {
+		t.Error("offset 40 was dropped on a change of leader: no one would send it again")
 	}
 }

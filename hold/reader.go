@@ -17,11 +17,14 @@ type Source interface {
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
-// Rebalancer is a Source that counts its group's assignments: each
-// rebalance ends with one, after which its partitions are read again from
-// their committed offsets.
+// Rebalancer is a Source that tells its group's generations: joined counts
+// the times it joined its group (each after its last generation ended:
+// what it fetched of that generation will be read again from the committed
+// offsets, by it or by the partition's new owner), assigned the times a
+// generation began (it may count more: the consumer then waits less for
+// the generation it joined, and may keep a message of the last).
 type Rebalancer interface {
-	Rebalances() int64
+	Generations() (joined, assigned int64)
 }
 
 // Ahead is how many messages a Reader reads ahead of the ones it returned.
@@ -41,17 +44,19 @@ const Ahead = 1024
 // redelivers everything it had not passed on; a message it fetches again
 // while it still holds it (the group's offset reset by a rebalance) is
 // dropped. When its Source is a Rebalancer, a rebalance drops every message
-// it held: its own partitions send them again, and those of partitions now
-// another replica's are that replica's alone (kept, each would be moved on
-// or decided twice).
+// it held or fetched before the next generation began: its own partitions
+// send them again, and those of partitions now another replica's are that
+// replica's alone (kept, each would be moved on or decided twice).
 //
 // FetchMessage is not safe for concurrent use; CommitMessages and Waiting
 // may be called while it runs.
 type Reader struct {
 	src        Source
 	rebalancer Rebalancer // nil: the source does not tell
-	rebalances int64      // its count when last looked at, after the last fetch
-	straddles  bool       // the last fetch saw a rebalance: its message may be of either generation
+	joined     int64      // its counts when last looked at, after the last fetch
+	assigned   int64
+	rejoining  bool // joined since the last generation began: what is fetched is of the one before
+	straddles  bool // the last fetch saw a generation begin: its message may be of either
 	now        func() time.Time
 	ahead      int
 	held       wakeHeap     // fetched, not returned yet
@@ -88,33 +93,50 @@ func NewReader(src Source, now func() time.Time, ahead int) *Reader {
 	}
 	r := &Reader{src: src, now: now, ahead: max(1, ahead), open: map[partition]*offsets{}}
 	if rb, ok := src.(Rebalancer); ok {
-		r.rebalancer, r.rebalances = rb, rb.Rebalances()
+		r.rebalancer = rb
+		r.joined, r.assigned = rb.Generations()
 	}
 	return r
 }
 
-// fetch fetches one message from the source and, when the group rebalanced
-// since the last fetch, drops every message held before it (all were
-// fetched before that rebalance, which the last look found had not come
-// yet; the one just fetched may be of either generation, and is kept: at
-// worst it is passed on twice).
-func (r *Reader) fetch(ctx context.Context) (kafka.Message, error) {
+// fetch fetches one message from the source and holds it, unless it is of
+// a generation that ended. When the group was joined since the last fetch,
+// every message held was fetched before (the last look found no join): all
+// are dropped. Until a generation begins, what is fetched is of the last
+// one, and dropped too. The fetch that sees a generation begin may return a
+// message of either: it is kept (at worst passed on twice).
+func (r *Reader) fetch(ctx context.Context) error {
 	m, err := r.src.FetchMessage(ctx)
 	r.straddles = false
 	if r.rebalancer != nil {
-		if n := r.rebalancer.Rebalances(); n != r.rebalances {
-			r.rebalances, r.straddles = n, true
-			r.dropHeld()
+		joined, assigned := r.rebalancer.Generations()
+		if joined != r.joined {
+			r.joined, r.rejoining = joined, true
+			r.drop(r.held...)
+			r.held = r.held[:0]
+			r.setWake()
+		}
+		if r.rejoining && assigned != r.assigned {
+			r.rejoining, r.straddles = false, true
+		}
+		r.assigned = assigned
+		if r.rejoining && err == nil {
+			r.drop(heldMessage{m: m})
+			return nil
 		}
 	}
-	return m, err
+	if err == nil {
+		r.hold(m)
+	}
+	return err
 }
 
-// dropHeld forgets the held messages: their offsets stay uncommitted until
-// fetched again.
-func (r *Reader) dropHeld() {
+// drop forgets messages fetched: their offsets stay uncommitted until they
+// are fetched again.
+func (r *Reader) drop(hs ...heldMessage) {
 	r.mu.Lock()
-	for _, h := range r.held {
+	defer r.mu.Unlock()
+	for _, h := range hs {
 		o := r.partition(h.m)
 		if i, found := slices.BinarySearch(o.open, h.m.Offset); found {
 			o.open = slices.Delete(o.open, i, i+1)
@@ -123,9 +145,6 @@ func (r *Reader) dropHeld() {
 			o.dropped = slices.Insert(o.dropped, i, h.m.Offset)
 		}
 	}
-	r.mu.Unlock()
-	r.held = r.held[:0]
-	r.setWake()
 }
 
 // FetchMessage returns the held message with the earliest wake time once
@@ -153,7 +172,7 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 				// to be produced (one queued now wakes later)
 				fctx, cancel = context.WithTimeout(ctx, time.Millisecond)
 			}
-			m, err := r.fetch(fctx)
+			err := r.fetch(fctx)
 			cancel()
 			if err != nil {
 				if ctx.Err() == nil && fctx.Err() != nil {
@@ -161,7 +180,6 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 				}
 				return kafka.Message{}, err
 			}
-			r.hold(m)
 			continue
 		}
 		first := r.held[0]
@@ -186,11 +204,10 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			continue
 		}
 		fctx, cancel := context.WithTimeout(ctx, wait)
-		m, err := r.fetch(fctx)
+		err := r.fetch(fctx)
 		cancel()
 		switch {
 		case err == nil:
-			r.hold(m)
 		case ctx.Err() != nil:
 			return kafka.Message{}, ctx.Err()
 		case fctx.Err() == nil: // the source failed, not the wait

@@ -218,33 +218,38 @@ func newKafka(c config.Kafka, batchSize int, member []byte, faults *consumer.Rea
 	if err != nil {
 		return nil, nil, err
 	}
-	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), member, faults, logger)
+	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), memberBalancer{member: member}, faults, logger)
 	return r, NewWriter(c, transport, "", batchSize, logger), nil
 }
 
 // newTierReader reads one delay tier in its own consumer group
 // (group_id.delay.TIER), so that each tier is consumed in order and waits on
 // its own head.
-func newTierReader(c config.Kafka, t hold.Tier, member []byte, faults *consumer.ReaderFaults, logger *slog.Logger) (*kafka.Reader, error) {
+func newTierReader(c config.Kafka, t hold.Tier, member []byte, faults *consumer.ReaderFaults, logger *slog.Logger) (*tierSource, error) {
 	dialer, _, err := KafkaClients(c)
 	if err != nil {
 		return nil, err
 	}
+	s := &tierSource{}
 	// A small queue: messages wait there for their head.
-	return newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, member, faults, logger), nil
+	s.Reader = newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, memberBalancer{member: member, joins: &s.joins}, faults, logger)
+	return s, nil
 }
 
-// tierSource is a tier's reader as hold.Reader reads it: it counts the
-// group's rebalances (hold.Rebalancer) from kafka-go's stats, which hand
-// out the counts since their last call: nothing else may read them.
+// tierSource is a tier's reader as hold.Reader reads it, telling its
+// group's generations (hold.Rebalancer): the joins its balancer was asked
+// for, and the assignments from kafka-go's stats (which hand out the counts
+// since their last call: nothing else may read them; they count a
+// partition's change of leader too).
 type tierSource struct {
 	*kafka.Reader
-	rebalances int64
+	joins    atomic.Int64
+	assigned int64
 }
 
-func (s *tierSource) Rebalances() int64 {
-	s.rebalances += s.Stats().Rebalances
-	return s.rebalances
+func (s *tierSource) Generations() (joined, assigned int64) {
+	s.assigned += s.Stats().Rebalances
+	return s.joins.Load(), s.assigned
 }
 
 // TierGroup is the consumer group that reads the delay tier named tier.
@@ -255,7 +260,7 @@ func TierGroup(group, tier string) string { return group + ".delay." + tier }
 // which sees the refusals it only logs. member (newMember) is carried in its
 // join metadata, so that the group's answer tells which partitions are its
 // (memberPartitions).
-func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, member []byte, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
+func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, balancer memberBalancer, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           c.Brokers,
 		GroupID:           group,
@@ -270,7 +275,7 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 		RebalanceTimeout:  time.Duration(c.RebalanceTimeout),
 		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
 		QueueCapacity:     queue,
-		GroupBalancers:    []kafka.GroupBalancer{memberBalancer{member: member}, kafka.RoundRobinGroupBalancer{}},
+		GroupBalancers:    []kafka.GroupBalancer{balancer, kafka.RoundRobinGroupBalancer{}},
 		Logger:            kafkaLogger(logger, slog.LevelDebug),
 		ErrorLogger:       faults.ErrorLogger(kafkaLogger(logger, slog.LevelWarn)),
 	})
@@ -284,9 +289,15 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 type memberBalancer struct {
 	kafka.RangeGroupBalancer
 	member []byte
+	joins  *atomic.Int64 // counts the joins (each asks for the user data); nil: not counted
 }
 
-func (b memberBalancer) UserData() ([]byte, error) { return b.member, nil }
+func (b memberBalancer) UserData() ([]byte, error) {
+	if b.joins != nil {
+		b.joins.Add(1)
+	}
+	return b.member, nil
+}
 
 var members atomic.Int64
 

@@ -270,8 +270,8 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 				d.Close()
 				return nil, err
 			}
-			d.readers = append(d.readers, r)
-			hr := hold.NewReader(&tierSource{Reader: r}, nil, hold.Ahead)
+			d.readers = append(d.readers, r.Reader)
+			hr := hold.NewReader(r, nil, hold.Ahead)
 			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), member, hr.Waiting})
 			tc := wc
 			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hr, t.Name, log, faults
@@ -312,7 +312,7 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 		log := d.Log.With("events", e.kind.String())
 		faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", e.topic, group), Logger: log}
 		member := newMember()
-		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, member, faults, d.Log)
+		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, memberBalancer{member: member}, faults, d.Log)
 		d.readers = append(d.readers, r)
 		d.watched = append(d.watched, watchedReader{faults, e.topic, group, member, nil})
 		w, err := consumer.NewEventWorker(consumer.EventConfig{Kind: e.kind, Reader: r, Writer: d.writer, DLQ: cfg.Kafka.Topics.DLQ,

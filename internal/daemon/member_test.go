@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/consumer"
+	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/testenv"
 )
@@ -50,7 +51,7 @@ func TestMemberPartitions(t *testing.T) {
 	fetchedFrom := []map[int]bool{{}, {}}
 	readers := make([]*kafka.Reader, 2)
 	for i := range readers {
-		readers[i] = newReader(c, dialer, group, topic, 1<<20, 100, members[i], &consumer.ReaderFaults{}, log)
+		readers[i] = newReader(c, dialer, group, topic, 1<<20, 100, memberBalancer{member: members[i]}, &consumer.ReaderFaults{}, log)
 		defer readers[i].Close()
 	}
 	// Both members joined and the group settled: every partition fetched
@@ -101,4 +102,68 @@ func covers(parts []int, fetched map[int]bool) bool {
 		}
 	}
 	return true
+}
+
+// TestTierSourceTellsGenerations: a tier's reader counts its group's joins
+// and the generations it was assigned, which hold.Reader drops what it held
+// by: one of each when it first reads, and a join then a generation more
+// when a second reader joins the group.
+func TestTierSourceTellsGenerations(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic, group := testenv.Unique("tier"), testenv.Unique("tier-group")
+	testenv.CreateTopics(t, brokers, 2, topic)
+	c := config.Kafka{Brokers: brokers, GroupID: group, SessionTimeout: config.Duration(6 * time.Second), RebalanceTimeout: config.Duration(3 * time.Second)}
+	_, transport, err := KafkaClients(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	w := NewWriter(c, transport, topic, 100, log)
+	defer w.Close()
+	for err := w.WriteMessages(ctx, kafka.Message{Value: []byte("a")}, kafka.Message{Value: []byte("b")}); err != nil; err = w.WriteMessages(ctx, kafka.Message{Value: []byte("a")}) {
+		if ctx.Err() != nil {
+			t.Fatalf("write: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // the topic's metadata follows its creation
+	}
+	tier := hold.Tier{Name: "1s", Topic: topic}
+	first, err := newTierReader(c, tier, newMember(), &consumer.ReaderFaults{}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if _, err := first.FetchMessage(ctx); err != nil {
+		t.Fatal(err)
+	}
+	joined, assigned := first.Generations()
+	if joined != 1 || assigned != 1 {
+		t.Fatalf("after the first fetch: joined %d, assigned %d; want 1 and 1", joined, assigned)
+	}
+	second, err := newTierReader(c, tier, newMember(), &consumer.ReaderFaults{}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	go func() { // the second joins while it fetches
+		for ctx.Err() == nil {
+			if _, err := second.FetchMessage(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	for {
+		fctx, fcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, _ = first.FetchMessage(fctx) // the first rejoins in the background; nothing more to read
+		fcancel()
+		j, a := first.Generations()
+		if j > joined && a > assigned {
+			t.Logf("joined %d, assigned %d after the second reader joined", j, a)
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the first reader never rejoined: joined %d, assigned %d", j, a)
+		}
+	}
 }
