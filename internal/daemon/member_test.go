@@ -33,19 +33,11 @@ func TestMemberPartitions(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	w := NewWriter(c, transport, topic, 100, log)
-	defer w.Close()
 	var msgs []kafka.Message
 	for i := range 400 {
 		msgs = append(msgs, kafka.Message{Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")})
 	}
-	for err := w.WriteMessages(ctx, msgs...); err != nil; err = w.WriteMessages(ctx, msgs...) {
-		if ctx.Err() != nil {
-			t.Fatalf("write: %v", err)
-		}
-		t.Logf("write: %v", err)
-		time.Sleep(100 * time.Millisecond) // the topic's metadata follows its creation
-	}
+	produce(ctx, t, c, transport, topic, msgs...)
 	client := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 5 * time.Second}
 	members := [][]byte{newMember(), newMember()}
 	fetchedFrom := []map[int]bool{{}, {}}
@@ -120,14 +112,7 @@ func TestTierSourceTellsGenerations(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	w := NewWriter(c, transport, topic, 100, log)
-	defer w.Close()
-	for err := w.WriteMessages(ctx, kafka.Message{Value: []byte("a")}, kafka.Message{Value: []byte("b")}); err != nil; err = w.WriteMessages(ctx, kafka.Message{Value: []byte("a")}) {
-		if ctx.Err() != nil {
-			t.Fatalf("write: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond) // the topic's metadata follows its creation
-	}
+	produce(ctx, t, c, transport, topic, kafka.Message{Value: []byte("a")}, kafka.Message{Value: []byte("b")})
 	tier := hold.Tier{Name: "1s", Topic: topic}
 	first, err := newTierReader(c, tier, newMember(), &consumer.ReaderFaults{}, log)
 	if err != nil {
@@ -165,5 +150,19 @@ func TestTierSourceTellsGenerations(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatalf("the first reader never rejoined: joined %d, assigned %d", j, a)
 		}
+	}
+}
+
+// produce writes msgs to topic, again while the new topic's metadata spreads.
+func produce(ctx context.Context, t *testing.T, c config.Kafka, transport *kafka.Transport, topic string, msgs ...kafka.Message) {
+	t.Helper()
+	w := NewWriter(c, transport, topic, 100, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer w.Close()
+	for err := w.WriteMessages(ctx, msgs...); err != nil; err = w.WriteMessages(ctx, msgs...) {
+		if ctx.Err() != nil {
+			t.Fatalf("write: %v", err)
+		}
+		t.Logf("write: %v", err)
+		time.Sleep(100 * time.Millisecond) // the topic's metadata follows its creation
 	}
 }
