@@ -9,12 +9,12 @@
 // message leaves a tier only when its offset is committed, after the job has
 // moved on, so a crash or a rebalance redelivers it.
 //
-// Within a tier, wake times grow with the queueing time (every job queued to
-// a tier but the shortest has at least the tier's delay left), except in the
-// shortest tier, where a job with a few milliseconds left is queued behind
-// jobs with the whole delay left: that tier's Reader reads ahead while it
-// waits and returns the earliest wake first, so a job is released when it is
-// due, not when the jobs queued before it are.
+// A tier's messages do not come in wake order: in the shortest tier a job
+// with a few milliseconds left is queued behind jobs with the whole delay
+// left, and in every tier the consumer group interleaves the partitions as
+// their fetches come. A Reader reads ahead while it waits and returns the
+// earliest wake first, so a job is released when it is due, not when the
+// messages fetched before it are.
 package hold
 
 import (
