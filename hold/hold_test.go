@@ -273,26 +273,40 @@ func TestReaderCommitsOnlyWhatIsDone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ctx := context.Background()
 	commit := func(m kafka.Message, want ...string) {
 		t.Helper()
-		src.committed = nil
-		if err := r.CommitMessages(ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		var got []string
-		for _, c := range src.committed {
-			got = append(got, fmt.Sprintf("%d:%d", c.Partition, c.Offset))
-		}
-		if !slices.Equal(got, want) {
-			t.Errorf("commit of %d:%d committed %v, want %v", m.Partition, m.Offset, got, want)
-		}
+		commits(t, r, &src.committed, []kafka.Message{m}, want...)
 	}
 	commit(ms[2])         // 10 and 11 are not done: nothing
 	commit(ms[3], "1:5")  // another partition
 	commit(ms[0], "0:10") // 10 done, 11 not
 	commit(ms[1], "0:12") // all done
 	commit(ms[1])         // again (a failed commit retried): nothing new
+}
+
+// commits marks ms done on r and checks what r committed to its source
+// (committed: the source's record), as "partition:offset".
+func commits(t *testing.T, r *hold.Reader, committed *[]kafka.Message, ms []kafka.Message, want ...string) {
+	t.Helper()
+	*committed = nil
+	if err := r.CommitMessages(context.Background(), ms...); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, c := range *committed {
+		got = append(got, fmt.Sprintf("%d:%d", c.Partition, c.Offset))
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("commit of %v committed %v, want %v", offsetsOf(ms), got, want)
+	}
+}
+
+func offsetsOf(ms []kafka.Message) []string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, fmt.Sprintf("%d:%d", m.Partition, m.Offset))
+	}
+	return out
 }
 
 // TestReaderDropsWhatARebalanceTookBack: a rebalance drops the messages a
@@ -303,122 +317,75 @@ func TestReaderCommitsOnlyWhatIsDone(t *testing.T) {
 func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 	past, later := time.Now().Add(-time.Second), time.Now().Add(time.Hour)
 	src := &rebalancing{}
-	src.msgs = []kafka.Message{held(0, 10, later), held(0, 11, later), held(1, 7, later), held(0, 12, past)}
 	r := hold.NewReader(src, nil, hold.Ahead)
-	ctx := context.Background()
-	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 12 {
-		t.Fatalf("first: offset %d, %v; want 12, due before those held", m.Offset, err)
+	// returns gives r the source's next messages ms and checks the offsets it
+	// returns, then that it returns nothing more before the wake times of
+	// those it holds (an hour away).
+	returns := func(ms []kafka.Message, want ...int64) {
+		t.Helper()
+		src.msgs = ms
+		for _, w := range want {
+			ctx, cancel := context.WithCancel(context.Background()) // no deadline: a deadline is a batch collecting more
+			stop := time.AfterFunc(10*time.Second, cancel)          // a message wrongly kept wakes in an hour
+			m, err := r.FetchMessage(ctx)
+			stop.Stop()
+			cancel()
+			if err != nil || m.Offset != w {
+				t.Fatalf("offset %d:%d, %v; want offset %d", m.Partition, m.Offset, err, w)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(50*time.Millisecond, cancel)
+		if m, err := r.FetchMessage(ctx); err == nil {
+			t.Fatalf("offset %d:%d returned; want none before its wake time", m.Partition, m.Offset)
+		}
 	}
+	commit := func(ms []kafka.Message, want ...string) { t.Helper(); commits(t, r, &src.committed, ms, want...) }
+
+	returns([]kafka.Message{held(0, 10, later), held(0, 11, later), held(1, 7, later), held(0, 12, past)}, 12)
 	// The group rebalances: partition 0 stays, partition 1 goes to another
-	// replica. Partition 0 is read again from its committed offset.
+	// replica (its offset 7 is never returned). Partition 0 is read again
+	// from its committed offset: 10 and 11 once each, 12 (passed on) not again.
 	src.rebalance()
-	src.msgs = []kafka.Message{held(0, 10, past), held(0, 11, past), held(0, 12, past), held(0, 13, past)}
-	var got []int64
-	for range 3 {
-		fctx, cancel := context.WithCancel(ctx)        // no deadline: a deadline is a batch collecting more
-		stop := time.AfterFunc(10*time.Second, cancel) // kept, 10 and 11 would wake in an hour
-		m, err := r.FetchMessage(fctx)
-		stop.Stop()
-		cancel()
-		if err != nil {
-			t.Fatalf("after the rebalance, having returned %v: %v", got, err)
-		}
-		got = append(got, m.Offset)
-		if m.Offset == 10 { // done before 11 is fetched again: the commit stops before 11
-			src.committed = nil
-			if err := r.CommitMessages(ctx, held(0, 12, past), m); err != nil {
-				t.Fatal(err)
-			}
-			if len(src.committed) != 1 || src.committed[0].Offset != 10 {
-				t.Errorf("commit of 10 and 12 with 11 dropped and not fetched again: %+v, want 0:10", src.committed)
-			}
-		}
+	returns([]kafka.Message{held(0, 10, past)}, 10)
+	commit([]kafka.Message{held(0, 12, past), held(0, 10, past)}, "0:10") // not past 11, dropped and not fetched again
+	returns([]kafka.Message{held(0, 11, past), held(0, 12, past), held(0, 13, past)}, 11, 13)
+	if r.Waiting() {
+		t.Error("partition 1's offset 7, held before the rebalance, is still held: it is another replica's now")
 	}
-	if !slices.Equal(got, []int64{10, 11, 13}) {
-		t.Errorf("after the rebalance: offsets %v, want 10, 11 and 13 (12 was passed on, 7 is another replica's)", got)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	defer cancel()
-	if m, err := r.FetchMessage(wctx); err == nil {
-		t.Errorf("partition 1's offset 7, held before the rebalance, came back: offset %d:%d", m.Partition, m.Offset)
-	}
-	// Another rebalance drops what is held again (none now); then the group's
-	// offset had passed a dropped one: the next commit is not held back.
-	src.msgs = []kafka.Message{held(2, 1, later)}
-	if _, err := r.FetchMessage(wctx); err == nil {
-		t.Fatal("a message not due was returned")
-	}
+
+	// A dropped offset the group's offset passed (another replica's work)
+	// holds no commit back.
+	returns([]kafka.Message{held(2, 1, later)})
 	src.rebalance()
-	src.msgs = []kafka.Message{held(2, 5, past), held(2, 6, past)}
-	for _, want := range []int64{5, 6} {
-		if m, err := r.FetchMessage(ctx); err != nil || m.Offset != want {
-			t.Fatalf("partition 2: offset %d, %v; want %d", m.Offset, err, want)
-		}
-	}
-	src.committed = nil
-	if err := r.CommitMessages(ctx, held(2, 5, past), held(2, 6, past)); err != nil {
-		t.Fatal(err)
-	}
-	if len(src.committed) != 1 || src.committed[0].Offset != 6 {
-		t.Errorf("commit past an offset another replica did: %+v, want 2:6", src.committed)
-	}
-	// The fetch that sees the rebalance may return a message read before it
-	// (of the generation before): it does not pass the dropped offsets.
-	src.msgs = []kafka.Message{held(3, 20, later), held(3, 21, later)}
-	if _, err := r.FetchMessage(wctx); err == nil {
-		t.Fatal("a message not due was returned")
-	}
+	returns([]kafka.Message{held(2, 5, past), held(2, 6, past)}, 5, 6)
+	commit([]kafka.Message{held(2, 5, past), held(2, 6, past)}, "2:6")
+	returns([]kafka.Message{held(6, 50, later), held(6, 51, later)}) // so with one sent again after it
 	src.rebalance()
-	src.msgs = []kafka.Message{held(3, 22, past)}
-	m, err := r.FetchMessage(ctx)
-	if err != nil || m.Offset != 22 {
-		t.Fatalf("partition 3: offset %d, %v; want 22", m.Offset, err)
-	}
-	src.committed = nil
-	if err := r.CommitMessages(ctx, m); err != nil {
-		t.Fatal(err)
-	}
-	if len(src.committed) != 0 {
-		t.Errorf("commit of 22, read as the group rebalanced, with 20 and 21 dropped: %+v, want none", src.committed)
-	}
+	returns([]kafka.Message{held(6, 51, past)}, 51)
+	commit([]kafka.Message{held(6, 51, past)}, "6:51")
+
+	// The fetch that sees a generation begin may return a message read
+	// before it: it does not pass the dropped offsets.
+	returns([]kafka.Message{held(3, 20, later), held(3, 21, later)})
+	src.rebalance()
+	returns([]kafka.Message{held(3, 22, past)}, 22)
+	commit([]kafka.Message{held(3, 22, past)})
+
 	// Joined, and no generation yet: what is fetched is of the one that
 	// ended (left in the consumer's queue), dropped, and sent again.
-	src.msgs = []kafka.Message{held(4, 30, later)}
-	if _, err := r.FetchMessage(wctx); err == nil {
-		t.Fatal("a message not due was returned")
-	}
+	returns([]kafka.Message{held(4, 30, later)})
 	src.joined++
-	src.msgs = []kafka.Message{held(4, 31, past)}
-	cctx, cancel2 := context.WithCancel(ctx)
-	time.AfterFunc(50*time.Millisecond, cancel2)
-	if m, err := r.FetchMessage(cctx); err == nil {
-		t.Fatalf("offset %d:%d, fetched after the join and before the next generation, was returned", m.Partition, m.Offset)
-	}
+	returns([]kafka.Message{held(4, 31, past)})
 	src.assigned++
-	src.msgs = []kafka.Message{held(4, 30, past), held(4, 31, past)}
-	for _, want := range []int64{30, 31} {
-		if m, err := r.FetchMessage(ctx); err != nil || m.Offset != want {
-			t.Fatalf("partition 4: offset %d, %v; want %d", m.Offset, err, want)
-		}
-	}
-	src.committed = nil
-	if err := r.CommitMessages(ctx, held(4, 30, past), held(4, 31, past)); err != nil {
-		t.Fatal(err)
-	}
-	if len(src.committed) != 1 || src.committed[0].Offset != 31 {
-		t.Errorf("commit of 30 and 31: %+v, want 4:31", src.committed)
-	}
+	returns([]kafka.Message{held(4, 30, past), held(4, 31, past)}, 30, 31)
+	commit([]kafka.Message{held(4, 30, past), held(4, 31, past)}, "4:31")
+
 	// A partition's leader changed (counted as an assignment, no join): the
 	// consumer reads on from where it was, and nothing held is dropped.
-	src.msgs = []kafka.Message{held(5, 40, later)}
-	if _, err := r.FetchMessage(wctx); err == nil {
-		t.Fatal("a message not due was returned")
-	}
+	returns([]kafka.Message{held(5, 40, later)})
 	src.assigned++
-	src.msgs = []kafka.Message{held(5, 41, past)}
-	if m, err := r.FetchMessage(ctx); err != nil || m.Offset != 41 {
-		t.Fatalf("after a change of leader: offset %d, %v; want 41", m.Offset, err)
-	}
+	returns([]kafka.Message{held(5, 41, past)}, 41)
 	if !r.Waiting() {
 		t.Error("offset 40 was dropped on a change of leader: no one would send it again")
 	}

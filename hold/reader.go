@@ -56,7 +56,6 @@ type Reader struct {
 	joined     int64      // its counts when last looked at, after the last fetch
 	assigned   int64
 	rejoining  bool // joined since the last generation began: what is fetched is of the one before
-	straddles  bool // the last fetch saw a generation begin: its message may be of either
 	now        func() time.Time
 	ahead      int
 	held       wakeHeap     // fetched, not returned yet
@@ -107,7 +106,7 @@ func NewReader(src Source, now func() time.Time, ahead int) *Reader {
 // message of either: it is kept (at worst passed on twice).
 func (r *Reader) fetch(ctx context.Context) error {
 	m, err := r.src.FetchMessage(ctx)
-	r.straddles = false
+	straddles := false
 	if r.rebalancer != nil {
 		joined, assigned := r.rebalancer.Generations()
 		if joined != r.joined {
@@ -117,7 +116,7 @@ func (r *Reader) fetch(ctx context.Context) error {
 			r.setWake()
 		}
 		if r.rejoining && assigned != r.assigned {
-			r.rejoining, r.straddles = false, true
+			r.rejoining, straddles = false, true
 		}
 		r.assigned = assigned
 		if r.rejoining && err == nil {
@@ -126,7 +125,7 @@ func (r *Reader) fetch(ctx context.Context) error {
 		}
 	}
 	if err == nil {
-		r.hold(m)
+		r.hold(m, straddles)
 	}
 	return err
 }
@@ -218,31 +217,31 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 
 // hold keeps m until its wake time and opens its offset, unless it holds
 // that offset already (held, or passed on and not committed) or is done
-// with it.
-func (r *Reader) hold(m kafka.Message) {
+// with it (its commit held back by an offset dropped before it, and sent
+// again by a rebalance). straddles: m may be of the generation before the
+// last rebalance.
+func (r *Reader) hold(m kafka.Message, straddles bool) {
 	r.mu.Lock()
 	o := r.partition(m)
-	i, found := slices.BinarySearch(o.open, m.Offset)
-	if _, dropped := slices.BinarySearch(o.dropped, m.Offset); !found && !dropped && m.Offset <= o.done {
-		found = true // done, its commit held back by one dropped before it: sent again by a rebalance
-	}
-	if !found {
+	i, open := slices.BinarySearch(o.open, m.Offset)
+	j, dropped := slices.BinarySearch(o.dropped, m.Offset)
+	fresh := !open && (dropped || m.Offset > o.done)
+	if fresh {
 		o.open = slices.Insert(o.open, i, m.Offset)
 		// A dropped offset fetched again is open again. A partition is read
 		// in order, so those dropped before it were not sent again: the
 		// group's offset had passed them (another replica's work), and they
-		// must not hold back its commits. Unless m may be of the generation
-		// before the rebalance, read before the dropped ones were sent again.
-		j, again := slices.BinarySearch(o.dropped, m.Offset)
-		if again {
-			j++
-		}
-		if again || !r.straddles {
+		// must not hold back its commits. Unless m may have been read before
+		// the dropped ones were sent again.
+		switch {
+		case dropped:
+			o.dropped = slices.Delete(o.dropped, 0, j+1)
+		case !straddles:
 			o.dropped = slices.Delete(o.dropped, 0, j)
 		}
 	}
 	r.mu.Unlock()
-	if found {
+	if !fresh {
 		return
 	}
 	h := heldMessage{m: m} // no hold headers: at once
