@@ -179,12 +179,15 @@ func (ix *index) owner(user uint32) int {
 	ch := &ix.chunks[ci-1]
 	low := uint16(user)
 	if ch.dense != nil {
-		off := int(low) - int(ch.base)
-		if off < 0 || off >= len(ch.dense)*8/int(ix.bits) {
-			return 0
-		}
+		off := uint(low) - uint(ch.base) // below base: past the end
 		if ix.bits == 8 {
+			if off >= uint(len(ch.dense)) {
+				return 0
+			}
 			return int(ch.dense[off])
+		}
+		if off>>1 >= uint(len(ch.dense)) {
+			return 0
 		}
 		return int(ch.dense[off>>1]>>((off&1)*4)) & 0xF
 	}
