@@ -237,12 +237,17 @@ type Rules struct {
 	arbitration        map[string]time.Duration    // segment key -> the longest arbitration window of its caps
 	policies           map[string]*segmentPolicies // segment key -> the Policies of its sends (see Plan)
 	defaultArbitration time.Duration
-	periods            sync.Map // periodKey -> *[2]time.Time: the current period, reused until it ends
 }
 
+// periods caches the current calendar period of each zone, kind and week
+// start for every rule set of the process (workspaces share their entries):
+// periodKey -> *[2]time.Time, reused until it ends.
+var periods sync.Map
+
 type periodKey struct {
-	zone *time.Location
-	p    period
+	zone      *time.Location
+	p         period
+	weekStart time.Weekday
 }
 
 // compiled is one cap ready for the hot path.
@@ -545,15 +550,15 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 // current returns period(p, now, zone), from a per-zone cache while now is
 // inside the cached period, so a job pays a map lookup, not a date computation.
 func (r *Rules) current(p period, now time.Time, zone *time.Location) (since, until time.Time) {
-	k := periodKey{zone, p}
-	if v, ok := r.periods.Load(k); ok {
+	k := periodKey{zone, p, r.weekStart}
+	if v, ok := periods.Load(k); ok {
 		b := v.(*[2]time.Time)
 		if !now.Before(b[0]) && now.Before(b[1]) {
 			return b[0], b[1]
 		}
 	}
 	since, until = r.period(p, now, zone)
-	r.periods.Store(k, &[2]time.Time{since, until})
+	periods.Store(k, &[2]time.Time{since, until})
 	return since, until
 }
 
