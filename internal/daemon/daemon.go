@@ -161,6 +161,7 @@ type Daemon struct {
 	// copyHolds).
 	cacheReaders []cacheReader
 	watched      []watchedReader // every reader that consumes for a worker, for the stall watch
+	tiers        []ownedTier     // each delay tier's partitions this replica holds its sends on
 	wheel        *hold.Wheel     // nil when holding is disabled
 	metrics      *consumer.Metrics
 	srv          *http.Server
@@ -261,6 +262,13 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 		return nil, err
 	}
 	if wheel != nil {
+		owned := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "capper_hold_owned_partitions",
+			Help: "Partitions of each delay tier that this replica's reader owns, which it holds its sends on (0: not known yet, or none: they go by key)."}, []string{"tier"})
+		if err := d.Registry.Register(owned); err != nil {
+			d.Close()
+			return nil, err
+		}
+		onOwn := &heldOnOwn{owned: map[string]*ownedPartitions{}}
 		for _, t := range wheel.Tiers() {
 			log := d.Log.With("tier", t.Name)
 			faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name)), Logger: log}
@@ -271,6 +279,9 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 				return nil, err
 			}
 			d.readers = append(d.readers, r.Reader)
+			o := &ownedPartitions{gauge: owned.WithLabelValues(t.Name)}
+			onOwn.owned[t.Topic] = o
+			d.tiers = append(d.tiers, ownedTier{o, TierGroup(cfg.Kafka.GroupID, t.Name), t.Topic, member, r.joins.Load})
 			hr := hold.NewReader(r, nil, hold.Ahead)
 			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), member, hr.Waiting})
 			tc := wc
@@ -281,6 +292,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 				return nil, err
 			}
 		}
+		d.writer.Balancer = onOwn // before anything is written
 	}
 	if err := d.addEventWorkers(cfg, wc); err != nil {
 		d.Close()
@@ -532,6 +544,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
 	go d.watchStalls(bg, cfg.Kafka)
+	d.watchTiers(bg, cfg.Kafka)
 	for _, c := range d.cacheReaders {
 		go d.holdCached(bg, c)
 	}

@@ -158,29 +158,37 @@ type watchedReader struct {
 // group's own answer, which kafka-go's reader does not expose. None when no
 // member carries it (not joined yet, or between generations).
 func memberPartitions(ctx context.Context, client *kafka.Client, group, topic string, member []byte) ([]int, error) {
+	parts, _, err := groupMember(ctx, client, group, topic, member)
+	return parts, err
+}
+
+// groupMember is memberPartitions, and whether the group's generation is
+// stable (its assignment is the one its members read by).
+func groupMember(ctx context.Context, client *kafka.Client, group, topic string, member []byte) (parts []int, stable bool, err error) {
 	resp, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
+	parts = []int{}
 	for _, g := range resp.Groups {
 		if g.Error != nil {
-			return nil, fmt.Errorf("describe group %s: %w", group, g.Error)
+			return nil, false, fmt.Errorf("describe group %s: %w", group, g.Error)
 		}
+		stable = g.GroupState == "Stable"
 		for _, m := range g.Members {
 			if !bytes.Equal(m.MemberMetadata.UserData, member) {
 				continue
 			}
-			parts := []int{}
 			for _, t := range m.MemberAssignments.Topics {
 				if t.Topic == topic {
 					parts = append(parts, t.Partitions...)
 				}
 			}
 			slices.Sort(parts)
-			return parts, nil
+			return parts, stable, nil
 		}
 	}
-	return []int{}, nil
+	return parts, stable, nil
 }
 
 // watchStalls checks every reader for a stall every stallCheck; the lag of a
