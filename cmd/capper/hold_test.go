@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/internal/testenv"
 )
@@ -337,4 +338,87 @@ rules:
 		}
 	}
 	t.Errorf("capper_held_jobs{tier=\"5s\"} = %v, capper_consumer_lag = %v; want the 20 held jobs and 0", held, lag)
+}
+
+// TestSendsHeldAfterAKillWaitForNoOne: of two replicas, one is SIGKILLed;
+// the sends the other holds afterwards come back at their due time while
+// the groups still wait for the dead member (a session timeout of 30 s).
+// Each replica holds its sends on its own partitions of the delay tiers:
+// by key, half of them would wait on the dead replica's until it expired.
+func TestSendsHeldAfterAKillWaitForNoOne(t *testing.T) {
+	s := testenv.NewStack(t, 4, nil)
+	s.EnableHold(6, "1s", "4s") // not the input's count: by key, a tier partition would follow the input's
+	s.EditConfig("session_timeout: 6s", "session_timeout: 30s")
+	s.EditConfig(testenv.TestRules, `
+rules:
+  on_capped: {policy: hold, max_hold: 2m}
+  segments:
+    - name: new
+      caps: [{name: slow, window: 2s, limit: 1}]
+  default_caps: [{name: slow, window: 2s, limit: 1}]
+`)
+	a := start(s, true)
+	a.waitReady(t)
+	b := start(s, true)
+	b.waitReady(t)
+	// Both replicas know their partitions of each tier (the groups settled).
+	for end := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		known := 0
+		for _, w := range []*worker{a, b} {
+			for _, tier := range []string{"1s", "4s"} {
+				if scrapeMetric(t, w.metrics, fmt.Sprintf("capper_hold_owned_partitions{tier=%q}", tier)) == 3 {
+					known++
+				}
+			}
+		}
+		if known == 4 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the replicas never owned 3 partitions of each tier (%d of 4 known)", known)
+		}
+	}
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.done
+	a.done <- nil
+	// Jobs only for users on the live replica's input partitions (the dead
+	// one's wait for the group): the second send of each is held 2 s.
+	live, _ := s.ProcessPartitions(t, "", s.Topics[0], b.cmd.Process.Pid)
+	if len(live) != 2 {
+		t.Fatalf("the live replica owns input partitions %v, want 2 of 4", live)
+	}
+	all := []int{0, 1, 2, 3}
+	var jobs []testenv.JobSpec
+	for u := uint32(1); len(jobs) < 80; u++ {
+		if slices.Contains(live, (kafka.Murmur2Balancer{}).Balance(kafka.Message{Key: []byte(fmt.Sprint(u))}, all...)) {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("j-%d-0", u), User: u, Channel: "email"},
+				testenv.JobSpec{ID: fmt.Sprintf("j-%d-1", u), User: u, Channel: "email"})
+		}
+	}
+	s.Produce(jobs)
+	final := finals(t, s.CollectJobs(jobs, 45*time.Second))
+	held := 0
+	for _, j := range jobs {
+		switch o, ok := final[j.ID]; {
+		case !ok:
+			t.Errorf("job %s has no final output", j.ID)
+		case o.Decision != "allowed":
+			t.Errorf("job %s: %s, want allowed", j.ID, o.Decision)
+		case o.HoldCount > 0:
+			held++
+		}
+	}
+	if held < len(jobs)/2 {
+		t.Errorf("%d of %d jobs were held, want at least the %d second sends", held, len(jobs), len(jobs)/2)
+	}
+	// Every release came while the dead replica still owned its partitions.
+	for _, tier := range []string{"1s", "4s"} {
+		if dead, members := s.ProcessPartitions(t, ".delay."+tier, s.Topics[0]+".delay."+tier, a.cmd.Process.Pid); len(dead) != 3 || members != 2 {
+			t.Errorf("tier %s: the dead replica owns %v of %d members' partitions; want 3 of 2 members' (the session timeout had not passed)", tier, dead, members)
+		}
+	}
+	lags := checkReleases(t, final, 10*time.Second) // by key: about half wait out the session timeout
+	t.Logf("%d jobs, %d held and released by the live replica, release lag %s", len(jobs), held, summarize(lags))
 }

@@ -6,6 +6,7 @@ package testenv
 // run the worker as the least-privileged user capper.
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -19,6 +20,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -308,4 +310,32 @@ func (s *Stack) WaitGroupMembers(t testing.TB, n int, timeout time.Duration) {
 		last = fmt.Sprintf("state %s, %d members, %d with partitions", g.GroupState, len(g.Members), assigned)
 	}
 	t.Fatalf("group %s: not %d members with partitions within %v (last: %s)", s.group(), n, timeout, last)
+}
+
+// ProcessPartitions returns the partitions of topic that the worker's group
+// (suffix "" for the input's, ".delay.TIER" for a delay tier's) assigned to
+// the members of the worker process pid (capper's member tokens name the
+// process), and how many members the group has.
+func (s *Stack) ProcessPartitions(t testing.TB, suffix, topic string, pid int) (parts []int, members int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	group := s.group() + suffix
+	res, err := s.adminClient().DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	if err != nil || len(res.Groups) != 1 || res.Groups[0].Error != nil {
+		t.Fatalf("describe group %s: %v %+v", group, err, res)
+	}
+	token := fmt.Appendf(nil, "capper %d-", pid)
+	for _, m := range res.Groups[0].Members {
+		if !bytes.HasPrefix(m.MemberMetadata.UserData, token) {
+			continue
+		}
+		for _, tp := range m.MemberAssignments.Topics {
+			if tp.Topic == topic {
+				parts = append(parts, tp.Partitions...)
+			}
+		}
+	}
+	slices.Sort(parts)
+	return parts, len(res.Groups[0].Members)
 }
