@@ -21,6 +21,7 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
+	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/jobs"
 	"github.com/capper-dev/capper/rules"
 )
@@ -214,6 +215,7 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 			return fmt.Errorf("consumer: stopped waiting for budget tokens (batch left uncommitted): %w", ctx.Err())
 		}
 	}
+	grants = w.followClaims(ctx, wants, grants, owners)
 	for j, g := range grants {
 		t := &es[owners[j]].facts.tokens
 		t.taken = true
@@ -223,7 +225,9 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		if g.OK && (t.until.IsZero() || g.Until.Before(t.until)) {
 			t.until = g.Until
 		}
-		t.claimed = t.claimed || g.Claimed
+		if g.Claimed {
+			t.claimed, t.promise = true, wants[j].Promised
+		}
 	}
 	for j, g := range grants {
 		if g.OK && es[owners[j]].facts.tokens.short != "" {
@@ -236,6 +240,67 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		}
 	}
 	return nil
+}
+
+// followWait is the longest a delay tier's worker waits, in place, for the
+// token a claim found missing (followClaims).
+const followWait = time.Second
+
+// followClaims claims again, in place, the tokens that held sends came back
+// for and found missing, when they are promised again within followWait. A
+// token claimed late comes back late (a rebalance stops every tier's reader
+// for a second or so, and the sends due meanwhile claim theirs when it
+// ends), so the send promised it next finds it missing and is promised the
+// next token back, which is that one, a few hundred milliseconds later
+// (budget.lua). Held again, each such send would cost a hold record, and the
+// shift would reach every send of the backlog in turn; waiting for it here
+// costs the tier's other releases that wait, once, and the schedule follows.
+// Only a send of one budget waits (its tokens of other budgets would lapse
+// meanwhile), at most three times. A failed call leaves the grants as they
+// were: those sends are held until the token promised to them.
+func (w *Worker) followClaims(ctx context.Context, wants []budget.Want, grants []budget.Grant, owners []int) []budget.Grant {
+	if w.cfg.Tier == "" {
+		return grants
+	}
+	for range 3 {
+		now := w.cfg.Clock()
+		var again []int
+		var until time.Time
+		for j, g := range grants {
+			wt := wants[j]
+			switch {
+			case g.OK, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
+				continue // granted, not a claim, promised too late, or not promised at all
+			case j > 0 && owners[j-1] == owners[j], j+1 < len(owners) && owners[j+1] == owners[j]:
+				continue // a send of several budgets
+			}
+			again = append(again, j)
+			if g.RetryAt.After(until) {
+				until = g.RetryAt
+			}
+		}
+		if len(again) == 0 || !backoff.Sleep(ctx, until.Sub(now)+time.Millisecond) {
+			return grants
+		}
+		retry := make([]budget.Want, len(again))
+		for k, j := range again {
+			retry[k] = wants[j]
+			retry[k].Promised = grants[j].RetryAt
+		}
+		got, err := w.cfg.Budgets.Take(ctx, retry)
+		if err != nil {
+			for k, g := range got {
+				if g.OK {
+					w.cfg.Budgets.Return(retry[k], 1)
+				}
+			}
+			return grants
+		}
+		for k, j := range again {
+			wants[j], grants[j] = retry[k], got[k]
+		}
+	}
+	return grants
 }
 
 // holdsTokens reports whether e took the tokens of its plan.
@@ -262,7 +327,7 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 		}
 		for _, wt := range e.plan.Wants {
 			if a := &e.facts.arrived; e.facts.tokens.claimed && e.out.Kind == Duplicate && a.Count > 0 && a.Reason == wt.Spec.Name {
-				wt.Promised = a.Due
+				wt.Promised = e.facts.tokens.promise
 				if err := w.cfg.Budgets.Unclaim(ctx, wt, e.facts.tokens.until); err == nil {
 					continue
 				} else {

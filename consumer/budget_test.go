@@ -349,3 +349,67 @@ func TestDuplicateGivesItsClaimBack(t *testing.T) {
 		t.Errorf("%d tokens returned to the reserve, want 1 (all-sms's)", b.returns)
 	}
 }
+
+// TestMissedClaimWaitsForItsToken: a held job that comes back to find the
+// token promised to it missing, and is promised the next one back within
+// consumer's follow wait, waits for it in place and claims it (one output,
+// allowed, no hold record); one promised beyond that wait, and a job of two
+// budgets, are held again until their new promise.
+func TestMissedClaimWaitsForItsToken(t *testing.T) {
+	oneBudget := holdRules(t, rules.Config{
+		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: intp(10)}},
+		Budgets: []rules.Budget{{Name: "sms", Limit: intp(5), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "sms"},
+			MaxHold: rules.Duration(time.Hour)}},
+	})
+	due := t0.Add(-3 * time.Millisecond)
+	for _, c := range []struct {
+		name     string
+		rules    *rules.Rules
+		follow   time.Duration // the next token back, from the clock
+		want     string        // the output's topic
+		promised []time.Time   // the claims asked of "sms", in order
+	}{
+		{"promised again soon", oneBudget, 40 * time.Millisecond, "allowed", []time.Time{due, t0.Add(40 * time.Millisecond)}},
+		{"promised again later", oneBudget, 5 * time.Second, "held", []time.Time{due}},
+		{"two budgets", budgetRules(t), 40 * time.Millisecond, "held", []time.Time{due}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var claims []time.Time
+			b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
+				if w.Key != "sms" {
+					return budget.Grant{OK: true}, nil
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				claims = append(claims, w.Promised)
+				if w.Promised.Equal(due) { // the token is not back yet: promised the next one
+					return budget.Grant{RetryAt: t0.Add(c.follow)}, nil
+				}
+				return budget.Grant{OK: true, Until: t0.Add(time.Second), Claimed: true}, nil
+			}}
+			d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+				return capping.Decision{Allowed: true, At: t0}, nil
+			}}
+			h := start(t, consumer.Config{Rules: c.rules, Budgets: b, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 }})
+			m := tierMessage("held", 1, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "sms"})
+			m.Value = smsJob("held", 1).Value
+			h.send(m)
+			var topics []string
+			for _, o := range h.waitOutputs(t, 1) { // a batch's outputs are written together
+				topics = append(topics, o.Topic)
+				if o.Topic == "held" && header(o, output.HeaderDueAt) != output.FormatTime(t0.Add(c.follow)) {
+					t.Errorf("held again until %s, want its new promise %s", header(o, output.HeaderDueAt), output.FormatTime(t0.Add(c.follow)))
+				}
+			}
+			if !slices.Contains(topics, c.want) || c.want == "allowed" && len(topics) != 1 {
+				t.Errorf("the job's outputs went to %v, want %s", topics, c.want)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.EqualFunc(claims, c.promised, time.Time.Equal) {
+				t.Errorf("claims of sms promised at %v, want %v", claims, c.promised)
+			}
+		})
+	}
+}

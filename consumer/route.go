@@ -55,6 +55,7 @@ type grant struct {
 	retryAt time.Time // when a token of short is expected back
 	until   time.Time // when the first of the tokens' buckets ends (budget.Grant.Until); zero: none held
 	claimed bool      // a token is the one promised to the job when it was held (budget.Grant.Claimed)
+	promise time.Time // the promise it claimed: its hold's due time, or the time it was promised again (followClaims)
 }
 
 // answer is what Redis answered to the job's request.
