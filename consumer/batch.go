@@ -243,8 +243,12 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 }
 
 // followWait is the longest a delay tier's worker waits, in place, for the
-// token a claim found missing (followClaims).
-const followWait = time.Second
+// token a claim found missing (followClaims), and the time it keeps for the
+// batch's decisions after the wait.
+const (
+	followWait   = time.Second
+	followMargin = 100 * time.Millisecond
+)
 
 // followClaims claims again, in place, the tokens that held sends came back
 // for and found missing, when they are promised again within followWait. A
@@ -256,8 +260,11 @@ const followWait = time.Second
 // shift would reach every send of the backlog in turn; waiting for it here
 // costs the tier's other releases that wait, once, and the schedule follows.
 // Only a send of one budget waits (its tokens of other budgets would lapse
-// meanwhile), at most three times. A failed call leaves the grants as they
-// were: those sends are held until the token promised to them.
+// meanwhile), at most three times, and never so long that a token the batch
+// was granted could no longer be used: a send is dated back within its
+// tokens' bucket by at most TokenGrace (lapseTokens), and its decision needs
+// followMargin more. A failed call leaves the grants as they were: those
+// sends are held until the token promised to them.
 func (w *Worker) followClaims(ctx context.Context, wants []budget.Want, grants []budget.Grant, owners []int) []budget.Grant {
 	if w.cfg.Tier == "" {
 		return grants
@@ -265,9 +272,14 @@ func (w *Worker) followClaims(ctx context.Context, wants []budget.Want, grants [
 	for range 3 {
 		now := w.cfg.Clock()
 		var again []int
-		var until time.Time
+		var until, latest time.Time // latest: the end of the wait the batch's granted tokens allow (zero: none)
 		for j, g := range grants {
 			wt := wants[j]
+			if g.OK && !g.Until.IsZero() {
+				if d := tokenDate(g.Until).Add(w.cfg.TokenGrace - followMargin); latest.IsZero() || d.Before(latest) {
+					latest = d
+				}
+			}
 			switch {
 			case g.OK, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
 				continue // granted, not a claim, promised too late, or not promised at all
@@ -279,7 +291,7 @@ func (w *Worker) followClaims(ctx context.Context, wants []budget.Want, grants [
 				until = g.RetryAt
 			}
 		}
-		if len(again) == 0 || !backoff.Sleep(ctx, until.Sub(now)+time.Millisecond) {
+		if len(again) == 0 || !latest.IsZero() && until.After(latest) || !backoff.Sleep(ctx, until.Sub(now)+time.Millisecond) {
 			return grants
 		}
 		retry := make([]budget.Want, len(again))

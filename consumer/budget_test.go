@@ -352,9 +352,10 @@ func TestDuplicateGivesItsClaimBack(t *testing.T) {
 
 // TestMissedClaimWaitsForItsToken: a held job that comes back to find the
 // token promised to it missing, and is promised the next one back within
-// consumer's follow wait, waits for it in place and claims it (one output,
-// allowed, no hold record); one promised beyond that wait, and a job of two
-// budgets, are held again until their new promise.
+// consumer's follow wait, waits for it in place and claims it (no hold
+// record); one promised beyond that wait, a job of two budgets, and one
+// whose batch holds a token that the wait would make too old to date a
+// decision in (TokenGrace), are held again until their new promise.
 func TestMissedClaimWaitsForItsToken(t *testing.T) {
 	oneBudget := holdRules(t, rules.Config{
 		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: intp(10)}},
@@ -366,19 +367,26 @@ func TestMissedClaimWaitsForItsToken(t *testing.T) {
 		name     string
 		rules    *rules.Rules
 		follow   time.Duration // the next token back, from the clock
-		want     string        // the output's topic
-		promised []time.Time   // the claims asked of "sms", in order
+		other    bool          // a job granted a token (its bucket ends in 10 ms) shares the batch
+		grace    time.Duration // TokenGrace
+		want     string        // the claiming job's output topic
+		promised []time.Time   // its claims of "sms", in order
 	}{
-		{"promised again soon", oneBudget, 40 * time.Millisecond, "allowed", []time.Time{due, t0.Add(40 * time.Millisecond)}},
-		{"promised again later", oneBudget, 5 * time.Second, "held", []time.Time{due}},
-		{"two budgets", budgetRules(t), 40 * time.Millisecond, "held", []time.Time{due}},
+		{"promised again soon", oneBudget, 40 * time.Millisecond, false, 0, "allowed", []time.Time{due, t0.Add(40 * time.Millisecond)}},
+		{"promised again later", oneBudget, 5 * time.Second, false, 0, "held", []time.Time{due}},
+		{"two budgets", budgetRules(t), 40 * time.Millisecond, false, 0, "held", []time.Time{due}},
+		{"a granted token in the batch, no grace", oneBudget, 40 * time.Millisecond, true, 0, "held", []time.Time{due}},
+		{"a granted token in the batch, within its grace", oneBudget, 40 * time.Millisecond, true, time.Second, "allowed", []time.Time{due, t0.Add(40 * time.Millisecond)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var mu sync.Mutex
 			var claims []time.Time
 			b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
-				if w.Key != "sms" {
+				switch {
+				case w.Key != "sms":
 					return budget.Grant{OK: true}, nil
+				case w.Promised.IsZero(): // the other job's
+					return budget.Grant{OK: true, Until: t0.Add(10 * time.Millisecond)}, nil
 				}
 				mu.Lock()
 				defer mu.Unlock()
@@ -389,21 +397,32 @@ func TestMissedClaimWaitsForItsToken(t *testing.T) {
 				return budget.Grant{OK: true, Until: t0.Add(time.Second), Claimed: true}, nil
 			}}
 			d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
-				return capping.Decision{Allowed: true, At: t0}, nil
+				return capping.Decision{Allowed: true, At: r.At}, nil
 			}}
-			h := start(t, consumer.Config{Rules: c.rules, Budgets: b, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 }})
-			m := tierMessage("held", 1, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "sms"})
-			m.Value = smsJob("held", 1).Value
-			h.send(m)
+			batch := []kafka.Message{tierMessage("claim", 1, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "sms"})}
+			batch[0].Value = smsJob("claim", 1).Value
+			if c.other { // held by a cap: it asks for a new token
+				batch = append(batch, tierMessage("other", 2, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "daily"}))
+				batch[1].Value = smsJob("other", 2).Value
+			}
+			h := start(t, consumer.Config{Rules: c.rules, Budgets: b, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 },
+				TokenGrace: c.grace, BatchSize: len(batch)})
+			h.send(batch...)
 			var topics []string
-			for _, o := range h.waitOutputs(t, 1) { // a batch's outputs are written together
+			for _, o := range h.waitOutputs(t, len(batch)) { // a batch's outputs are written together
+				if o.Key != nil && string(o.Key) != string(batch[0].Key) {
+					if c.other && o.Topic != "allowed" {
+						t.Errorf("the job granted a token went to %s, want allowed", o.Topic)
+					}
+					continue
+				}
 				topics = append(topics, o.Topic)
 				if o.Topic == "held" && header(o, output.HeaderDueAt) != output.FormatTime(t0.Add(c.follow)) {
 					t.Errorf("held again until %s, want its new promise %s", header(o, output.HeaderDueAt), output.FormatTime(t0.Add(c.follow)))
 				}
 			}
 			if !slices.Contains(topics, c.want) || c.want == "allowed" && len(topics) != 1 {
-				t.Errorf("the job's outputs went to %v, want %s", topics, c.want)
+				t.Errorf("the claiming job's outputs went to %v, want %s", topics, c.want)
 			}
 			mu.Lock()
 			defer mu.Unlock()
