@@ -7,6 +7,8 @@ import (
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // A Cap limits how many sends of its scope a user may receive in a window:
@@ -36,7 +38,23 @@ type Cap struct {
 	// + Reserved the cap's own limit. Decision.Reserved says when they made
 	// the difference. Informational: the script checks Limit.
 	Reserved int
+	// Tally counts the cap in the user's tally, a hash beside the log, instead
+	// of in the log: a lifetime cap (Window 0) keeps the number of sends of its
+	// scope, a long rolling window (Window above the log's retention) the
+	// times of the last MaxTallyTimes of them. Either costs a few bytes per
+	// scope, where a long window in the log would keep every send of the
+	// window in every user's log and on every decision's path. The count is
+	// kept until Keep (refreshed by each send it counts); the log's retention
+	// does not include the cap's window.
+	Tally bool
+	// Keep, for a Tally cap, is until when the tally keeps the cap's count
+	// if this send is allowed.
+	Keep time.Time
 }
+
+// MaxTallyTimes bounds the limit of a rolling Tally cap: the tally keeps
+// the times of that many sends of its scope.
+const MaxTallyTimes = 16
 
 // label is the cap's name in decisions: Name, or "cap<i>" for the i-th cap of a request.
 func (c Cap) label(i int) string {
@@ -60,10 +78,16 @@ func (c Cap) Validate() error {
 		return fmt.Errorf("cap %q: a window and a calendar period: choose one", c.Name)
 	case calendar && !c.Until.After(c.Since):
 		return fmt.Errorf("cap %q: calendar period %v to %v is empty", c.Name, c.Since, c.Until)
-	case !calendar && c.Window < time.Millisecond:
+	case !calendar && c.Window < time.Millisecond && !(c.Tally && c.Window == 0):
 		return fmt.Errorf("cap %q: window %v must be at least 1ms", c.Name, c.Window)
 	case c.Window%time.Millisecond != 0:
 		return fmt.Errorf("cap %q: window %v must be whole milliseconds", c.Name, c.Window)
+	case c.Tally && calendar:
+		return fmt.Errorf("cap %q: a tally cap is rolling or lifetime, not a calendar period", c.Name)
+	case c.Tally && c.Window > 0 && c.Limit+c.Reserved > MaxTallyTimes:
+		return fmt.Errorf("cap %q: a tally cap over a window has a limit of at most %d", c.Name, MaxTallyTimes)
+	case c.Tally && c.Keep.IsZero():
+		return fmt.Errorf("cap %q: a tally cap needs Keep", c.Name)
 	}
 	return nil
 }
@@ -96,7 +120,30 @@ func NewScope(channels, tags []string) Scope {
 // filterLen is the length of the cap's flags and scope as appendFilter packs them.
 func (c *Cap) filterLen() int {
 	s := &c.Scope
-	return 1 + 2 + len(s.channels) + 2 + len(s.tags) + 1 + len(s.campaign)
+	n := 1 + 2 + len(s.channels) + 2 + len(s.tags) + 1 + len(s.campaign)
+	if c.Tally {
+		n += tallyLen
+	}
+	return n
+}
+
+// tallyLen is the length of what a Tally cap adds to its filter: its field
+// in the user's tally and until when the tally keeps it.
+const tallyLen = 8 + 8
+
+// tallyField is the field of c's count in the user's tally: a digest of its
+// scope (its campaign's too) and its window, so that the caps of one scope
+// and window share a count whatever their names, segments and limits.
+func (c *Cap) tallyField() uint64 {
+	s := &c.Scope
+	var b [256]byte
+	k := binary.BigEndian.AppendUint64(b[:0], uint64(c.Window.Milliseconds()))
+	k = append(k, byte(len(s.channels)))
+	k = append(k, s.channels...)
+	k = append(k, byte(len(s.tags)))
+	k = append(k, s.tags...)
+	k = append(k, s.campaign...)
+	return xxhash.Sum64(k)
 }
 
 // appendFilter appends the cap's flags and scope packed for decide.lua (see
@@ -116,13 +163,21 @@ func (c *Cap) appendFilter(b []byte, applies bool) []byte {
 	if applies {
 		flags |= flagApplies
 	}
+	if c.Tally {
+		flags |= flagTally
+	}
 	b = append(b, flags)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(s.channels)))
 	b = append(b, s.channels...)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(s.tags)))
 	b = append(b, s.tags...)
 	b = append(b, byte(len(s.campaign)))
-	return append(b, s.campaign...)
+	b = append(b, s.campaign...)
+	if c.Tally {
+		b = binary.BigEndian.AppendUint64(b, c.tallyField())
+		b = binary.BigEndian.AppendUint64(b, uint64(c.Keep.UnixMilli()))
+	}
+	return b
 }
 
 // Campaign returns the scope narrowed to one campaign's sends.

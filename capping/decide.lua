@@ -129,11 +129,15 @@ local statusWhole = 128
 local flagShadow = 1
 local flagArbitrated = 2
 local flagApplies = 4
+local flagTally = 8
 local replyWritten = '='
 
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8BI2c0I2c0Bc0' -- one cap's: since, limit, reset, flags, channels, tags, campaign
 local entryhead = '>i8I2' -- an entry's score and member length, before the member
+local tallyfmt = '>c8i8' -- a tally cap's, after its campaign: its field in the tally, until when to keep it
+local tallyhead = '>I4i8' -- a tally field's value: the sends counted, until when it is kept; then their times
+local tallyTimes = 16 -- the most send times a field keeps (capping.MaxTallyTimes)
 
 -- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
 -- capper's log, converted here: the next write replaces it with the string).
@@ -361,6 +365,83 @@ local function refusedAgain(packed, first, refusal)
   return struct.pack('>BI2i8', statusRefused, 0, 0) .. string.rep('\0\0\0\0', k) .. refusal
 end
 
+-- readTally reads a user's tally (KEYS: see the header) as field -> {count, keep, times...} (times oldest
+-- first), leaving out the fields kept until before now.
+local function readTally(key, now)
+  local all, t = redis.call('HGETALL', key), {}
+  for j = 1, #all, 2 do
+    local v = all[j + 1]
+    local count, keep = struct.unpack(tallyhead, v)
+    if keep >= now then
+      local f = { count, keep }
+      for p = 13, #v - 7, 8 do
+        f[#f + 1] = struct.unpack('>i8', v, p)
+      end
+      t[all[j]] = f
+    end
+  end
+  return t, #all / 2
+end
+
+-- tallied counts a tally field's sends in a window from since (reset 0: every send counted, ever) and returns
+-- their number and, when k is given, the time of the k-th oldest of them in the window (nil if none).
+local function tallied(f, since, reset, k)
+  if not f then
+    return 0, nil
+  end
+  if reset == 0 then
+    return f[1], nil
+  end
+  local count, kth_at = 0, nil
+  for i = 3, #f do
+    if f[i] >= since then
+      count = count + 1
+      if count == k then
+        kth_at = f[i]
+      end
+    end
+  end
+  return count, kth_at
+end
+
+-- writeTally counts an allowed send at now in the user's tally (read as t, of size fields; updates: field ->
+-- {keep, timed}, for the fields of the tally caps that apply to it): each field's count plus one, its keep the
+-- later of its own and the cap's, and, for a rolling cap's (timed), its times with now (the last tallyTimes);
+-- fields kept until before now are deleted, and the key expires with its longest kept field.
+local function writeTally(key, t, size, updates, now)
+  local args, live, until_ = {}, 0, 0
+  for field, u in pairs(updates) do
+    local keep, f, times = u[1], t[field] or { 0, 0 }, {}
+    if u[2] then
+      for i = math.max(3, #f - tallyTimes + 2), #f do
+        times[#times + 1] = f[i]
+      end
+      times[#times + 1] = now
+    end
+    f = { f[1] + 1, math.max(f[2], keep) }
+    for i = 1, #times do
+      f[i + 2] = times[i]
+    end
+    t[field] = f
+    args[#args + 1] = field
+    args[#args + 1] = struct.pack(tallyhead .. string.rep('i8', #times), f[1], f[2], unpack(times))
+  end
+  for _, f in pairs(t) do
+    live = live + 1
+    until_ = math.max(until_, f[2])
+  end
+  if size > live then -- fields aged out: the hash is written anew
+    redis.call('DEL', key)
+    args = {}
+    for field, f in pairs(t) do
+      args[#args + 1] = field
+      args[#args + 1] = struct.pack(tallyhead .. string.rep('i8', #f - 2), unpack(f))
+    end
+  end
+  redis.call('HSET', key, unpack(args))
+  redis.call('PEXPIREAT', key, until_ + 1)
+end
+
 -- capCounts counts each cap of the request (packed from position first on) over the kept entries and decides
 -- the send by them (status: statusAllowed, or statusDuplicate found before). Per cap, in plain locals (a table
 -- per cap costs more than the counting): its count goes into counts, and whether a blocking cap is full after
@@ -369,8 +450,9 @@ end
 -- retry_at (hit), retry_at, whether a limit of 0 refused it (never), the counts and their number, full0 and
 -- full1, an arbitrated cap at its last slot (last) with when a slot frees after it is taken (last_at), and the
 -- members if it listed them.
-local function capCounts(packed, first, member, log, scores, starts, n, now, status)
+local function capCounts(packed, first, member, log, scores, starts, n, now, status, tallykey)
   local members = nil
+  local tally, tsize, updates = nil, 0, nil
   local counts, ncaps, full0, full1 = {}, 0, false, false
   local hit, retry_at, never = 0, 0, false
   local last, last_at = nil, 0
@@ -381,10 +463,24 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
     local shadow, arbitrated = flags % (2 * flagShadow) >= flagShadow, flags % (2 * flagArbitrated) >= flagArbitrated
     local scoped = channels ~= '' or tags ~= '' or campaign ~= ''
     local applies = not scoped or flags % (2 * flagApplies) >= flagApplies or matches(member, channels, tags, campaign)
+    local field, keep = nil, 0
+    if flags % (2 * flagTally) >= flagTally then
+      field, keep, pos = struct.unpack(tallyfmt, packed, pos)
+    end
     -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
-    -- counts from the newest entry back
+    -- counts from the newest entry back (a tally cap: its field's sends in the tally)
     local count = 0
-    if scoped then
+    if field then
+      if not tally then
+        tally, tsize = readTally(tallykey, now)
+      end
+      count = tallied(tally[field], since, reset)
+      if applies then
+        updates = updates or {}
+        local u = updates[field] or { 0, reset > 0 }
+        updates[field] = { math.max(u[1], keep), u[2] }
+      end
+    elseif scoped then
       members = members or list(log, starts, n)
       for j = 1, n do
         if scores[j] >= since and matches(members[j], channels, tags, campaign) then
@@ -413,10 +509,12 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
     if not shadow and status ~= statusDuplicate and count >= limit and applies then
       status = statusCapped
       local at = -reset
-      if reset > 0 then -- none only with a limit of 0, which never passes
+      if field and reset > 0 then
+        at = (select(2, tallied(tally[field], since, reset, count - limit + 1)) or 0) + reset
+      elseif reset > 0 then -- none only with a limit of 0, which never passes
         at = (kth(members, scores, n, count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
       end
-      if limit == 0 then
+      if limit == 0 or (field and reset == 0) then -- a lifetime cap reached never passes again
         if not never then hit = ncaps end
         never = true
       elseif not never and at > retry_at then
@@ -427,7 +525,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
   if never then
     retry_at = 0
   end
-  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members
+  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, tally, tsize, updates
 end
 
 -- preference applies the user's preferences (see KEYS[n], read as the HGETALL p) to a send the rules' caps
@@ -560,7 +658,7 @@ end
 
 -- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
 -- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
-local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
+local function decide(packed, member, named, key, arbkey, prefkey, tallykey, now, mode, retention, maxlog, window, priority, first)
   local record = mode ~= modeLook
   local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires = readLog(key, record, now, retention)
 
@@ -586,9 +684,9 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     return struct.pack('>BI2i8', statusDuplicate, 0, recorded)
   end
 
-  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members
-  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members =
-    capCounts(packed, first, member, log, scores, starts, n, now, status)
+  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, tally, tsize, updates
+  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, tally, tsize, updates =
+    capCounts(packed, first, member, log, scores, starts, n, now, status, tallykey)
   if status == statusDuplicate then
     retry_at = recorded
   end
@@ -627,6 +725,9 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
       written = log .. entry
     end
     n, added = n + 1, j
+    if updates then
+      writeTally(tallykey, tally, tsize, updates, now)
+    end
   elseif record and status == statusDuplicate then
     -- A duplicate writes too: the write advances this connection's replication offset past the earlier
     -- write of the same job, so a WAIT after the script waits for that too.
@@ -668,12 +769,15 @@ local function run(KEYS, ARGV)
   while i <= #ARGV do
     local packed = ARGV[i]
     local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
-    local key, arbkey, prefkey, j = ARGV[i + 3], nil, nil, i + 4
+    local key, arbkey, prefkey, tallykey, j = ARGV[i + 3], nil, nil, nil, i + 4
     if window > 0 then
       arbkey, j = ARGV[j], j + 1
     end
-    if prefs == 1 then
+    if prefs % 2 == 1 then
       prefkey, j = ARGV[j], j + 1
+    end
+    if prefs >= 2 then
+      tallykey, j = ARGV[j], j + 1
     end
     local ok, reply = true, nil
     if mode == modeAppend then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
@@ -692,8 +796,8 @@ local function run(KEYS, ARGV)
       end
     end
     if not reply then
-      ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
-        window, priority, first)
+      ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, tallykey, now, mode, retention,
+        maxlog, window, priority, first)
     end
     if not ok then
       local msg = type(reply) == 'table' and reply.err or tostring(reply)

@@ -41,7 +41,7 @@ import (
 // newLogEligible reports whether r's send, with args a, is decided the same
 // by a SET NX of a new log as by the script when the user has no log.
 func newLogEligible(r *Request, a *reqArgs) bool {
-	if r.DuplicateOnly || r.Refused != "" || r.Candidate {
+	if r.DuplicateOnly || r.Refused != "" || r.Candidate || a.tally { // a tally is read by the script
 		return false
 	}
 	for i := range a.caps {
