@@ -5,6 +5,7 @@ package rules
 // its outcome all read the same answer.
 
 import (
+	"math"
 	"time"
 
 	"github.com/capper-dev/capper/budget"
@@ -31,7 +32,8 @@ type Job struct {
 type Plan struct {
 	// Exempt sends bypass the caps: not counted, not capped, no quiet hours.
 	Exempt bool
-	// CountOnly sends are recorded without a check: Caps is empty.
+	// CountOnly sends are recorded without a check: Caps holds only the
+	// tally caps whose counts they add to, as shadow caps that never report.
 	CountOnly bool
 	// QuietUntil is when the quiet hours that hold the send end; zero when
 	// none holds.
@@ -73,6 +75,21 @@ func (b *Buffers) Reset() {
 	b.caps, b.wants = b.caps[:0], b.wants[:0]
 }
 
+// countedOnly keeps of caps[from:] the tally caps, as shadow caps of a limit
+// no count reaches: a count-only send adds to their counts (the log counts
+// it for the others) and is neither capped nor reported by them.
+func countedOnly(caps []capping.Cap, from int) []capping.Cap {
+	out := caps[:from]
+	for _, c := range caps[from:] {
+		if c.Tally {
+			c.Shadow, c.Limit, c.Reserved = true, math.MaxInt32, 0
+			out = append(out, c)
+		}
+	}
+	clear(caps[len(out):])
+	return out
+}
+
 // Plan returns the plan of job at now. b (nil: none) provides the arrays of
 // its caps and wants.
 func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
@@ -91,13 +108,15 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 		return p
 	}
 	p.QuietUntil = r.QuietUntil(job.Segment, job.InSegment, job.Category, job.Zone, now)
-	if !p.CountOnly {
+	n := len(b.caps)
+	b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone, Priority: p.Priority}, now)
+	if p.CountOnly { // counted in its tally caps, capped by none
+		b.caps = countedOnly(b.caps, n)
+	} else {
 		p.Arbitration = r.arbitration[segKey]
-		n := len(b.caps)
-		b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone, Priority: p.Priority}, now)
-		p.Caps = b.caps[n:len(b.caps):len(b.caps)]
 	}
-	n := len(b.wants)
+	p.Caps = b.caps[n:len(b.caps):len(b.caps)]
+	n = len(b.wants)
 	b.wants = r.Budgets(b.wants, job.Channel, job.Tags, job.Campaign)
 	p.Wants = b.wants[n:len(b.wants):len(b.wants)]
 	return p

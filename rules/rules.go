@@ -105,8 +105,16 @@ type Cap struct {
 	Name string `yaml:"name"`
 	// Limit is the most sends of the scope in the window; 0 blocks them all. (Required)
 	Limit *int `yaml:"limit"`
-	// Window makes a rolling cap: any window of this length ("24h", "7d").
+	// Window makes a rolling cap: any window of this length ("24h", "7d"), or
+	// "lifetime": every send of the scope ever (for as long as Retain keeps
+	// them).
 	Window Duration `yaml:"window"`
+	// Retain makes a rolling cap a tally cap (a lifetime cap is one): counted
+	// in the user's tally, a few bytes per scope beside the log, instead of in
+	// the log, which then need not keep the window's sends. The tally keeps
+	// the cap's count this long after the user's last send of its scope: at
+	// least the window. A lifetime cap's defaults to 400d.
+	Retain Duration `yaml:"retain"`
 	// Calendar makes a calendar cap: day, week or month, in the user's time zone.
 	// (Exactly one of Window and Calendar.)
 	Calendar string `yaml:"calendar"`
@@ -169,6 +177,10 @@ type FailOpen struct {
 type Duration time.Duration
 
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Value == "lifetime" {
+		*d = Lifetime
+		return nil
+	}
 	v, err := ParseDuration(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d, column %d: %w", n.Line, n.Column, err)
@@ -177,7 +189,20 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-func (d Duration) String() string { return time.Duration(d).String() }
+func (d Duration) String() string {
+	if d == Lifetime {
+		return "lifetime"
+	}
+	return time.Duration(d).String()
+}
+
+// Lifetime is a cap's window of "lifetime": every send of its scope counts,
+// for as long as its tally keeps them (Cap.Retain). Only a cap's window may
+// be one; anywhere else it is a negative duration, refused as such.
+const Lifetime Duration = -1
+
+// DefaultLifetimeRetain is a lifetime cap's Retain unless it says.
+const DefaultLifetimeRetain = 400 * 24 * time.Hour
 
 // ParseDuration is time.ParseDuration plus a "d" (24h) suffix for whole
 // days: the one duration syntax of the configuration, the rules, the events
@@ -262,6 +287,8 @@ type compiled struct {
 	reserve     int // slots kept for sends of minPriority and above
 	minPriority int
 	arbitration time.Duration // the arbitration window of its last slot; 0: none
+	tally       bool          // counted in the user's tally: a lifetime (window 0) or a long window
+	retain      time.Duration // a tally cap's: how long its count is kept after a send
 }
 
 // Compile validates c and compiles it as rules version.
@@ -375,11 +402,14 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 		case *c.Limit < 0:
 			return nil, fmt.Errorf("%s: limit %d must not be negative", f, *c.Limit)
 		case (c.Window != 0) == (c.Calendar != ""):
-			return nil, fmt.Errorf("%s: set exactly one of window (rolling) and calendar (day, week or month)", f)
-		case c.Window != 0 && (cc.window < time.Millisecond || cc.window%time.Millisecond != 0):
-			return nil, fmt.Errorf("%s: window %v must be whole milliseconds, at least 1ms", f, cc.window)
+			return nil, fmt.Errorf("%s: set exactly one of window (rolling, or lifetime) and calendar (day, week or month)", f)
+		case c.Window != 0 && c.Window != Lifetime && (cc.window < time.Millisecond || cc.window%time.Millisecond != 0):
+			return nil, fmt.Errorf("%s: window %v must be whole milliseconds, at least 1ms, or lifetime", f, cc.window)
 		}
 		cc.limit = *c.Limit
+		if err := cc.compileTally(f, c); err != nil {
+			return nil, err
+		}
 		var err error
 		if cc.reserve, cc.minPriority, err = compileReserve(f, c.Reserve, cc.limit); err != nil {
 			return nil, err
@@ -391,8 +421,10 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 			}
 			cc.arbitration = time.Duration(*c.Arbitration)
 		}
-		if cc.arbitration > 0 && cc.shadow {
-			cc.arbitration = 0 // a shadow cap never blocks, so it has no last slot to arbitrate
+		if cc.arbitration > 0 && (cc.shadow || cc.tally) {
+			// a shadow cap never blocks, so it has no last slot to arbitrate; a
+			// tally cap's last slot is not arbitrated (see compileTally)
+			cc.arbitration = 0
 		}
 		switch c.Calendar {
 		case "":
@@ -418,9 +450,11 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 			return nil, fmt.Errorf("%s: a second cap named %q", f, cc.name)
 		}
 		names[cc.name] = true
-		if cc.period != rolling {
+		switch {
+		case cc.tally: // counted in the tally: the log keeps none of its window
+		case cc.period != rolling:
 			r.retention = max(r.retention, maxPeriod)
-		} else {
+		default:
 			r.retention = max(r.retention, cc.window)
 		}
 		out[i] = cc
@@ -428,11 +462,41 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 	return out, nil
 }
 
+// compileTally makes cc, compiled from c at field f, a tally cap when its
+// window is a lifetime or it says how long to retain its count.
+func (cc *compiled) compileTally(f string, c Cap) error {
+	cc.tally = c.Window == Lifetime || c.Retain != 0
+	switch {
+	case !cc.tally:
+		return nil
+	case c.Calendar != "":
+		return fmt.Errorf("%s: retain is for a rolling or lifetime cap (a tally cap), not a calendar one", f)
+	case c.Reserve != nil || (c.Arbitration != nil && *c.Arbitration != 0):
+		return fmt.Errorf("%s: a tally cap (lifetime, or with retain) keeps no reserve and no arbitration", f)
+	case c.Window != Lifetime && cc.limit > capping.MaxTallyTimes:
+		return fmt.Errorf("%s: a rolling tally cap has a limit of at most %d (its tally keeps the times of that many sends)", f, capping.MaxTallyTimes)
+	case c.Retain < 0 || (c.Window != Lifetime && c.Retain < c.Window):
+		return fmt.Errorf("%s: retain %v must be at least the window %v", f, c.Retain, c.Window)
+	}
+	cc.retain = time.Duration(c.Retain)
+	switch {
+	case cc.retain > 0:
+	case c.Window == Lifetime:
+		cc.retain = DefaultLifetimeRetain
+	default:
+		cc.retain = cc.window
+	}
+	if c.Window == Lifetime {
+		cc.window = 0
+	}
+	return nil
+}
+
 // defaultName names an unnamed cap after its window and scope: "24h", "day/push", "7d/promotional/campaign".
 func defaultName(c Cap, channels []string) string {
 	parts := []string{c.Calendar}
 	if c.Calendar == "" {
-		parts[0] = time.Duration(c.Window).String()
+		parts[0] = c.Window.String()
 	}
 	if len(channels) > 0 {
 		parts = append(parts, strings.Join(channels, "+"))
@@ -530,14 +594,17 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 	}
 	for i := range caps {
 		c := &caps[i]
-		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow, Arbitrated: c.arbitration > 0}
+		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow, Arbitrated: c.arbitration > 0, Tally: c.tally}
+		if c.tally {
+			out.Keep = now.Add(c.retain)
+		}
 		if n := c.reservedFor(s.Priority); n > 0 {
 			out.Limit, out.Reserved = c.limit-n, n
 		}
 		if c.perCampaign {
 			out.Scope = c.scope.Campaign(s.Campaign)
 		}
-		if c.period == rolling {
+		if c.period == rolling { // a lifetime: 0
 			out.Window = c.window
 		} else {
 			out.Since, out.Until = r.current(c.period, now, zone)

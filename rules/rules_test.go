@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/rules"
 )
@@ -162,6 +164,54 @@ func TestRetentionCoversEveryWindow(t *testing.T) {
 	}
 }
 
+// TestTallyCaps: "window: lifetime" and a rolling window with retain are
+// tally caps: handed to the hot path with their keep, outside the log's
+// retention; a long window without retain stays in the log.
+func TestTallyCaps(t *testing.T) {
+	var c rules.Config
+	src := `
+default_caps:
+  - {name: daily, window: 24h, limit: 3}
+  - {name: welcome-once, window: lifetime, limit: 1, tags: [welcome], per_campaign: true}
+  - {name: survey, window: 90d, retain: 120d, limit: 1, tags: [survey]}
+  - {name: winback, window: lifetime, retain: 2y, limit: 3}
+`
+	if err := yaml.Unmarshal([]byte(src), &c); err == nil || !strings.Contains(err.Error(), `invalid duration "2y"`) {
+		t.Fatalf("retain 2y: %v, want an invalid duration", err)
+	}
+	if err := yaml.Unmarshal([]byte(strings.Replace(src, "2y", "730d", 1)), &c); err != nil {
+		t.Fatal(err)
+	}
+	r := compile(t, c)
+	if r.Retention() != 24*time.Hour {
+		t.Errorf("retention %v, want the daily window alone", r.Retention())
+	}
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	caps := r.Caps(nil, "", false, rules.Send{Campaign: "w1"}, now)
+	day := 24 * time.Hour
+	for i, want := range []struct {
+		tally  bool
+		window time.Duration
+		keep   time.Duration
+	}{{false, day, 0}, {true, 0, 400 * day}, {true, 90 * day, 120 * day}, {true, 0, 730 * day}} {
+		c := caps[i]
+		var keep time.Duration
+		if !c.Keep.IsZero() {
+			keep = c.Keep.Sub(now)
+		}
+		if c.Tally != want.tally || c.Window != want.window || keep != want.keep {
+			t.Errorf("cap %s: tally %v window %v keep +%v, want %v %v +%v", c.Name, c.Tally, c.Window, keep, want.tally, want.window, want.keep)
+		}
+	}
+	if caps[1].TallyField() == r.Caps(nil, "", false, rules.Send{Campaign: "w2"}, now)[1].TallyField() {
+		t.Error("a per-campaign lifetime cap has one tally field for two campaigns")
+	}
+	long := compile(t, rules.Config{DefaultCaps: []rules.Cap{{Window: rules.Duration(90 * day), Limit: limit(20)}}})
+	if c := long.Caps(nil, "", false, rules.Send{}, now)[0]; c.Tally || long.Retention() != 90*day {
+		t.Errorf("a 90d cap without retain: tally %v, retention %v; want it in the log", c.Tally, long.Retention())
+	}
+}
+
 func TestCompileErrors(t *testing.T) {
 	day := rules.Duration(24 * time.Hour)
 	for _, tt := range []struct {
@@ -180,6 +230,10 @@ func TestCompileErrors(t *testing.T) {
 		{"unknown zone", rules.Config{DefaultTimezone: "Mars/Olympus"}, `unknown time zone "Mars/Olympus"`},
 		{"bad week start", rules.Config{WeekStart: "someday"}, "not a day of the week"},
 		{"count-only and exempt", rules.Config{CountOnlyCategories: []string{"transactional"}}, "also exempt"},
+		{"retain on a calendar cap", rules.Config{DefaultCaps: []rules.Cap{{Calendar: "day", Retain: day, Limit: limit(1)}}}, "not a calendar one"},
+		{"a tally cap with a reserve", rules.Config{DefaultCaps: []rules.Cap{{Window: rules.Lifetime, Limit: limit(2), Reserve: &rules.Reserve{Slots: 1, MinPriority: 50}}}}, "no reserve and no arbitration"},
+		{"a rolling tally cap over 16", rules.Config{DefaultCaps: []rules.Cap{{Window: 90 * day, Retain: 90 * day, Limit: limit(17)}}}, "at most 16"},
+		{"retain below the window", rules.Config{DefaultCaps: []rules.Cap{{Window: 90 * day, Retain: 30 * day, Limit: limit(1)}}}, "must be at least the window"},
 		{"segment twice", rules.Config{Segments: []rules.Segment{{Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}, {Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}}}, "listed twice"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

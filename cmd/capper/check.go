@@ -121,10 +121,19 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func printCaps(stdout io.Writer, caps []capping.Cap, d *capping.Decision, plan *rules.Plan, zone *time.Location) {
 	for i, c := range caps {
 		since, window := c.Since, ""
-		if c.Window > 0 {
+		switch {
+		case c.Tally && c.Window == 0:
+			window = "lifetime, in the user's tally, kept until " + c.Keep.In(zone).Format("2006-01-02") + " if sent now"
+		case c.Tally:
+			since, window = d.At.Add(-c.Window), "rolling "+rules.Duration(c.Window).String()+", in the user's tally"
+		case c.Window > 0:
 			since, window = d.At.Add(-c.Window), "rolling "+rules.Duration(c.Window).String()
-		} else {
+		default:
 			window = "calendar, until " + c.Until.In(zone).Format("2006-01-02 15:04 MST")
+		}
+		if c.Tally && plan.CountOnly {
+			fmt.Fprintf(stdout, "  cap %-20s %3d so far (counted, never caps a count-only send; %s)\n", c.Name, d.Counts[i], window)
+			continue
 		}
 		state := ""
 		if c.Shadow {
@@ -133,6 +142,10 @@ func printCaps(stdout io.Writer, caps []capping.Cap, d *capping.Decision, plan *
 		if c.Reserved > 0 {
 			_, min := plan.Reservation(c.Name)
 			state += fmt.Sprintf("  [%d more reserved for priority %d and above]", c.Reserved, min)
+		}
+		if c.Tally && c.Window == 0 {
+			fmt.Fprintf(stdout, "  cap %-20s %3d of %3d ever (%s)%s\n", c.Name, d.Counts[i], c.Limit, window, state)
+			continue
 		}
 		fmt.Fprintf(stdout, "  cap %-20s %3d of %3d since %s (%s)%s\n", c.Name, d.Counts[i], c.Limit, since.In(zone).Format("2006-01-02 15:04 MST"), window, state)
 	}
@@ -157,7 +170,7 @@ func printVerdict(stdout io.Writer, channel string, d *capping.Decision, plan *r
 		fmt.Fprintf(stdout, "a %s send now: allowed\n", channel)
 		return
 	}
-	retry := "never (a limit of 0)"
+	retry := "never (a limit of 0, or a lifetime cap)"
 	if !d.RetryAt.IsZero() {
 		retry = fmt.Sprintf("%s (in %v)", d.RetryAt.In(zone).Format(time.RFC3339), d.RetryAt.Sub(d.At).Round(time.Second))
 	}

@@ -188,6 +188,9 @@ func (j *judge) zoneOf(s *Sent) *time.Location {
 // the last millisecond a rolling window's sends still count from, or the
 // first local midnight of the calendar day, week or month.
 func (j *judge) since(c *jcap, t time.Time, zone *time.Location) time.Time {
+	if c.window == time.Duration(rules.Lifetime) { // every earlier send of the run
+		return time.Time{}
+	}
 	if c.calendar == "" {
 		return t.Add(-c.window + time.Millisecond)
 	}

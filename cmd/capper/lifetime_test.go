@@ -1,0 +1,123 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// TestLifetimeCapThroughKillAndFailover: "once per user per campaign, ever"
+// as a lifetime cap, under a burst to two workers, one SIGKILLed and
+// restarted mid-run, and the Redis master of some of the users killed
+// (SIGKILL) and replaced by its replica (min_replicas_acked: 1). 600 users
+// get each of 4 campaigns 3 times. Every job ends in one final topic;
+// each user gets exactly one send per campaign (none lost to a redelivery,
+// none over); every other copy is capped by the lifetime cap for good (no
+// retry-at); a count-only receipt of a campaign counts toward its cap; and
+// each user's tally holds one send per campaign.
+func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
+	s := testenv.NewStack(t, 6, nil)
+	s.EditConfig("default_caps: [{name: daily, window: 24h, limit: 2}]",
+		"default_caps: [{name: daily, window: 24h, limit: 20}, {name: once, window: lifetime, limit: 1, per_campaign: true}]\n  count_only_categories: [receipt]")
+	s.EditConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
+	s.DefaultCap = 5 // the report's check: at most one send per campaign, 4 campaigns, and one receipt
+	const users, campaigns, copies = 600, 4, 3
+	var jobs []testenv.JobSpec
+	for c := 0; c < copies; c++ {
+		for k := 0; k < campaigns; k++ {
+			for u := uint32(100); u < 100+users; u++ {
+				jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("life-%d-%d-%d", u, k, c), User: u, Channel: "email", Campaign: fmt.Sprintf("w%d", k)})
+			}
+		}
+	}
+	// Users 100..149 got a receipt of campaign w0 first: count-only, it takes w0's one send.
+	var receipts []testenv.JobSpec
+	for u := uint32(100); u < 150; u++ {
+		receipts = append(receipts, testenv.JobSpec{ID: fmt.Sprintf("receipt-%d", u), User: u, Channel: "email", Campaign: "w0", Category: "receipt"})
+	}
+	s.Produce(receipts)
+	w1, w2 := start(s, true), start(s, true)
+	w1.waitReady(t)
+	w2.waitReady(t)
+	master := s.MasterOf(100)
+	replica := testenv.ReplicaOf(t, master)
+	const chunks = 24
+	per := len(jobs) / chunks
+	for c := 0; c < chunks; c++ {
+		s.Produce(jobs[c*per : (c+1)*per])
+		switch c {
+		case 6:
+			if err := w2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			<-w2.done
+			w2.done <- nil
+			start(s, false)
+		case 14:
+			restart := testenv.KillRedis(t, master)
+			testenv.WaitMaster(t, replica, 30*time.Second)
+			go restart() // the promoted master needs it back as its replica (min_replicas_acked)
+		}
+	}
+	all := append(receipts, jobs...)
+	outs := s.CollectJobs(all, 180*time.Second)
+	s.CheckAccounting(all, outs, false)
+	t.Logf("%d outputs for %d jobs, %d redelivered jobs recognised as duplicates", len(outs), len(all), testenv.CountDecision(outs, "duplicate"))
+
+	type pair struct {
+		user     uint32
+		campaign string
+	}
+	campaignOf := map[string]string{}
+	for _, j := range all {
+		campaignOf[j.ID] = j.Campaign
+	}
+	sent := map[pair]map[string]bool{}
+	for _, o := range outs {
+		p := pair{o.User, campaignOf[o.JobID]}
+		switch o.Decision {
+		case "allowed", "duplicate":
+			if sent[p] == nil {
+				sent[p] = map[string]bool{}
+			}
+			sent[p][o.JobID] = true
+		case "capped":
+			if o.Cap != "once" || !o.RetryAt.IsZero() {
+				t.Errorf("job %s capped by %q, retry-at %v: want the lifetime cap once, for good", o.JobID, o.Cap, o.RetryAt)
+			}
+		default:
+			t.Errorf("job %s: decision %q", o.JobID, o.Decision)
+		}
+	}
+	for u := uint32(100); u < 100+users; u++ {
+		for k := 0; k < campaigns; k++ {
+			p := pair{u, fmt.Sprintf("w%d", k)}
+			if len(sent[p]) != 1 {
+				t.Errorf("user %d, campaign %s: %d distinct jobs sent, want exactly 1 (%v)", u, p.campaign, len(sent[p]), sent[p])
+			}
+			if u < 150 && k == 0 && !sent[p][fmt.Sprintf("receipt-%d", u)] {
+				t.Errorf("user %d: the receipt of w0 was not its one send (%v)", u, sent[p])
+			}
+		}
+	}
+	rdb := s.RedisClient()
+	for u := uint32(100); u < 100+users; u++ {
+		tally, err := rdb.HGetAll(context.Background(), fmt.Sprintf("%s:{%d}:tally", s.Prefix, u)).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(tally) != campaigns {
+			t.Errorf("user %d: tally of %d fields, want one per campaign", u, len(tally))
+			continue
+		}
+		for f, v := range tally {
+			if n := int(v[0])<<24 | int(v[1])<<16 | int(v[2])<<8 | int(v[3]); n != 1 {
+				t.Errorf("user %d: tally field %x counts %d sends, want 1", u, f, n)
+			}
+		}
+	}
+}
