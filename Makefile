@@ -1,5 +1,5 @@
 # capper — make targets. Every target that needs servers starts the local stack itself.
-.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-budget-cost bench-priority bench-prefs bench-workspaces
+.PHONY: demo test test-contended stack-up stack-down stack-status build vet bench-capping bench-segments bench-e2e bench-cost bench-blast bench-hold bench-budget bench-budget-cost bench-priority bench-prefs bench-workspaces bench-lifetime
 
 GO ?= go
 
@@ -32,6 +32,10 @@ vet:
 ## bench-capping: capper's decisions/s at batch 512 vs the FCALL ceiling of the same script (capper-devstack calls; medians, ratio)
 bench-capping:
 	scripts/bench-capping.sh
+
+## bench-lifetime: what lifetime caps cost: decisions/s without one against the commit before them, with one on every job against none, and the tally's Redis bytes per scope (medians of 3 alternated rounds)
+bench-lifetime:
+	scripts/bench-lifetime.sh
 
 ## bench-segments: snapshot heap, load time and lookup cost for 270 million users in 4 segments (medians)
 bench-segments:

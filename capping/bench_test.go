@@ -246,3 +246,91 @@ func BenchmarkPreferences(b *testing.B) {
 		deletePrefix(b, rdb, prefix)
 	}
 }
+
+// BenchmarkLifetime decides batches of 512 requests for random users, one
+// batch in flight per core, under benchCaps (none) and under benchCaps plus a
+// lifetime cap of the job's campaign on every job (lifetime: each decision
+// reads and writes the user's tally too), 40 campaigns. scripts/bench-lifetime.sh
+// alternates them, and BenchmarkDecide at the commit before the tally.
+func BenchmarkLifetime(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	prefix := testenv.Unique("benchlife")
+	defer deletePrefix(b, rdb, prefix)
+	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var seq atomic.Int64
+	for _, lifetime := range []bool{false, true} {
+		name := "none"
+		if lifetime {
+			name = "lifetime"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 7))
+				reqs := make([]capping.Request, 512)
+				caps := make([]capping.Cap, len(reqs)*(len(benchCaps)+1))
+				ctx := context.Background()
+				for pb.Next() {
+					keep := time.Now().Add(400 * 24 * time.Hour)
+					for i := range reqs {
+						campaign := fmt.Sprint("campaign-", rng.IntN(40))
+						c := append(caps[i*3:i*3:i*3+3], benchCaps...)
+						if lifetime {
+							c = append(c, capping.Cap{Name: "once", Limit: 1 << 30, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)})
+						}
+						reqs[i] = capping.Request{UserID: uint32(rng.IntN(benchUsers)), JobID: fmt.Sprint("j", seq.Add(1)), Channel: "email", Campaign: campaign, Caps: c}
+					}
+					if _, err := lim.Decide(ctx, reqs); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N*512)/b.Elapsed().Seconds(), "decisions/s")
+		})
+	}
+}
+
+// BenchmarkTallyMemory sends each of 1,000 users one send of each of
+// SCOPES campaigns under a lifetime cap per campaign and reports MEMORY USAGE
+// of their tallies: bytes per user (the key with one scope) and bytes per
+// scope beyond the first (a user's tally with 8 scopes, less its first).
+func BenchmarkTallyMemory(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	ctx := context.Background()
+	prefix := testenv.Unique("memlife")
+	defer deletePrefix(b, rdb, prefix)
+	lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const users, scopes = 1000, 8
+	usage := func(n int) float64 { // mean MEMORY USAGE of the tallies of users with n scopes
+		var sum int64
+		for u := range users {
+			user := uint32(4_000_000_000 - n*users - u) // a 10-digit id: the longest key
+			keep := time.Now().Add(400 * 24 * time.Hour)
+			var reqs []capping.Request
+			for k := range n {
+				campaign := fmt.Sprintf("campaign-2026-11-%02d", k)
+				reqs = append(reqs, capping.Request{UserID: user, JobID: fmt.Sprintf("%s:user-%d:email", campaign, user), Channel: "email", Campaign: campaign,
+					Tags: []string{"marketing"}, Caps: []capping.Cap{{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)}}})
+			}
+			if _, err := lim.Decide(ctx, reqs); err != nil {
+				b.Fatal(err)
+			}
+			sum += rdb.MemoryUsage(ctx, lim.TallyKey(0, user)).Val()
+		}
+		return float64(sum) / users
+	}
+	var one, many float64
+	for range b.N {
+		one, many = usage(1), usage(scopes)
+	}
+	b.ReportMetric(one, "bytes/user-of-1-scope")
+	b.ReportMetric((many-one)/(scopes-1), "bytes/scope")
+}
