@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -249,9 +250,12 @@ func BenchmarkPreferences(b *testing.B) {
 
 // BenchmarkLifetime decides batches of 512 requests for random users, one
 // batch in flight per core, under benchCaps (none) and under benchCaps plus a
-// lifetime cap of the job's campaign on every job (lifetime: each decision
-// reads and writes the user's tally too), 40 campaigns. scripts/bench-lifetime.sh
-// alternates them, and BenchmarkDecide at the commit before the tally.
+// lifetime cap of the job's campaign on every job (lifetime: each allowed
+// send also counts in the user's tally item of its campaign), 40 campaigns:
+// users of 1,000,000 (most of them new: a new user's log is one SET NX) and
+// of 50,000 (warm: most of them have a log, decided by the script).
+// scripts/bench-lifetime.sh alternates them, and BenchmarkDecide at the
+// commit before the tally.
 func BenchmarkLifetime(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
 	defer rdb.Close()
@@ -262,10 +266,17 @@ func BenchmarkLifetime(b *testing.B) {
 		b.Fatal(err)
 	}
 	var seq atomic.Int64
-	for _, lifetime := range []bool{false, true} {
-		name := "none"
+	for _, bc := range []struct {
+		users    int
+		lifetime bool
+	}{{benchUsers, false}, {benchUsers, true}, {50_000, false}, {50_000, true}} {
+		lifetime := bc.lifetime
+		name := "none/cold"
 		if lifetime {
-			name = "lifetime"
+			name = "lifetime/cold"
+		}
+		if bc.users != benchUsers {
+			name = strings.Replace(name, "cold", "warm", 1)
 		}
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -282,7 +293,7 @@ func BenchmarkLifetime(b *testing.B) {
 						if lifetime {
 							c = append(c, capping.Cap{Name: "once", Limit: 1 << 30, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)})
 						}
-						reqs[i] = capping.Request{UserID: uint32(rng.IntN(benchUsers)), JobID: fmt.Sprint("j", seq.Add(1)), Channel: "email", Campaign: campaign, Caps: c}
+						reqs[i] = capping.Request{UserID: uint32(rng.IntN(bc.users)), JobID: fmt.Sprint("j", seq.Add(1)), Channel: "email", Campaign: campaign, Caps: c}
 					}
 					if _, err := lim.Decide(ctx, reqs); err != nil {
 						b.Fatal(err)
@@ -294,10 +305,10 @@ func BenchmarkLifetime(b *testing.B) {
 	}
 }
 
-// BenchmarkTallyMemory sends each of 1,000 users one send of each of
-// SCOPES campaigns under a lifetime cap per campaign and reports MEMORY USAGE
-// of their tallies: bytes per user (the key with one scope) and bytes per
-// scope beyond the first (a user's tally with 8 scopes, less its first).
+// BenchmarkTallyMemory sends each of 1,000 users one send of each of 8
+// campaigns, with a lifetime cap per campaign and without, and reports what
+// the tally adds to MEMORY USAGE of their logs: bytes per scope (the 8
+// scopes' items), and for a user with one scope.
 func BenchmarkTallyMemory(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
 	defer rdb.Close()
@@ -308,29 +319,38 @@ func BenchmarkTallyMemory(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	const users, scopes = 1000, 8
-	usage := func(n int) float64 { // mean MEMORY USAGE of the tallies of users with n scopes
+	const users = 1000
+	daily := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 100}
+	usage := func(scopes int, lifetime bool, base uint32) float64 { // mean MEMORY USAGE of the users' logs
 		var sum int64
-		for u := range users {
-			user := uint32(4_000_000_000 - n*users - u) // a 10-digit id: the longest key
+		for u := range uint32(users) {
+			user := base - u // a 10-digit id: the longest key
 			keep := time.Now().Add(400 * 24 * time.Hour)
 			var reqs []capping.Request
-			for k := range n {
+			for k := range scopes {
 				campaign := fmt.Sprintf("campaign-2026-11-%02d", k)
+				caps := []capping.Cap{daily}
+				if lifetime {
+					caps = append(caps, capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)})
+				}
 				reqs = append(reqs, capping.Request{UserID: user, JobID: fmt.Sprintf("%s:user-%d:email", campaign, user), Channel: "email", Campaign: campaign,
-					Tags: []string{"marketing"}, Caps: []capping.Cap{{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)}}})
+					Tags: []string{"marketing"}, Caps: caps})
 			}
-			if _, err := lim.Decide(ctx, reqs); err != nil {
-				b.Fatal(err)
+			for _, r := range reqs { // one at a time, as a user's sends come
+				if d, err := lim.Decide(ctx, []capping.Request{r}); err != nil || !d[0].Allowed {
+					b.Fatalf("%+v %v", d, err)
+				}
 			}
-			sum += rdb.MemoryUsage(ctx, lim.TallyKey(0, user)).Val()
+			sum += rdb.MemoryUsage(ctx, lim.Key(0, user)).Val()
 		}
 		return float64(sum) / users
 	}
-	var one, many float64
-	for range b.N {
-		one, many = usage(1), usage(scopes)
+	var one, eight float64
+	for n := range b.N {
+		base := uint32(4_000_000_000 - n*4*users)
+		eight = (usage(8, true, base) - usage(8, false, base-users)) / 8
+		one = usage(1, true, base-2*users) - usage(1, false, base-3*users)
 	}
+	b.ReportMetric(eight, "bytes/scope")
 	b.ReportMetric(one, "bytes/user-of-1-scope")
-	b.ReportMetric((many-one)/(scopes-1), "bytes/scope")
 }

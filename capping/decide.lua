@@ -2,10 +2,15 @@
 -- decide.lua: check sends against their users' caps and, for each send that every cap passes, record it.
 -- Sliding log: one string per user: 8 bytes (i8) of the worker's ms until which the key's TTL was last set, then
 -- the entries packed one after the other (struct: '>i8I2' then the member):
---   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time
+--   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time; a
+--           tally item 0
 --   member  its length (I2), then the send's digests: bytes 1-8 job id, 9-10 channel, 11-14 campaign,
---           15.. one pair per tag (see capping.Member)
--- marks first, then the entries oldest first. A string costs a call one GET, one struct.unpack per entry
+--           15.. one pair per tag (see capping.Member); a tally item's: its field (8 bytes: a digest of a
+--           tally cap's scope and window), the sends counted (I4), until when it is kept (i8 ms), then for a
+--           rolling cap the times of the last tallyTimes of them (i8 ms each, oldest first)
+-- marks and tally items first, then the entries oldest first. A tally cap (flagTally) is counted from its
+-- item, not the entries: a lifetime count, or a long window's last sends, in a few bytes per scope; the log is
+-- kept until its last item's keep, and written whole (SET PX) when an item changes. A string costs a call one GET, one struct.unpack per entry
 -- (no string made unless a step needs the members) and, when it records, one APPEND of the entry (or one SET
 -- PX of the whole log with a new TTL, once the TTL left is below the retention: the header says so without a
 -- PTTL; every redis.call costs a script ~1.5 us); a sorted set cost ZRANGE WITHSCORES (two Lua strings and a
@@ -53,11 +58,14 @@
 --                 calendar: minus the period's end, when a capped send may go
 --   B  flags      flagShadow (1): count and report, never block; flagArbitrated (2): its last slot goes to the
 --                 highest priority of an arbitration window; flagApplies (4): the worker found the send in the
---                 cap's scope (Decide sends only the caps that apply), so the script need not check
+--                 cap's scope (Decide sends only the caps that apply), so the script need not check;
+--                 flagTally (8): counted in the log's tally item of the field that follows the scope, not its
+--                 entries (since 0 and reset 0 for a lifetime: capped for good at its limit)
 --   I2 + bytes    the scope's channels: 2-byte digests, their length in bytes first (0: any channel)
 --   I2 + bytes    the scope's tags, the same (0: any tags)
 --   B  + bytes    the scope's campaign: 4-byte digest, its length first (0: any campaign)
 --                 (one struct.unpack reads a cap whole; a cap of every send is 26 bytes)
+--   c8 i8         a tally cap's only: its field, and until when its item is kept if the send is recorded
 -- ARGV[1]  member of this send
 -- ARGV[3]  in modeMark, the refusal's name; in modeAppend, the worker's copy of the log; in modeNewLog, the
 --          new log; otherwise empty
@@ -136,8 +144,7 @@ local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxl
 local capfmt = '>i8i4i8BI2c0I2c0Bc0' -- one cap's: since, limit, reset, flags, channels, tags, campaign
 local entryhead = '>i8I2' -- an entry's score and member length, before the member
 local tallyfmt = '>c8i8' -- a tally cap's, after its campaign: its field in the tally, until when to keep it
-local tallyhead = '>I4i8' -- a tally field's value: the sends counted, until when it is kept; then their times
-local tallyTimes = 16 -- the most send times a field keeps (capping.MaxTallyTimes)
+local tallyTimes = 16 -- the most send times a count keeps (capping.MaxTallyTimes)
 
 -- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
 -- capper's log, converted here: the next write replaces it with the string).
@@ -234,7 +241,7 @@ end
 -- TTL, now + ttl in its header. The header is the worker's clock and the TTL the server's, counted from the
 -- write: they agree but for the skew between workers, which the retention's margin covers; a TTL set
 -- elsewhere (a duplicate's PEXPIRE) is only ever longer than the header says.
-local function save(key, now, ttl, retention, log, expires, rewrite, marks, starts, n, from, gap, item, mark, j)
+local function save(key, now, ttl, retention, log, expires, rewrite, marks, tally, starts, n, from, gap, item, mark, j)
   if expires - now >= retention and not rewrite and not mark and j == n + 1 then
     redis.call('APPEND', key, item)
     return nil
@@ -253,6 +260,9 @@ local function save(key, now, ttl, retention, log, expires, rewrite, marks, star
     end
     for i = 1, marks and #marks or 0 do
       parts[#parts + 1] = marks[i]
+    end
+    for _, t in pairs(tally or {}) do
+      parts[#parts + 1] = struct.pack(entryhead, 0, #t) .. t
     end
     if mark then
       parts[#parts + 1] = entries(log, starts, n, from, gap)
@@ -300,6 +310,7 @@ local function readLog(key, record, now, retention)
   local log, zset = load(key)
   local scores, starts, n = {}, {}, 0
   local marks, refused, stale = nil, nil, 0
+  local tally, tkeep = nil, 0
   local from, gap = nil, false
   local horizon = now - retention
   local pos, size, expires = 9, #log, 0 -- none in an empty log
@@ -312,7 +323,18 @@ local function readLog(key, record, now, retention)
     if nxt > size + 1 then
       error('data string too short') -- as struct.unpack says it: see run
     end
-    if s < 0 then
+    if s == 0 then -- a tally item: kept until its keep
+      local t = string.sub(log, at, nxt - 1)
+      local keep = struct.unpack('>i8', t, 13)
+      if not record or keep >= now then
+        tally = tally or {}
+        tally[string.sub(t, 1, 8)] = t
+        tkeep = math.max(tkeep, keep)
+      else
+        stale = stale + 1
+      end
+      gap = gap or from ~= nil
+    elseif s < 0 then
       if not record or -s > horizon then
         local m = string.sub(log, at, nxt - 1)
         len = string.byte(m, 1)
@@ -333,7 +355,7 @@ local function readLog(key, record, now, retention)
     end
     pos = nxt
   end
-  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires
+  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep
 end
 
 -- duplicateOf returns the score of the kept entry whose member is member (found as bytes in log, then checked
@@ -365,81 +387,47 @@ local function refusedAgain(packed, first, refusal)
   return struct.pack('>BI2i8', statusRefused, 0, 0) .. string.rep('\0\0\0\0', k) .. refusal
 end
 
--- readTally reads a user's tally (KEYS: see the header) as field -> {count, keep, times...} (times oldest
--- first), leaving out the fields kept until before now.
-local function readTally(key, now)
-  local all, t = redis.call('HGETALL', key), {}
-  for j = 1, #all, 2 do
-    local v = all[j + 1]
-    local count, keep = struct.unpack(tallyhead, v)
-    if keep >= now then
-      local f = { count, keep }
-      for p = 13, #v - 7, 8 do
-        f[#f + 1] = struct.unpack('>i8', v, p)
-      end
-      t[all[j]] = f
-    end
-  end
-  return t, #all / 2
-end
-
--- tallied counts a tally field's sends in a window from since (reset 0: every send counted, ever) and returns
--- their number and, when k is given, the time of the k-th oldest of them in the window (nil if none).
-local function tallied(f, since, reset, k)
-  if not f then
+-- tallied counts the sends of a tally item's member t (nil: none; see the header) in a window from since
+-- (reset 0: every send counted, ever) and returns their number and, when k is given, the time of the k-th
+-- oldest of them in the window (nil if none).
+local function tallied(t, since, reset, k)
+  if not t then
     return 0, nil
   end
   if reset == 0 then
-    return f[1], nil
+    return (struct.unpack('>I4', t, 9)), nil
   end
   local count, kth_at = 0, nil
-  for i = 3, #f do
-    if f[i] >= since then
+  for p = 21, #t - 7, 8 do
+    local at = struct.unpack('>i8', t, p)
+    if at >= since then
       count = count + 1
       if count == k then
-        kth_at = f[i]
+        kth_at = at
       end
     end
   end
   return count, kth_at
 end
 
--- writeTally counts an allowed send at now in the user's tally (read as t, of size fields; updates: field ->
--- {keep, timed}, for the fields of the tally caps that apply to it): each field's count plus one, its keep the
--- later of its own and the cap's, and, for a rolling cap's (timed), its times with now (the last tallyTimes);
--- fields kept until before now are deleted, and the key expires with its longest kept field.
-local function writeTally(key, t, size, updates, now)
-  local args, live, until_ = {}, 0, 0
-  for field, u in pairs(updates) do
-    local keep, f, times = u[1], t[field] or { 0, 0 }, {}
-    if u[2] then
-      for i = math.max(3, #f - tallyTimes + 2), #f do
-        times[#times + 1] = f[i]
-      end
-      times[#times + 1] = now
-    end
-    f = { f[1] + 1, math.max(f[2], keep) }
-    for i = 1, #times do
-      f[i + 2] = times[i]
-    end
-    t[field] = f
-    args[#args + 1] = field
-    args[#args + 1] = struct.pack(tallyhead .. string.rep('i8', #times), f[1], f[2], unpack(times))
+-- counted returns tally item member t (nil: a new one, of field) with one more send at now: its count plus
+-- one, kept until the later of its keep and keep, and, when timed (a rolling cap's), now added to its times
+-- (the last tallyTimes kept).
+local function counted(t, field, keep, timed, now)
+  local count, kept, times = 0, 0, ''
+  if t then
+    count, kept = struct.unpack('>I4i8', t, 9)
+    times = string.sub(t, 21)
   end
-  for _, f in pairs(t) do
-    live = live + 1
-    until_ = math.max(until_, f[2])
-  end
-  if size > live then -- fields aged out: the hash is written anew
-    redis.call('DEL', key)
-    args = {}
-    for field, f in pairs(t) do
-      args[#args + 1] = field
-      args[#args + 1] = struct.pack(tallyhead .. string.rep('i8', #f - 2), unpack(f))
+  if timed then
+    times = times .. struct.pack('>i8', now)
+    if #times > 8 * tallyTimes then
+      times = string.sub(times, -8 * tallyTimes)
     end
+  else
+    times = ''
   end
-  redis.call('HSET', key, unpack(args))
-  redis.call('PEXPIREAT', key, until_ + 1)
+  return field .. struct.pack('>I4i8', count + 1, math.max(kept, keep)) .. times
 end
 
 -- capCounts counts each cap of the request (packed from position first on) over the kept entries and decides
@@ -450,9 +438,9 @@ end
 -- retry_at (hit), retry_at, whether a limit of 0 refused it (never), the counts and their number, full0 and
 -- full1, an arbitrated cap at its last slot (last) with when a slot frees after it is taken (last_at), and the
 -- members if it listed them.
-local function capCounts(packed, first, member, log, scores, starts, n, now, status, tallykey)
+local function capCounts(packed, first, member, log, scores, starts, n, now, status, tally)
   local members = nil
-  local tally, tsize, updates = nil, 0, nil
+  local updates = nil
   local counts, ncaps, full0, full1 = {}, 0, false, false
   local hit, retry_at, never = 0, 0, false
   local last, last_at = nil, 0
@@ -471,10 +459,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
     -- counts from the newest entry back (a tally cap: its field's sends in the tally)
     local count = 0
     if field then
-      if not tally then
-        tally, tsize = readTally(tallykey, now)
-      end
-      count = tallied(tally[field], since, reset)
+      count = tallied(tally and tally[field], since, reset)
       if applies then
         updates = updates or {}
         local u = updates[field] or { 0, reset > 0 }
@@ -510,7 +495,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
       status = statusCapped
       local at = -reset
       if field and reset > 0 then
-        at = (select(2, tallied(tally[field], since, reset, count - limit + 1)) or 0) + reset
+        at = (select(2, tallied(tally and tally[field], since, reset, count - limit + 1)) or 0) + reset
       elseif reset > 0 then -- none only with a limit of 0, which never passes
         at = (kth(members, scores, n, count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
       end
@@ -525,7 +510,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
   if never then
     retry_at = 0
   end
-  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, tally, tsize, updates
+  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates
 end
 
 -- preference applies the user's preferences (see KEYS[n], read as the HGETALL p) to a send the rules' caps
@@ -658,12 +643,14 @@ end
 
 -- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
 -- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
-local function decide(packed, member, named, key, arbkey, prefkey, tallykey, now, mode, retention, maxlog, window, priority, first)
+local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
   local record = mode ~= modeLook
-  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires = readLog(key, record, now, retention)
+  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep =
+    readLog(key, record, now, retention)
 
-  -- ttl is the key's TTL after a write: the retention plus a slack (an eighth, at most an hour).
-  local ttl = retention + math.min(math.floor(retention / 8), 3600000)
+  -- ttl is the key's TTL after a write: the retention plus a slack (an eighth, at most an hour), or until its
+  -- last tally item's keep.
+  local ttl = math.max(retention + math.min(math.floor(retention / 8), 3600000), tkeep - now)
 
   local status, recorded = statusAllowed, duplicateOf(log, member, scores, starts, n)
   if recorded then
@@ -677,16 +664,16 @@ local function decide(packed, member, named, key, arbkey, prefkey, tallykey, now
   if mode == modeMark then
     if status == statusAllowed then
       local m = string.char(#member) .. member .. named
-      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap,
+      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, tally, starts, n, from, gap,
         struct.pack(entryhead, -now, #m) .. m, true)
       return struct.pack('>BI2i8', statusAllowed, 0, 0)
     end
     return struct.pack('>BI2i8', statusDuplicate, 0, recorded)
   end
 
-  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, tally, tsize, updates
-  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, tally, tsize, updates =
-    capCounts(packed, first, member, log, scores, starts, n, now, status, tallykey)
+  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates
+  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates =
+    capCounts(packed, first, member, log, scores, starts, n, now, status, tally)
   if status == statusDuplicate then
     retry_at = recorded
   end
@@ -720,14 +707,19 @@ local function decide(packed, member, named, key, arbkey, prefkey, tallykey, now
       j = j - 1
     end
     entry = struct.pack(entryhead, now, #member) .. member
-    written = save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, starts, n, from, gap, entry, false, j)
+    if updates then -- the tally items of the caps that count it, in the log written whole
+      tally = tally or {}
+      for field, u in pairs(updates) do
+        tally[field] = counted(tally[field], field, u[1], u[2], now)
+        ttl = math.max(ttl, u[1] - now)
+      end
+    end
+    written = save(key, now, ttl, retention, log, expires, zset or stale > 0 or updates ~= nil, marks, tally, starts, n,
+      from, gap, entry, false, j)
     if not written then -- appended
       written = log .. entry
     end
     n, added = n + 1, j
-    if updates then
-      writeTally(tallykey, tally, tsize, updates, now)
-    end
   elseif record and status == statusDuplicate then
     -- A duplicate writes too: the write advances this connection's replication offset past the earlier
     -- write of the same job, so a WAIT after the script waits for that too.
@@ -741,7 +733,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, tallykey, now
   -- The whole log for the caller's near cache, when it is header and kept entries alone (no marks, nothing
   -- aged out, a string): the cache then knows it byte for byte, decides the user's next sends from it and
   -- records an allowed one by modeAppend (see the header). statusWhole added says so.
-  if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
+  if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and not tally and stale == 0 then
     return answer(status + statusWhole, hit, retry_at, counts, ncaps) .. (written or log)
   end
   local reply = answer(status, hit, retry_at, counts, ncaps)
@@ -769,15 +761,12 @@ local function run(KEYS, ARGV)
   while i <= #ARGV do
     local packed = ARGV[i]
     local now, mode, retention, maxlog, window, priority, prefs, first = struct.unpack(headfmt, packed)
-    local key, arbkey, prefkey, tallykey, j = ARGV[i + 3], nil, nil, nil, i + 4
+    local key, arbkey, prefkey, j = ARGV[i + 3], nil, nil, i + 4
     if window > 0 then
       arbkey, j = ARGV[j], j + 1
     end
-    if prefs % 2 == 1 then
+    if prefs == 1 then
       prefkey, j = ARGV[j], j + 1
-    end
-    if prefs >= 2 then
-      tallykey, j = ARGV[j], j + 1
     end
     local ok, reply = true, nil
     if mode == modeAppend then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
@@ -796,8 +785,8 @@ local function run(KEYS, ARGV)
       end
     end
     if not reply then
-      ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, tallykey, now, mode, retention,
-        maxlog, window, priority, first)
+      ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
+        window, priority, first)
     end
     if not ok then
       local msg = type(reply) == 'table' and reply.err or tostring(reply)

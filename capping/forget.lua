@@ -23,7 +23,7 @@ end
 local kept, n, pos = {string.sub(log, 1, 8)}, 0, 9 -- the header (see decide.lua) stays
 while pos <= #log do
   local s, m, nxt = struct.unpack('>i8I2c0', log, pos)
-  if s >= 0 and string.sub(m, 1, 8) == ARGV[1] then -- an entry of the job (a mark is never removed)
+  if s > 0 and string.sub(m, 1, 8) == ARGV[1] then -- an entry of the job (a mark, a tally item is never removed)
     n = n + 1
   else
     kept[#kept + 1] = string.sub(log, pos, nxt - 1)

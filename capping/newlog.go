@@ -41,7 +41,7 @@ import (
 // newLogEligible reports whether r's send, with args a, is decided the same
 // by a SET NX of a new log as by the script when the user has no log.
 func newLogEligible(r *Request, a *reqArgs) bool {
-	if r.DuplicateOnly || r.Refused != "" || r.Candidate || a.tally { // a tally is read by the script
+	if r.DuplicateOnly || r.Refused != "" || r.Candidate {
 		return false
 	}
 	for i := range a.caps {
@@ -61,12 +61,25 @@ func newLogEligible(r *Request, a *reqArgs) bool {
 // the script's save writes them, in buf (of capacity newLogLen(a) at least).
 func newLog(buf []byte, a *reqArgs) (value string, ttl int64) {
 	ttl = a.retention + min(a.retention/8, 3_600_000)
-	b := appendEntry(binary.BigEndian.AppendUint64(buf[:0], uint64(a.now+ttl)), a.now, a.member)
+	b := buf[:8] // the header, below: the TTL is known after the tally items
+	var keep int64
+	if a.tally {
+		b, keep = appendTally(b, a)
+		ttl = max(ttl, keep-a.now)
+	}
+	binary.BigEndian.PutUint64(b, uint64(a.now+ttl))
+	b = appendEntry(b, a.now, a.member)
 	return unsafe.String(unsafe.SliceData(b), len(b)), ttl
 }
 
 // newLogLen is the length of newLog's value for a.
-func newLogLen(a *reqArgs) int { return 8 + 10 + len(a.member) }
+func newLogLen(a *reqArgs) int {
+	n := 8 + 10 + len(a.member)
+	if a.tally {
+		n += tallyLenOf(a)
+	}
+	return n
+}
 
 // seenUsers remembers, approximately, the users a Limiter sent a SET NX of a
 // new log for lately, so that their next sends go to the script directly: one
@@ -174,7 +187,7 @@ func (b *batch) newLogDecision(i int, now time.Time, log string) (Decision, stri
 	ints = ints[:3+len(a.caps)]
 	ints[0], ints[2] = statusAllowed, a.now // recorded at a.now
 	d, err := decisionOf(ints, a.caps, a.member, now, a.counts)
-	if err != nil || b.maxLog == 0 {
+	if err != nil || b.maxLog == 0 || a.tally { // a log with tally items is not the near cache's to copy
 		return d, "", err
 	}
 	return d, log[8:], nil // the value without its header: the cache keeps it whole (see install)

@@ -66,7 +66,7 @@ const (
 	flagShadow     = 1 // count and report, never block
 	flagArbitrated = 2 // the last slot goes to the highest priority of an arbitration window
 	flagApplies    = 4 // the worker found the send in the cap's scope
-	flagTally      = 8 // counted in the user's tally, not the log; its field and keep follow its scope
+	flagTally      = 8 // counted in the log's tally item of its field, not its entries; field and keep follow its scope
 
 	// replyWritten is a request's whole reply in modeAppend and modeNewLog
 	// when the log was written as the worker asked.
@@ -142,13 +142,13 @@ type reqArgs struct {
 	// send if the log is still that (mode 4, see decide.lua), else decides it.
 	expect string
 
-	// tally: one of caps is a Tally cap, so the script reads the user's tally.
+	// tally: one of caps is a Tally cap (decided from the log's tally items).
 	tally bool
 
 	// Set by send and pack for a call to Redis (the call points at them).
-	key, arbKey, prefKey, tallyKey string
-	packed                         string // decide.lua's ARGV[2], in the batch's slab
-	named                          string // its ARGV[3]: the refusal's name, or expect
+	key, arbKey, prefKey string
+	packed               string // decide.lua's ARGV[2], in the batch's slab
+	named                string // its ARGV[3]: the refusal's name, or expect
 }
 
 // newArgs computes the arguments of every request, on a few backing arrays.
@@ -289,17 +289,14 @@ var (
 	evalHead  = [2]any{"eval", decideSource}
 )
 
-// keyCount is how many keys a request of r (with args a) has in a call: its
-// log, its arbitration candidates, its preferences and its tally.
-func keyCount(r *Request, a *reqArgs) int {
+// keyCount is how many keys a request of r has in a call: its log, its
+// arbitration candidates and its preferences.
+func keyCount(r *Request) int {
 	n := 1
 	if r.Arbitration > 0 {
 		n++
 	}
 	if r.Preferences {
-		n++
-	}
-	if a.tally {
 		n++
 	}
 	return n
@@ -316,7 +313,7 @@ func keyCount(r *Request, a *reqArgs) int {
 func callArgs(eval bool, reqs []Request, args []reqArgs, idx []int) []any {
 	n := 4
 	for _, i := range idx {
-		n += 3 + keyCount(&reqs[i], &args[i])
+		n += 3 + keyCount(&reqs[i])
 	}
 	v := make([]any, 4, n)
 	head := &fcallHead
@@ -333,16 +330,13 @@ func callArgs(eval bool, reqs []Request, args []reqArgs, idx []int) []any {
 		if reqs[i].Preferences {
 			v = append(v, &a.prefKey)
 		}
-		if a.tally {
-			v = append(v, &a.tallyKey)
-		}
 	}
 	return v
 }
 
 // The sizes of decide.lua's packed values (its ARGV[2]): the call's, then each cap's before its filter.
 const (
-	packedHead = 8 + 1 + 8 + 2 + 8 + 1 + 1 // now, mode, retention, maxlog, window, priority, keys
+	packedHead = 8 + 1 + 8 + 2 + 8 + 1 + 1 // now, mode, retention, maxlog, window, priority, prefs
 	packedCap  = 8 + 4 + 8                 // since, limit, reset
 )
 
@@ -366,9 +360,6 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 	if r.Preferences {
 		a.prefKey = a.key + ":prefs"
 	}
-	if a.tally {
-		a.tallyKey = a.key + tallySuffix
-	}
 	mode := byte(modeLook)
 	a.named = r.Refused
 	switch {
@@ -388,12 +379,9 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 	b = binary.BigEndian.AppendUint64(b, uint64(a.retention))
 	b = binary.BigEndian.AppendUint16(b, uint16(maxLog))
 	b = binary.BigEndian.AppendUint64(b, uint64(r.Arbitration.Milliseconds()))
-	prefs := byte(0) // the keys that follow the log's: 1 preferences, 2 the tally
+	prefs := byte(0)
 	if r.Preferences {
 		prefs = 1
-	}
-	if a.tally {
-		prefs |= 2
 	}
 	b = append(b, byte(r.Priority), prefs)
 	for i := range a.caps {

@@ -98,8 +98,8 @@ func callOf(r *Request, a *reqArgs, record bool, maxLog int) scriptCall {
 	a.key = "fc:{7}"
 	pack(make([]byte, 0, packedLen(a)), r, a, record, maxLog, "")
 	args := callArgs(false, []Request{*r}, []reqArgs{*a}, []int{0})
-	if len(args) != 4+3+keyCount(r, a) {
-		panic(fmt.Sprintf("callArgs made %d values, want %d", len(args), 4+3+keyCount(r, a)))
+	if len(args) != 4+3+keyCount(r) {
+		panic(fmt.Sprintf("callArgs made %d values, want %d", len(args), 4+3+keyCount(r)))
 	}
 	for i, v := range args {
 		if p, ok := v.(*string); ok {

@@ -3,64 +3,145 @@ package capping
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
-// A user's tally (see Cap.Tally) is a hash beside the log, at the log's key
-// plus tallySuffix (one slot): per tally cap's field (Cap.TallyField, 8
-// bytes), its count of sends, until when it is kept, and for a rolling cap
-// the times of the last MaxTallyTimes of them, oldest first, packed
-// big-endian (uint32, int64 ms, then int64 ms each). decide.lua reads it
-// whole when a request has a tally cap that applies and writes the fields of
-// an allowed send in the same call as its log entry; it deletes fields kept
-// until before now when it writes, and the key expires with its longest-kept
-// field. A user whose sends match no tally cap has no tally and pays nothing.
-const tallySuffix = ":tally"
+// A user's tally is the tally items of its log (score 0; see decide.lua):
+// per tally cap's field (Cap.TallyField), its count of sends, until when it
+// is kept, and for a rolling cap the times of the last MaxTallyTimes of them.
+// The script counts a tally cap from its item and writes the item of an
+// allowed send in the same step as its entry; it drops items kept until
+// before now when it writes, and the log is kept until its last item's keep.
+// A log with no tally item costs a decision nothing more.
 
 // TallyDedupe is how long the log keeps at least a send a tally counted,
 // whatever its other caps' windows: a redelivery of the job within it is
 // its duplicate, not counted again.
 const TallyDedupe = 24 * time.Hour
 
-// TallyKey returns the Redis key of a user's tally.
-func (l *Limiter) TallyKey(s Space, userID uint32) string { return l.Key(s, userID) + tallySuffix }
-
 // TallyField is the field of c's count in a user's tally: a digest of its
 // scope (its campaign's too) and its window, so that the caps of one scope
 // and window share a count whatever their names, segments and limits.
 func (c Cap) TallyField() uint64 { return c.tallyField() }
 
-// TallyCount is one field of a user's tally.
+// TallyCount is one item of a user's tally.
 type TallyCount struct {
 	Field uint64
 	Count int       // sends counted
-	Keep  time.Time // until when the field is kept
+	Keep  time.Time // until when the item is kept
 	Times []time.Time
 }
 
 // Tally returns a user's tally, sorted by field.
 func (l *Limiter) Tally(ctx context.Context, s Space, userID uint32) ([]TallyCount, error) {
 	pipe := l.client.Pipeline()
-	cmd := pipe.HGetAll(ctx, l.TallyKey(s, userID))
-	if _, err := pipe.Exec(ctx); err != nil {
+	cmd := pipe.Get(ctx, l.Key(s, userID))
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("capping: tally of user %d: %w", userID, err)
 	}
-	m := cmd.Val()
-	out := make([]TallyCount, 0, len(m))
-	for f, v := range m {
-		if len(f) != 8 || len(v) < 12 || (len(v)-12)%8 != 0 {
-			return nil, fmt.Errorf("capping: tally field %x = %x is not one capper wrote", f, v)
+	if cmd.Err() != nil { // no log
+		return nil, nil
+	}
+	return readTally(cmd.Val())
+}
+
+// ReadTally returns the tally of the user whose log is at key (see
+// Limiter.Key), sorted by field.
+func ReadTally(ctx context.Context, c redis.Cmdable, key string) ([]TallyCount, error) {
+	v, err := c.Get(ctx, key).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("capping: read tally %s: %w", key, err)
+	}
+	return readTally(v)
+}
+
+// readTally returns the tally items of log (its value), sorted by field.
+func readTally(log string) ([]TallyCount, error) {
+	var out []TallyCount
+	for p := 8; p < len(log); {
+		m, at, next, ok := nextEntry(log, p)
+		if !ok {
+			return nil, fmt.Errorf("capping: a log truncated at byte %d of %d", p, len(log))
 		}
-		c := TallyCount{Field: binary.BigEndian.Uint64([]byte(f)), Count: int(be32(v, 0)), Keep: time.UnixMilli(int64(be64(v, 4)))}
-		for p := 12; p < len(v); p += 8 {
-			c.Times = append(c.Times, time.UnixMilli(int64(be64(v, p))))
+		p = next
+		if at != 0 {
+			continue
+		}
+		if len(m) < 20 || (len(m)-20)%8 != 0 {
+			return nil, fmt.Errorf("capping: tally item %x is not one capper wrote", m)
+		}
+		c := TallyCount{Field: binary.BigEndian.Uint64([]byte(m[:8])), Count: int(be32(m, 8)), Keep: time.UnixMilli(int64(be64(m, 12)))}
+		for q := 20; q < len(m); q += 8 {
+			c.Times = append(c.Times, time.UnixMilli(int64(be64(m, q))))
 		}
 		out = append(out, c)
 	}
 	slices.SortFunc(out, func(a, b TallyCount) int { return cmpUint(a.Field, b.Field) })
 	return out, nil
+}
+
+// appendTally appends to b, as decide.lua packs them, the tally items of a's
+// tally caps (those that count its send) for a new log: a count of 1, kept
+// until the cap's Keep, and the send's time for a rolling cap; and returns it
+// with the latest Keep (0: none).
+func appendTally(b []byte, a *reqArgs) ([]byte, int64) {
+	var keep int64
+	for i := range a.caps {
+		c := &a.caps[i]
+		if !c.Tally || sharesField(a.caps[:i], c) {
+			continue
+		}
+		n := 20
+		if c.Window > 0 {
+			n += 8
+		}
+		b = binary.BigEndian.AppendUint64(b, 0)
+		b = binary.BigEndian.AppendUint16(b, uint16(n))
+		k := c.Keep.UnixMilli() // the latest of the caps of its field
+		for j := i + 1; j < len(a.caps); j++ {
+			if sharesField(a.caps[j:j+1], c) {
+				k = max(k, a.caps[j].Keep.UnixMilli())
+			}
+		}
+		b = binary.BigEndian.AppendUint64(b, c.tallyField())
+		b = binary.BigEndian.AppendUint32(b, 1)
+		b = binary.BigEndian.AppendUint64(b, uint64(k))
+		if c.Window > 0 {
+			b = binary.BigEndian.AppendUint64(b, uint64(a.now))
+		}
+		keep = max(keep, k)
+	}
+	return b, keep
+}
+
+// sharesField reports whether one of caps is a tally cap of c's field: one
+// item serves both, kept until the later of their keeps.
+func sharesField(caps []Cap, c *Cap) bool {
+	for i := range caps {
+		if caps[i].Tally && caps[i].Window == c.Window && caps[i].Scope == c.Scope {
+			return true
+		}
+	}
+	return false
+}
+
+// tallyLenOf is the length of appendTally's items for a.
+func tallyLenOf(a *reqArgs) int {
+	n := 0
+	for i := range a.caps {
+		if c := &a.caps[i]; c.Tally && !sharesField(a.caps[:i], c) {
+			n += 10 + 20
+			if c.Window > 0 {
+				n += 8
+			}
+		}
+	}
+	return n
 }
 
 func cmpUint(a, b uint64) int {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testenv"
 )
 
 // TestLifetimeTally: a lifetime cap of 2 per campaign, kept 400 days, beside
@@ -45,8 +46,13 @@ func TestLifetimeTally(t *testing.T) {
 			if d.Allowed || d.Cap != "welcome-once" || !d.RetryAt.IsZero() || d.Counts[1] != 2 {
 				t.Fatalf("third send: %+v, want capped for good by welcome-once at a count of 2", d)
 			}
-			if d := e.decide(t, send(31, "w2"))[0]; !d.Allowed || d.Counts[1] != 0 {
+			w2 := send(31, "w2")
+			if d := e.decide(t, w2)[0]; !d.Allowed || d.Counts[1] != 0 {
 				t.Fatalf("another campaign: %+v, want allowed over a count of 0", d)
+			}
+			// Its delivery failed: the log forgets the send, the tally keeps its count.
+			if found, err := e.lim.Forget(ctx, 0, 31, w2.JobID); err != nil || !found {
+				t.Fatalf("forget %s: %v %v", w2.JobID, found, err)
 			}
 			tally, err := e.lim.Tally(ctx, 0, 31)
 			if err != nil {
@@ -63,22 +69,23 @@ func TestLifetimeTally(t *testing.T) {
 					t.Errorf("tally field %+v, want count %d, no times, kept until %v", f, w.count, w.keep)
 				}
 			}
-			// The key expires with its longest-kept field (Redis counts on its own clock, not the test's).
-			ttl := e.rdb.PTTL(ctx, e.lim.TallyKey(0, 31)).Val()
-			if d := ttl - time.Until(w2Keep); d < -time.Minute || d > time.Minute {
-				t.Errorf("tally expires in %v, want %v", ttl, time.Until(w2Keep))
-			}
-			if n := e.rdb.Exists(ctx, e.lim.TallyKey(0, 32)).Val(); n != 0 {
-				t.Fatal("a user never sent to has a tally")
+			// The log is kept until its longest-kept item: a TTL from the test's clock.
+			ttl := e.rdb.PTTL(ctx, e.lim.Key(0, 31)).Val()
+			if d := ttl - w2Keep.Sub(e.clock.Now()); d < -time.Minute || d > time.Minute {
+				t.Errorf("the log expires in %v, want %v", ttl, w2Keep.Sub(e.clock.Now()))
 			}
 			if d := e.decide(t, job(32, "push", daily3, life("w1")))[0]; !d.Allowed || d.Counts[1] != -1 {
 				t.Fatalf("a send outside the tally cap's scope: %+v, want allowed, the cap not counted", d)
 			}
-			if n := e.rdb.Exists(ctx, e.lim.TallyKey(0, 32)).Val(); n != 0 {
-				t.Error("a send that matches no tally cap wrote a tally")
+			if tally, err := e.lim.Tally(ctx, 0, 32); err != nil || len(tally) != 0 {
+				t.Errorf("a send that matches no tally cap left a tally %+v (%v)", tally, err)
 			}
-			if ttl := e.rdb.PTTL(ctx, e.lim.Key(0, 31)).Val(); ttl > 2*24*time.Hour {
-				t.Errorf("the log expires in %v: it keeps the lifetime cap's sends", ttl)
+			if ttl := e.rdb.PTTL(ctx, e.lim.Key(0, 32)).Val(); ttl > 2*24*time.Hour {
+				t.Errorf("the log of a user without a tally expires in %v: the daily cap's retention is a day", ttl)
+			}
+			// The daily cap keeps a day of sends (TallyDedupe too): the last one, forgotten; the tally items are no sends.
+			if n := testenv.LogLen(t, e.rdb, e.lim.Key(0, 31)); n != 0 {
+				t.Errorf("user 31's log holds %d sends, want none", n)
 			}
 		})
 	}
@@ -139,5 +146,53 @@ func TestRollingTally(t *testing.T) {
 	}
 	if len(tally) != 1 || tally[0].Count != 1 || len(tally[0].Times) != 1 {
 		t.Fatalf("tally %+v, want the survey's field alone, one send", tally)
+	}
+}
+
+// TestTallyInANewLog: a new user's first send, written as a new log by one
+// SET NX (no script), carries its tally items: a lifetime cap of 1 and a
+// 90-day cap of 2 that count it; the next send is capped by the lifetime cap
+// for good, and a send of another campaign counts once more in the 90-day cap.
+func TestTallyInANewLog(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	day := 24 * time.Hour
+	caps := func(campaign string) []capping.Cap {
+		keep := e.clock.Now().Add(400 * day)
+		return []capping.Cap{daily3,
+			{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)},
+			{Name: "two-90d", Limit: 2, Window: 90 * day, Tally: true, Keep: e.clock.Now().Add(90 * day)}}
+	}
+	send := func(campaign string) capping.Decision {
+		r := job(51, "email", caps(campaign)...)
+		r.Campaign = campaign
+		return e.decide(t, r)[0]
+	}
+	newLogs := func() uint64 { return e.lim.Stats().NewLogs }
+	before := newLogs()
+	if d := send("a"); !d.Allowed {
+		t.Fatalf("first send: %+v", d)
+	}
+	if newLogs() != before+1 {
+		t.Fatalf("the first send was not written as a new log (new logs %d, before %d)", newLogs(), before)
+	}
+	tally, err := e.lim.Tally(ctx, 0, 51)
+	if err != nil || len(tally) != 2 {
+		t.Fatalf("tally %+v (%v), want the two caps' items", tally, err)
+	}
+	for _, c := range tally {
+		if c.Count != 1 {
+			t.Errorf("tally item %+v, want a count of 1", c)
+		}
+	}
+	e.clock.Add(time.Hour)
+	if d := send("a"); d.Allowed || d.Cap != "once" || !d.RetryAt.IsZero() {
+		t.Fatalf("second send of campaign a: %+v, want capped by once for good", d)
+	}
+	if d := send("b"); !d.Allowed || d.Counts[2] != 1 {
+		t.Fatalf("campaign b: %+v, want allowed over a 90-day count of 1", d)
+	}
+	if d := send("c"); d.Allowed || d.Cap != "two-90d" || !d.RetryAt.Equal(base.Add(90*day)) {
+		t.Fatalf("campaign c: %+v, want capped by two-90d until 90 days after the first send", d)
 	}
 }

@@ -245,13 +245,15 @@ func TestCheckCommand(t *testing.T) {
 	s.EditConfig("default_caps: [{name: daily, window: 24h, limit: 2}]", `default_caps:
     - {name: daily, window: 24h, limit: 5}
     - {name: promo-today, calendar: day, limit: 1, tags: [promotional]}
-    - {name: two-today, calendar: day, limit: 2, shadow: true}`)
+    - {name: two-today, calendar: day, limit: 2, shadow: true}
+    - {name: once, window: lifetime, limit: 1, per_campaign: true}
+    - {name: survey, window: 90d, retain: 90d, limit: 3, tags: [promotional]}`)
 	start(s, false)
-	s.Produce([]testenv.JobSpec{{ID: "p1", User: 100, Channel: "email", Timezone: "America/New_York", Tags: []string{"promotional"}}})
+	s.Produce([]testenv.JobSpec{{ID: "p1", User: 100, Channel: "email", Timezone: "America/New_York", Tags: []string{"promotional"}, Campaign: "c1"}})
 	if outs := s.Collect(1, 60*time.Second); len(outs) != 1 || outs[0].Decision != "allowed" {
 		t.Fatalf("outputs %+v, want p1 allowed", outs)
 	}
-	cmd := exec.Command(capperBin, "check", "--config", s.Config, "--user", "100", "--channel", "push", "--tags", "promotional", "--timezone", "America/New_York")
+	cmd := exec.Command(capperBin, "check", "--config", s.Config, "--user", "100", "--channel", "push", "--tags", "promotional", "--timezone", "America/New_York", "--campaign", "c1")
 	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1")
 	out, err := cmd.Output()
 	if err != nil {
@@ -262,7 +264,9 @@ func TestCheckCommand(t *testing.T) {
 		"cap daily                  1 of   5", "(rolling 24h0m0s)",
 		"cap promo-today            1 of   1", "(calendar, until ", " EST)",
 		"cap two-today              1 of   2", "[shadow: never blocks]",
-		"a push send now: capped by promo-today; retry after ", "; policy drop: it would go to the capped topic",
+		"cap once                   1 of   1 ever (lifetime, in the user's tally, kept until ",
+		"cap survey                 1 of   3 since ", "(rolling 2160h0m0s, in the user's tally)",
+		"a push send now: capped by once; retry after never (a limit of 0, or a lifetime cap); policy drop: it would go to the capped topic",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("capper check output lacks %q:\n%s", want, out)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -106,17 +107,17 @@ func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 	}
 	rdb := s.RedisClient()
 	for u := uint32(100); u < 100+users; u++ {
-		tally, err := rdb.HGetAll(context.Background(), fmt.Sprintf("%s:{%d}:tally", s.Prefix, u)).Result()
+		tally, err := capping.ReadTally(context.Background(), rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(tally) != campaigns {
-			t.Errorf("user %d: tally of %d fields, want one per campaign", u, len(tally))
+			t.Errorf("user %d: a tally of %d items, want one per campaign", u, len(tally))
 			continue
 		}
-		for f, v := range tally {
-			if n := int(v[0])<<24 | int(v[1])<<16 | int(v[2])<<8 | int(v[3]); n != 1 {
-				t.Errorf("user %d: tally field %x counts %d sends, want 1", u, f, n)
+		for _, c := range tally {
+			if c.Count != 1 {
+				t.Errorf("user %d: tally item %x counts %d sends, want 1", u, c.Field, c.Count)
 			}
 		}
 	}

@@ -41,7 +41,8 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 //   - Every allowed send of a user (by unique job id; not exempt, not count-only,
 //     not unchecked) must have been within every cap of the user's rules that
 //     applies to it: fewer sends of the cap's scope than its limit before it in
-//     its window (rolling, or the calendar period in the job's time zone).
+//     its window (rolling, the calendar period in the job's time zone, or for a
+//     lifetime cap the whole run).
 //     Counted sends are the allowed, count-only sends (exempt and unchecked ones
 //     are not counted). A send's time is its decision time (capper-decided-at)
 //     of its first allowed output; a violation is counted once per user and
