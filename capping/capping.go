@@ -38,14 +38,14 @@ type Cap struct {
 	// + Reserved the cap's own limit. Decision.Reserved says when they made
 	// the difference. Informational: the script checks Limit.
 	Reserved int
-	// Tally counts the cap in the user's tally, a hash beside the log, instead
-	// of in the log: a lifetime cap (Window 0) keeps the number of sends of its
-	// scope, a long rolling window (Window above the log's retention) the
+	// Tally counts the cap in the user's tally (an item of the log per scope
+	// and window, see tally.go) instead of from the log's sends: a lifetime
+	// cap (Window 0) keeps the number of sends of its scope, a rolling one the
 	// times of the last MaxTallyTimes of them. Either costs a few bytes per
-	// scope, where a long window in the log would keep every send of the
-	// window in every user's log and on every decision's path. The count is
-	// kept until Keep (refreshed by each send it counts); the log's retention
-	// does not include the cap's window.
+	// scope, where a long window counted from the sends would keep every send
+	// of the window in every user's log and on every decision's path. The
+	// count is kept until Keep (refreshed by each send it counts); the log's
+	// retention does not include the cap's window.
 	Tally bool
 	// Keep, for a Tally cap, is until when the tally keeps the cap's count
 	// if this send is allowed.

@@ -10,8 +10,9 @@
 --           rolling cap the times of the last tallyTimes of them (i8 ms each, oldest first)
 -- marks and tally items first, then the entries oldest first. A tally cap (flagTally) is counted from its
 -- item, not the entries: a lifetime count, or a long window's last sends, in a few bytes per scope; the log is
--- kept until its last item's keep, and written whole (SET PX) when an item changes. A string costs a call one GET, one struct.unpack per entry
--- (no string made unless a step needs the members) and, when it records, one APPEND of the entry (or one SET
+-- kept until its last item's keep, and written whole (SET PX) when an item changes. A log costs a call one
+-- GET, one struct.unpack per entry (no string made unless a step needs the members) and, when it records,
+-- one APPEND of the entry (or one SET
 -- PX of the whole log with a new TTL, once the TTL left is below the retention: the header says so without a
 -- PTTL; every redis.call costs a script ~1.5 us); a sorted set cost ZRANGE WITHSCORES (two Lua strings and a
 -- tonumber per entry), ZADD and PTTL. A log an older capper kept

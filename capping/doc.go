@@ -29,6 +29,10 @@
 // daemon measures each worker's clock against Redis and stops deciding beyond
 // max_clock_skew (see internal/daemon and package skew).
 //
+// A tally cap (Cap.Tally: a lifetime cap, or a long window) is counted from
+// an item of the log that keeps its count, not from the log's sends: see
+// tally.go.
+//
 // A send to a user who has no log passes every cap of 1 or more: the Limiter
 // records it with one SET NX of the log the script would write, which writes
 // nothing if the user has a log after all (the script then decides it); see

@@ -110,8 +110,8 @@ type Cap struct {
 	// them).
 	Window Duration `yaml:"window"`
 	// Retain makes a rolling cap a tally cap (a lifetime cap is one): counted
-	// in the user's tally, a few bytes per scope beside the log, instead of in
-	// the log, which then need not keep the window's sends. The tally keeps
+	// in the user's tally, an item of a few bytes per scope in the log,
+	// instead of from its sends, which the log then need not keep. The tally keeps
 	// the cap's count this long after the user's last send of its scope: at
 	// least the window. A lifetime cap's defaults to 400d.
 	Retain Duration `yaml:"retain"`
