@@ -81,7 +81,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 			w.route(e) // dead-lettered or moved on: route needs no plan
 			continue
 		}
-		e.plan = e.ws.Rules.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID,
+		e.plan = e.ws.Rules.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID, CampaignEnds: e.job.CampaignEndsAt,
 			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment, Priority: e.job.Priority, HasPriority: e.job.HasPriority}, start, &w.buf.plans)
 		w.route(e)
 	}

@@ -49,6 +49,9 @@ type Job struct {
 	// send belongs to, in a deployment with workspaces; empty: the default
 	// workspace. A deployment without workspaces ignores it.
 	Workspace string `json:"workspace"`
+	// CampaignEndsAt, when set (RFC 3339), is when the job's campaign ends:
+	// a tally cap with retain_until: campaign_end keeps its count until then.
+	CampaignEndsAt time.Time `json:"campaign_ends_at"`
 }
 
 // AllTags returns the job's category followed by its tags, without repeats:
@@ -91,16 +94,17 @@ func Malformed(format string, args ...any) error {
 // rawJob is what Decode reads. The payload is not a field: json still
 // checks that it is valid JSON, but nothing copies it.
 type rawJob struct {
-	JobID      string   `json:"job_id"`
-	UserID     userID   `json:"user_id"`
-	CampaignID string   `json:"campaign_id"`
-	Channel    string   `json:"channel"`
-	Category   string   `json:"category"`
-	Tags       []string `json:"tags"`
-	Timezone   string   `json:"timezone"`
-	ExpiresAt  string   `json:"expires_at"`
-	Priority   userID   `json:"priority"`
-	Workspace  string   `json:"workspace"`
+	JobID          string   `json:"job_id"`
+	UserID         userID   `json:"user_id"`
+	CampaignID     string   `json:"campaign_id"`
+	Channel        string   `json:"channel"`
+	Category       string   `json:"category"`
+	Tags           []string `json:"tags"`
+	Timezone       string   `json:"timezone"`
+	ExpiresAt      string   `json:"expires_at"`
+	Priority       userID   `json:"priority"`
+	Workspace      string   `json:"workspace"`
+	CampaignEndsAt string   `json:"campaign_ends_at"`
 }
 
 // userID parses a JSON number into 0..4294967295 without allocating (a
@@ -190,6 +194,13 @@ func Decode(value []byte, maxBytes int) (Job, error) {
 			return bad("expires_at %q is not an RFC 3339 time", Truncate(r.ExpiresAt, 40))
 		}
 		j.ExpiresAt = t
+	}
+	if r.CampaignEndsAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, r.CampaignEndsAt)
+		if err != nil {
+			return bad("campaign_ends_at %q is not an RFC 3339 time", Truncate(r.CampaignEndsAt, 40))
+		}
+		j.CampaignEndsAt = t
 	}
 	if j.Category == "" {
 		j.Category = DefaultCategory

@@ -51,6 +51,9 @@ func TestDecode(t *testing.T) {
 		{"priority too high", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":101}`, jobs.Job{}, "priority must be an integer in 0..100"},
 		{"negative priority", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":-1}`, jobs.Job{}, "priority must be an integer in 0..100"},
 		{"priority as a string", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":"7"}`, jobs.Job{}, "priority must be an integer in 0..100"},
+		{"campaign end", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","campaign_ends_at":"2027-01-31T23:00:00Z"}`,
+			jobs.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", CampaignEndsAt: time.Date(2027, 1, 31, 23, 0, 0, 0, time.UTC)}, ""},
+		{"bad campaign end", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","campaign_ends_at":"January"}`, jobs.Job{}, `campaign_ends_at "January" is not an RFC 3339 time`},
 		{"tags not a list", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":"promotional"}`, jobs.Job{}, "tags must be a list of strings"},
 	}
 	for _, tt := range tests {

@@ -77,12 +77,13 @@ const (
 	fieldTimezone
 	fieldExpiresAt
 	fieldPriority
-	fieldWorkspace
+	fieldCampaignEndsAt
+	fieldWorkspace // the last: fieldOf and foldsToField go up to it
 )
 
 var fieldNames = [...]string{fieldJobID: "job_id", fieldUserID: "user_id", fieldCampaignID: "campaign_id", fieldChannel: "channel",
 	fieldCategory: "category", fieldTags: "tags", fieldTimezone: "timezone", fieldExpiresAt: "expires_at", fieldPriority: "priority",
-	fieldWorkspace: "workspace"}
+	fieldCampaignEndsAt: "campaign_ends_at", fieldWorkspace: "workspace"}
 
 func fieldOf(key []byte) field {
 	for f := fieldJobID; f <= fieldWorkspace; f++ {
@@ -191,6 +192,8 @@ func (s *scanner) field(f field, r *rawJob) bool {
 		r.Timezone = intern(v)
 	case fieldExpiresAt:
 		r.ExpiresAt = string(v)
+	case fieldCampaignEndsAt:
+		r.CampaignEndsAt = string(v)
 	case fieldWorkspace:
 		r.Workspace = intern(v)
 	}

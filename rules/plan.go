@@ -18,7 +18,10 @@ type Job struct {
 	Category string   // "" when the job has none
 	Tags     []string // its tags, its category among them (budget and cap scopes)
 	Campaign string
-	Zone     *time.Location // nil: the rules' default
+	// CampaignEnds is when the job says its campaign ends (zero: it does
+	// not): how long a tally cap with retain_until: campaign_end keeps its count.
+	CampaignEnds time.Time
+	Zone         *time.Location // nil: the rules' default
 	// Segment is the user's segment; InSegment false: the user is in none
 	// (the default caps apply).
 	Segment   string
@@ -109,7 +112,7 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	}
 	p.QuietUntil = r.QuietUntil(job.Segment, job.InSegment, job.Category, job.Zone, now)
 	n := len(b.caps)
-	b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, Zone: job.Zone, Priority: p.Priority}, now)
+	b.caps = r.Caps(b.caps, job.Segment, job.InSegment, Send{Campaign: job.Campaign, CampaignEnds: job.CampaignEnds, Zone: job.Zone, Priority: p.Priority}, now)
 	if p.CountOnly { // counted in its tally caps, capped by none
 		b.caps = countedOnly(b.caps, n)
 	} else {

@@ -115,6 +115,10 @@ type Cap struct {
 	// the cap's count this long after the user's last send of its scope: at
 	// least the window. A lifetime cap's defaults to 400d.
 	Retain Duration `yaml:"retain"`
+	// RetainUntil: campaign_end keeps a tally cap's count until the job's
+	// campaign_ends_at instead (at least a window from the send); a job
+	// without one keeps it for Retain.
+	RetainUntil string `yaml:"retain_until"`
 	// Calendar makes a calendar cap: day, week or month, in the user's time zone.
 	// (Exactly one of Window and Calendar.)
 	Calendar string `yaml:"calendar"`
@@ -289,6 +293,7 @@ type compiled struct {
 	arbitration time.Duration // the arbitration window of its last slot; 0: none
 	tally       bool          // counted in the user's tally: a lifetime (window 0) or a long window
 	retain      time.Duration // a tally cap's: how long its count is kept after a send
+	campaignEnd bool          // retain_until: campaign_end: its count is kept until the job's campaign ends
 }
 
 // Compile validates c and compiles it as rules version.
@@ -465,20 +470,22 @@ func (r *Rules) compileCaps(field string, caps []Cap) ([]compiled, error) {
 // compileTally makes cc, compiled from c at field f, a tally cap when its
 // window is a lifetime or it says how long to retain its count.
 func (cc *compiled) compileTally(f string, c Cap) error {
-	cc.tally = c.Window == Lifetime || c.Retain != 0
+	cc.tally = c.Window == Lifetime || c.Retain != 0 || c.RetainUntil != ""
 	switch {
 	case !cc.tally:
 		return nil
+	case c.RetainUntil != "" && c.RetainUntil != "campaign_end":
+		return fmt.Errorf("%s: retain_until %q is not campaign_end (the job's campaign_ends_at)", f, c.RetainUntil)
 	case c.Calendar != "":
 		return fmt.Errorf("%s: retain is for a rolling or lifetime cap (a tally cap), not a calendar one", f)
 	case c.Reserve != nil || (c.Arbitration != nil && *c.Arbitration != 0):
 		return fmt.Errorf("%s: a tally cap (lifetime, or with retain) keeps no reserve and no arbitration", f)
 	case c.Window != Lifetime && cc.limit > capping.MaxTallyTimes:
 		return fmt.Errorf("%s: a rolling tally cap has a limit of at most %d (its tally keeps the times of that many sends)", f, capping.MaxTallyTimes)
-	case c.Retain < 0 || (c.Window != Lifetime && c.Retain < c.Window):
+	case c.Retain < 0 || (c.Window != Lifetime && c.Retain != 0 && c.Retain < c.Window):
 		return fmt.Errorf("%s: retain %v must be at least the window %v", f, c.Retain, c.Window)
 	}
-	cc.retain = time.Duration(c.Retain)
+	cc.retain, cc.campaignEnd = time.Duration(c.Retain), c.RetainUntil != ""
 	switch {
 	case cc.retain > 0:
 	case c.Window == Lifetime:
@@ -572,9 +579,10 @@ func (r *Rules) FailOpenAfter(category, segment string) time.Duration {
 
 // Send is what the rules look at in a job.
 type Send struct {
-	Campaign string
-	Zone     *time.Location // nil: the rules' default
-	Priority int            // below a cap's reserve.min_priority, its reserved slots are not the send's
+	Campaign     string
+	CampaignEnds time.Time      // zero: the job does not say
+	Zone         *time.Location // nil: the rules' default
+	Priority     int            // below a cap's reserve.min_priority, its reserved slots are not the send's
 }
 
 // Caps appends to dst the caps of a user's segment (the default caps when
@@ -597,6 +605,9 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 		out := capping.Cap{Name: c.name, Limit: c.limit, Scope: c.scope, Shadow: c.shadow, Arbitrated: c.arbitration > 0, Tally: c.tally}
 		if c.tally {
 			out.Keep = now.Add(c.retain)
+			if c.campaignEnd && !s.CampaignEnds.IsZero() {
+				out.Keep = maxTime(s.CampaignEnds, now.Add(c.window))
+			}
 		}
 		if n := c.reservedFor(s.Priority); n > 0 {
 			out.Limit, out.Reserved = c.limit-n, n
@@ -612,6 +623,13 @@ func (r *Rules) Caps(dst []capping.Cap, segment string, inSegment bool, s Send, 
 		dst = append(dst, out)
 	}
 	return dst
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // current returns period(p, now, zone), from a per-zone cache while now is

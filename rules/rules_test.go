@@ -206,6 +206,19 @@ default_caps:
 	if caps[1].TallyField() == r.Caps(nil, "", false, rules.Send{Campaign: "w2"}, now)[1].TallyField() {
 		t.Error("a per-campaign lifetime cap has one tally field for two campaigns")
 	}
+	// retain_until: campaign_end keeps a count until the job's campaign ends, at least a window from now.
+	ends := compile(t, rules.Config{DefaultCaps: []rules.Cap{
+		{Name: "once", Window: rules.Lifetime, Limit: limit(1), Scope: rules.Scope{PerCampaign: true}, RetainUntil: "campaign_end"},
+		{Name: "week", Window: rules.Duration(7 * day), Limit: limit(1), RetainUntil: "campaign_end"}}})
+	for _, tt := range []struct {
+		ends       time.Time
+		once, week time.Duration
+	}{{time.Time{}, 400 * day, 7 * day}, {now.Add(30 * day), 30 * day, 30 * day}, {now.Add(day), day, 7 * day}} {
+		cs := ends.Caps(nil, "", false, rules.Send{Campaign: "w1", CampaignEnds: tt.ends}, now)
+		if got := [2]time.Duration{cs[0].Keep.Sub(now), cs[1].Keep.Sub(now)}; !cs[0].Tally || !cs[1].Tally || got != [2]time.Duration{tt.once, tt.week} {
+			t.Errorf("campaign ends %v: keeps +%v, tally %v %v; want +%v +%v", tt.ends, got, cs[0].Tally, cs[1].Tally, tt.once, tt.week)
+		}
+	}
 	long := compile(t, rules.Config{DefaultCaps: []rules.Cap{{Window: rules.Duration(90 * day), Limit: limit(20)}}})
 	if c := long.Caps(nil, "", false, rules.Send{}, now)[0]; c.Tally || long.Retention() != 90*day {
 		t.Errorf("a 90d cap without retain: tally %v, retention %v; want it in the log", c.Tally, long.Retention())
@@ -233,6 +246,7 @@ func TestCompileErrors(t *testing.T) {
 		{"retain on a calendar cap", rules.Config{DefaultCaps: []rules.Cap{{Calendar: "day", Retain: day, Limit: limit(1)}}}, "not a calendar one"},
 		{"a tally cap with a reserve", rules.Config{DefaultCaps: []rules.Cap{{Window: rules.Lifetime, Limit: limit(2), Reserve: &rules.Reserve{Slots: 1, MinPriority: 50}}}}, "no reserve and no arbitration"},
 		{"a rolling tally cap over 16", rules.Config{DefaultCaps: []rules.Cap{{Window: 90 * day, Retain: 90 * day, Limit: limit(17)}}}, "at most 16"},
+		{"retain until what", rules.Config{DefaultCaps: []rules.Cap{{Window: rules.Lifetime, RetainUntil: "forever", Limit: limit(1)}}}, `retain_until "forever" is not campaign_end`},
 		{"retain below the window", rules.Config{DefaultCaps: []rules.Cap{{Window: 90 * day, Retain: 30 * day, Limit: limit(1)}}}, "must be at least the window"},
 		{"segment twice", rules.Config{Segments: []rules.Segment{{Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}, {Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}}}, "listed twice"},
 	} {

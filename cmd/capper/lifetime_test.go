@@ -19,19 +19,26 @@ import (
 // each user gets exactly one send per campaign (none lost to a redelivery,
 // none over); every other copy is capped by the lifetime cap for good (no
 // retry-at); a count-only receipt of a campaign counts toward its cap; and
-// each user's tally holds one send per campaign.
+// each user's tally holds one send per campaign, kept until the campaign's
+// end where its jobs say it (retain_until: campaign_end), else 400 days.
 func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 	s := testenv.NewStack(t, 6, nil)
 	s.EditConfig("default_caps: [{name: daily, window: 24h, limit: 2}]",
-		"default_caps: [{name: daily, window: 24h, limit: 20}, {name: once, window: lifetime, limit: 1, per_campaign: true}]\n  count_only_categories: [receipt]")
+		"default_caps: [{name: daily, window: 24h, limit: 20}, {name: once, window: lifetime, limit: 1, per_campaign: true, retain_until: campaign_end}]\n  count_only_categories: [receipt]")
 	s.EditConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
 	s.DefaultCap = 5 // the report's check: at most one send per campaign, 4 campaigns, and one receipt
 	const users, campaigns, copies = 600, 4, 3
+	// Campaign w3 ends in 30 days (its jobs say so): its counts are kept until then; the others' 400 days.
+	ends := time.Now().Add(30 * 24 * time.Hour).Truncate(time.Millisecond)
 	var jobs []testenv.JobSpec
 	for c := 0; c < copies; c++ {
 		for k := 0; k < campaigns; k++ {
 			for u := uint32(100); u < 100+users; u++ {
-				jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("life-%d-%d-%d", u, k, c), User: u, Channel: "email", Campaign: fmt.Sprintf("w%d", k)})
+				j := testenv.JobSpec{ID: fmt.Sprintf("life-%d-%d-%d", u, k, c), User: u, Channel: "email", Campaign: fmt.Sprintf("w%d", k)}
+				if k == 3 {
+					j.CampaignEndsAt = ends
+				}
+				jobs = append(jobs, j)
 			}
 		}
 	}
@@ -115,10 +122,19 @@ func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 			t.Errorf("user %d: a tally of %d items, want one per campaign", u, len(tally))
 			continue
 		}
+		kept := 0
 		for _, c := range tally {
 			if c.Count != 1 {
 				t.Errorf("user %d: tally item %x counts %d sends, want 1", u, c.Field, c.Count)
 			}
+			if c.Keep.Equal(ends) {
+				kept++
+			} else if until := time.Until(c.Keep); until < 399*24*time.Hour {
+				t.Errorf("user %d: tally item %x kept for %v, want 400 days", u, c.Field, until)
+			}
+		}
+		if kept != 1 {
+			t.Errorf("user %d: %d tally items kept until w3's end, want 1", u, kept)
 		}
 	}
 }

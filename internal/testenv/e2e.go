@@ -275,6 +275,7 @@ type JobSpec struct {
 	ExpiresAt             time.Time
 	Priority              *int   // nil: the job has none
 	Workspace             string // "": the job names none
+	CampaignEndsAt        time.Time
 }
 
 func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
@@ -303,6 +304,9 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 		}
 		if j.Workspace != "" {
 			v["workspace"] = j.Workspace
+		}
+		if !j.CampaignEndsAt.IsZero() {
+			v["campaign_ends_at"] = j.CampaignEndsAt.UTC().Format(time.RFC3339Nano)
 		}
 		b, _ := json.Marshal(v)
 		msgs = append(msgs, kafka.Message{Key: []byte(strconv.Itoa(int(j.User))), Value: b})
