@@ -268,7 +268,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 // request that reads preferences is appended only if the user still has
 // none: the script checks.)
 func appendable(log []logItem, head []int64, r *Request, a *reqArgs) bool {
-	if r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() {
+	if r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() || a.tally { // a tally cap's item changes
 		return false
 	}
 	if n := len(log); n > 0 && (log[0].score <= a.now-a.retention || log[n-1].score > a.now) {
@@ -306,6 +306,7 @@ const maxCaps = 32
 // (the same requests to the cache and to Redis, with random clocks, caps and
 // reloads) holds them together.
 func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
+	tally, log := splitTally(log)
 	horizon := a.now - a.retention
 	first := 0
 	for first < len(log) && log[first].score <= horizon {
@@ -326,13 +327,21 @@ func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 		scoped := c.Scope != (Scope{})
 		count, oldest := int64(0), int64(0)
 		limit := int64(c.Limit)
-		for _, it := range log {
-			if it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
-				count++
+		if c.Tally {
+			t := tallyItem(tally, c.tallyField())
+			count = tallyCount(t, since, reset)
+			if count >= limit && limit > 0 && reset > 0 {
+				oldest = tallyKth(t, since, count-limit+1)
 			}
-		}
-		if count >= limit && limit > 0 && reset > 0 {
-			oldest = nth(log, c, scoped, since, count-limit+1)
+		} else {
+			for _, it := range log {
+				if it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
+					count++
+				}
+			}
+			if count >= limit && limit > 0 && reset > 0 {
+				oldest = nth(log, c, scoped, since, count-limit+1)
+			}
 		}
 		head[3+i] = count
 		if !c.Shadow && status != statusDuplicate && count >= limit && (!scoped || c.Scope.Matches(a.member)) {
@@ -341,7 +350,7 @@ func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 			if reset > 0 {
 				at = oldest + reset
 			}
-			if limit == 0 {
+			if limit == 0 || (c.Tally && reset == 0) { // a lifetime cap reached never passes again
 				if !never {
 					hit = int64(i + 1)
 				}
@@ -523,6 +532,7 @@ func (sh *cacheShard) compact() {
 func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
 	until := int64(0)
 	horizon := a.now - a.retention
+	tally, log := splitTally(log)
 	for i := range caps {
 		c := &caps[i]
 		if c.Shadow {
@@ -531,20 +541,28 @@ func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
 		since, reset := a.since[i], a.reset[i]
 		scoped := c.Scope != (Scope{})
 		count := int64(0)
-		for _, it := range log {
-			if it.score > horizon && it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
-				count++
+		var t string
+		if c.Tally {
+			t = tallyItem(tally, c.tallyField())
+			count = tallyCount(t, since, reset)
+		} else {
+			for _, it := range log {
+				if it.score > horizon && it.score >= since && (!scoped || c.Scope.Matches(it.member)) {
+					count++
+				}
 			}
 		}
 		limit := int64(c.Limit)
 		if count < limit {
 			continue
 		}
-		at := a.now + a.retention
+		at := a.now + a.retention // a limit of 0, a lifetime cap reached: until the retention has passed
 		switch {
+		case limit > 0 && reset > 0 && c.Tally:
+			at = tallyKth(t, since, count-limit+1) + reset
 		case limit > 0 && reset > 0:
 			at = nth(log, c, scoped, max(since, horizon+1), count-limit+1) + reset
-		case limit > 0:
+		case limit > 0 && !c.Tally:
 			at = -reset
 		}
 		until = max(until, at)

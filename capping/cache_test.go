@@ -15,7 +15,8 @@ import (
 
 // capSets are the cap lists a user may get: one per "segment" and rules
 // version. They cover rolling and calendar windows, channel, tag and
-// per-campaign scopes, shadow caps and a limit of 0.
+// per-campaign scopes, shadow caps, a limit of 0, and tally caps (lifetime
+// and rolling).
 func capSets(day time.Time, campaign string) [][]capping.Cap {
 	d := day.Truncate(24 * time.Hour)
 	push := capping.NewScope([]string{"push"}, nil)
@@ -33,10 +34,12 @@ func capSets(day time.Time, campaign string) [][]capping.Cap {
 			{Name: "daily", Window: capping.Daily, Limit: 1},
 			{Name: "weekly", Window: capping.Weekly, Limit: 2},
 		},
-		{ // after a "rules reload": the daily cap is tighter, a new cap blocks sms
+		{ // after a "rules reload": the daily cap is tighter, a new cap blocks sms, tally caps count campaigns and promotions
 			{Name: "daily", Window: capping.Daily, Limit: 2},
 			{Name: "sms-never", Window: time.Hour, Limit: 0, Scope: capping.NewScope([]string{"sms"}, nil)},
 			{Name: "shadow-push", Window: capping.Daily, Limit: 1, Scope: push, Shadow: true},
+			{Name: "campaign-twice-ever", Limit: 2, Tally: true, Keep: day.Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)},
+			{Name: "promo-3-a-week", Window: capping.Weekly, Limit: 3, Tally: true, Keep: day.Add(8 * 24 * time.Hour), Scope: promo},
 		},
 	}
 }

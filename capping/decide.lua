@@ -233,6 +233,28 @@ local function entries(log, starts, n, from, gap, entry, j)
   return table.concat(parts)
 end
 
+-- tallyItems returns the tally items of tally (field -> member; nil: none) packed as the log packs them, by
+-- field: the same tally is the same bytes whichever decision wrote it.
+local function tallyItems(tally)
+  if not tally then
+    return ''
+  end
+  local fields = {}
+  for field in pairs(tally) do
+    fields[#fields + 1] = field
+  end
+  table.sort(fields, function(x, y) -- as numbers: string order is the server's locale's (strcoll)
+    local x1, x2 = struct.unpack('>I4I4', x)
+    local y1, y2 = struct.unpack('>I4I4', y)
+    return x1 < y1 or (x1 == y1 and x2 < y2)
+  end)
+  local parts = {}
+  for i, field in ipairs(fields) do
+    parts[i] = struct.pack(entryhead, 0, #tally[field]) .. tally[field]
+  end
+  return table.concat(parts)
+end
+
 -- save writes a user's log (read as log, its header saying until when its TTL was set; rewrite when it must be
 -- written whole: items in it aged out, or it is a sorted set; marks and n entries kept, their members at
 -- starts, from and gap as entries takes them: see decide) with item (a packed entry or mark) added: a mark
@@ -262,9 +284,7 @@ local function save(key, now, ttl, retention, log, expires, rewrite, marks, tall
     for i = 1, marks and #marks or 0 do
       parts[#parts + 1] = marks[i]
     end
-    for _, t in pairs(tally or {}) do
-      parts[#parts + 1] = struct.pack(entryhead, 0, #t) .. t
-    end
+    parts[#parts + 1] = tallyItems(tally)
     if mark then
       parts[#parts + 1] = entries(log, starts, n, from, gap)
     else
@@ -740,14 +760,15 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   local reply = answer(status, hit, retry_at, counts, ncaps)
 
   -- The log for the caller's near cache, when a cap that blocks is full: the next send of its scope is
-  -- capped, and the cache can tell so without a call until the log changes. Its kept entries as the log
-  -- packs them: one string, where member and score pairs cost a Lua string each and two reply elements.
+  -- capped, and the cache can tell so without a call until the log changes. Its tally items, then its kept
+  -- entries, as the log packs them: one string, where member and score pairs cost a Lua string each and two
+  -- reply elements.
   if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
     if status == statusCapped or (status == statusAllowed and full1) or (status ~= statusAllowed and full0) then
       if added then
-        return reply .. entries(log, starts, n - 1, from, gap, entry, added)
+        return reply .. tallyItems(tally) .. entries(log, starts, n - 1, from, gap, entry, added)
       end
-      return reply .. entries(log, starts, n, from, gap)
+      return reply .. tallyItems(tally) .. entries(log, starts, n, from, gap)
     end
   end
   return reply

@@ -295,7 +295,7 @@ func (r *round) pending() []int {
 			r.setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
-		if n := len(b.args[i].caps); cache != nil && n > 0 && n <= maxCaps && !reqs[i].Candidate && !b.args[i].tally { // a tally cap: the script decides it
+		if n := len(b.args[i].caps); cache != nil && n > 0 && n <= maxCaps && !reqs[i].Candidate {
 			asked = append(asked, i)
 		}
 	}

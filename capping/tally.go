@@ -85,17 +85,25 @@ func readTally(log string) ([]TallyCount, error) {
 	return out, nil
 }
 
-// appendTally appends to b, as decide.lua packs them, the tally items of a's
-// tally caps (those that count its send) for a new log: a count of 1, kept
-// until the cap's Keep, and the send's time for a rolling cap; and returns it
-// with the latest Keep (0: none).
+// appendTally appends to b, as decide.lua packs them (by field), the tally
+// items of a's tally caps (those that count its send) for a new log: a count
+// of 1, kept until the cap's Keep, and the send's time for a rolling cap; and
+// returns it with the latest Keep (0: none).
 func appendTally(b []byte, a *reqArgs) ([]byte, int64) {
 	var keep int64
+	var order [maxCaps]int // the tally caps, by field: the order decide.lua writes items in
+	idx := order[:0]
+	if len(a.caps) > maxCaps {
+		idx = make([]int, 0, len(a.caps))
+	}
 	for i := range a.caps {
-		c := &a.caps[i]
-		if !c.Tally || sharesField(a.caps[:i], c) {
-			continue
+		if c := &a.caps[i]; c.Tally && !sharesField(a.caps[:i], c) {
+			idx = append(idx, i)
 		}
+	}
+	slices.SortFunc(idx, func(x, y int) int { return cmpUint(a.caps[x].tallyField(), a.caps[y].tallyField()) })
+	for _, i := range idx {
+		c := &a.caps[i]
 		n := 20
 		if c.Window > 0 {
 			n += 8
@@ -150,6 +158,56 @@ func cmpUint(a, b uint64) int {
 		return -1
 	case a > b:
 		return 1
+	}
+	return 0
+}
+
+// splitTally splits a copy of a log (see the near cache) into its tally
+// items, which come first (score 0), and its entries.
+func splitTally(log []logItem) (tally, entries []logItem) {
+	n := 0
+	for n < len(log) && log[n].score == 0 {
+		n++
+	}
+	return log[:n], log[n:]
+}
+
+// tallyItem returns the member of the tally item of field among tally ("": none).
+func tallyItem(tally []logItem, field uint64) string {
+	for _, it := range tally {
+		if len(it.member) >= 20 && be64(it.member, 0) == field {
+			return it.member
+		}
+	}
+	return ""
+}
+
+// tallyCount is decide.lua's tallied: the sends a tally item's member t
+// counts in a window from since (reset 0: every send, ever).
+func tallyCount(t string, since, reset int64) int64 {
+	if t == "" {
+		return 0
+	}
+	if reset == 0 {
+		return int64(be32(t, 8))
+	}
+	n := int64(0)
+	for p := 20; p+8 <= len(t); p += 8 {
+		if int64(be64(t, p)) >= since {
+			n++
+		}
+	}
+	return n
+}
+
+// tallyKth is the time of the k-th oldest send of t in the window from since (0: none).
+func tallyKth(t string, since, k int64) int64 {
+	for p := 20; p+8 <= len(t); p += 8 {
+		if at := int64(be64(t, p)); at >= since {
+			if k--; k == 0 {
+				return at
+			}
+		}
 	}
 	return 0
 }
