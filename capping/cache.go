@@ -233,7 +233,13 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
 	if h[0] == 1 && e.is(entryWhole) {
 		raw := unsafe.String(&sh.arena[e.off], int(e.size))
-		if int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a) {
+		switch {
+		case a.tally && appendable(log, h, r, a):
+			if a.swap = swapped(raw, log, a); a.swap != "" {
+				a.expect = raw
+				*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the swap: see run
+			}
+		case int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a):
 			a.expect = raw
 			*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the append: see run
 		}
@@ -268,8 +274,14 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 // request that reads preferences is appended only if the user still has
 // none: the script checks.)
 func appendable(log []logItem, head []int64, r *Request, a *reqArgs) bool {
-	if r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() || a.tally { // a tally cap's item changes
+	if r.Candidate || r.DuplicateOnly || r.Refused != "" || !r.SentAt.IsZero() {
 		return false
+	}
+	tally, log := splitTally(log) // a tally cap's items are written by a swap (see swapped), the others kept
+	for _, it := range tally {
+		if len(it.member) < 20 || int64(be64(it.member, 12)) < a.now { // lapsed: the script drops it, rewriting the log
+			return false
+		}
 	}
 	if n := len(log); n > 0 && (log[0].score <= a.now-a.retention || log[n-1].score > a.now) {
 		return false

@@ -41,6 +41,10 @@
 --                 preferences when prefs is 1, the entry is appended (one GET, an EXISTS with prefs, one
 --                 APPEND, reply replyWritten '=': what modeRecord would write and answer); otherwise the request is decided
 --                 as in modeRecord (its caps are all there), so a copy gone stale costs nothing extra
+--                 modeSwap (6): as modeAppend, for a send with tally caps: ARGV[3] is the length of the worker's copy
+--                 (I4), the copy, then the log it makes of it (its tally items counted, the entry appended, a new
+--                 header: what modeRecord would write), SET with the TTL its header says if the log is the copy
+--                 (and the user has no preferences when prefs is 1), reply '='; otherwise decided as in modeRecord
 --                 modeNewLog (5): the worker found the send allowed by every cap if the user has no log, a send that
 --                 reads preferences (the others are written by a SET NX, no script): if the user has no
 --                 log, and no preferences, ARGV[3] is written as the new log (its header, then the entry:
@@ -128,6 +132,7 @@ local modeExact = 2
 local modeMark = 3
 local modeAppend = 4
 local modeNewLog = 5
+local modeSwap = 6
 local statusCapped = 0
 local statusAllowed = 1
 local statusDuplicate = 2
@@ -754,7 +759,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- The whole log for the caller's near cache, when it is header and kept entries alone (no marks, nothing
   -- aged out, a string): the cache then knows it byte for byte, decides the user's next sends from it and
   -- records an allowed one by modeAppend (see the header). statusWhole added says so.
-  if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and not tally and stale == 0 then
+  if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
     return answer(status + statusWhole, hit, retry_at, counts, ncaps) .. (written or log)
   end
   local reply = answer(status, hit, retry_at, counts, ncaps)
@@ -794,6 +799,15 @@ local function run(KEYS, ARGV)
     if mode == modeAppend then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
       if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
         redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
+        reply = replyWritten
+      else
+        mode = modeRecord
+      end
+    elseif mode == modeSwap then -- the worker's new log, if the log is its copy (and no preferences)
+      local n = struct.unpack('>I4', ARGV[i + 2])
+      local new = string.sub(ARGV[i + 2], 5 + n)
+      if redis.pcall('GET', key) == string.sub(ARGV[i + 2], 5, 4 + n) and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
+        redis.call('SET', key, new, 'PX', struct.unpack('>i8', new) - now)
         reply = replyWritten
       else
         mode = modeRecord

@@ -187,7 +187,7 @@ func (b *batch) newLogDecision(i int, now time.Time, log string) (Decision, stri
 	ints = ints[:3+len(a.caps)]
 	ints[0], ints[2] = statusAllowed, a.now // recorded at a.now
 	d, err := decisionOf(ints, a.caps, a.member, now, a.counts)
-	if err != nil || b.maxLog == 0 || a.tally { // a log with tally items is not the near cache's to copy
+	if err != nil || b.maxLog == 0 {
 		return d, "", err
 	}
 	return d, log[8:], nil // the value without its header: the cache keeps it whole (see install)

@@ -54,6 +54,7 @@ const (
 	modeMark   = 3 // mark a send refused outside the script (expired, quiet hours, a budget)
 	modeAppend = 4 // append the send if the log is still the worker's copy, else as modeRecord
 	modeNewLog = 5 // write the new log if the user has none (nor preferences), else as modeRecord
+	modeSwap   = 6 // write the worker's new log if the log is still its copy (a send with tally caps), else as modeRecord
 
 	statusCapped     = 0   // a cap refused the send
 	statusAllowed    = 1   // allowed (recorded, unless looking); in modeMark: marked now
@@ -141,6 +142,10 @@ type reqArgs struct {
 	// the request's Decision until Redis answers): the script appends the
 	// send if the log is still that (mode 4, see decide.lua), else decides it.
 	expect string
+	// swap, with expect, is the log the near cache made of its copy for a
+	// send with tally caps (see swapped): the script writes it if the log is
+	// still the copy (mode 6).
+	swap string
 
 	// tally: one of caps is a Tally cap (decided from the log's tally items).
 	tally bool
@@ -365,6 +370,8 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 	switch {
 	case r.Refused != "":
 		mode = modeMark
+	case record && a.expect != "" && a.swap != "":
+		mode, a.named = modeSwap, swapArg(a.expect, a.swap)
 	case record && a.expect != "":
 		mode, a.named = modeAppend, a.expect
 	case record && fresh != "":

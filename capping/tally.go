@@ -211,3 +211,94 @@ func tallyKth(t string, since, k int64) int64 {
 	}
 	return 0
 }
+
+// swapped returns the log decide.lua would write for a's send with tally
+// caps, allowed from the whole copy raw (log: its items, tally items first,
+// which appendable found all kept, no entry aged out or after now): the
+// items of a's tally caps that apply to it counted (counted), all of them by
+// field, the copy's entries and the send's, after a header of now plus the
+// TTL the script would set.
+func swapped(raw string, log []logItem, a *reqArgs) string {
+	tally, _ := splitTally(log)
+	off := 8 // where the copy's entries start in raw
+	type item struct {
+		field uint64
+		m     string
+	}
+	var buf [maxCaps]item
+	items := buf[:0]
+	for _, it := range tally {
+		off += 10 + len(it.member)
+		items = append(items, item{be64(it.member, 0), it.member})
+	}
+	var done [maxCaps]uint64 // fields counted already: caps of one field count once
+	counted := done[:0]
+	for i := range a.caps {
+		c := &a.caps[i]
+		f := c.tallyField()
+		if !c.Tally || !c.appliesTo(a.member) || slices.Contains(counted, f) {
+			continue
+		}
+		counted = append(counted, f)
+		keep := c.Keep.UnixMilli() // the latest of the caps of its field that apply
+		for j := i + 1; j < len(a.caps); j++ {
+			if o := &a.caps[j]; o.Tally && o.appliesTo(a.member) && sharesField(a.caps[i:i+1], o) {
+				keep = max(keep, o.Keep.UnixMilli())
+			}
+		}
+		k := slices.IndexFunc(items, func(it item) bool { return it.field == f })
+		var old string
+		if k >= 0 {
+			old = items[k].m
+		}
+		m := countItem(old, f, keep, c.Window > 0, a.now)
+		if k >= 0 {
+			items[k].m = m
+		} else {
+			items = append(items, item{f, m})
+		}
+	}
+	slices.SortFunc(items, func(x, y item) int { return cmpUint(x.field, y.field) })
+	ttl := a.retention + min(a.retention/8, 3_600_000)
+	n := len(raw) - off + 10 + len(a.member) + 8
+	for _, it := range items {
+		ttl = max(ttl, int64(be64(it.m, 12))-a.now)
+		n += 10 + len(it.m)
+	}
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, n), uint64(a.now+ttl))
+	for _, it := range items {
+		b = appendEntry(b, 0, it.m)
+	}
+	b = appendEntry(append(b, raw[off:]...), a.now, a.member)
+	return string(b)
+}
+
+// countItem is decide.lua's counted: tally item member t ("": a new one, of
+// field) with one more send at now, kept until the later of its keep and
+// keep, and for a rolling cap's (timed) now added to its times, the last
+// MaxTallyTimes kept.
+func countItem(t string, field uint64, keep int64, timed bool, now int64) string {
+	var count uint32
+	var kept int64
+	times := ""
+	if t != "" {
+		count, kept, times = be32(t, 8), int64(be64(t, 12)), t[20:]
+	}
+	b := binary.BigEndian.AppendUint64(make([]byte, 0, 20+len(times)+8), field)
+	b = binary.BigEndian.AppendUint32(b, count+1)
+	b = binary.BigEndian.AppendUint64(b, uint64(max(kept, keep)))
+	if timed {
+		if len(times) >= 8*MaxTallyTimes {
+			times = times[len(times)-8*(MaxTallyTimes-1):]
+		}
+		b = binary.BigEndian.AppendUint64(append(b, times...), uint64(now))
+	}
+	return string(b)
+}
+
+// swapArg is decide.lua's ARGV[3] in mode 6: the copy's length, the copy,
+// then the log to write in its place.
+func swapArg(expect, swap string) string {
+	b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(expect)+len(swap)), uint32(len(expect)))
+	return string(append(append(b, expect...), swap...))
+}
