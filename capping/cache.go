@@ -234,7 +234,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	if h[0] == 1 && e.is(entryWhole) {
 		raw := unsafe.String(&sh.arena[e.off], int(e.size))
 		switch {
-		case a.tally && appendable(log, h, r, a):
+		case a.tally && len(raw) <= maxSwap && appendable(log, h, r, a):
 			if a.swap = swapped(raw, log, a); a.swap != "" {
 				a.expect = raw
 				*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the swap: see run
@@ -307,6 +307,11 @@ func rawUntil(raw string, a *reqArgs) int64 {
 	}
 	return int64(be64(raw, 0)) - a.retention
 }
+
+// maxSwap bounds the copy a send with tally caps is written by a swap of
+// (mode 6: the copy and the new log go to Redis, twice its size); a longer
+// one's send is decided by the script, which reads and writes it in place.
+const maxSwap = 512
 
 // maxCaps bounds the caps of a request the cache decides on the stack; a
 // request with more goes to Redis.
