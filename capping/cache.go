@@ -264,6 +264,13 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 // compare), or else decides it in full. So a send the copy allows costs Redis
 // a GET and an APPEND instead of the script's reading and counting, and
 // nothing is decided on a stale copy.
+//
+// A copy holds the log's tally items too (first, as the script writes them),
+// and evaluate counts a tally cap from them. A send with tally caps changes
+// its items, which an APPEND cannot: the worker makes the log the script
+// would write (swapped) and mode 6 SETs it if the log is still the copy. Only
+// for copies of maxSwap bytes or less: a swap sends Redis the copy and the
+// new log.
 
 // appendable reports whether the script, given the copy's log (log, with the
 // raw header checked by the caller), would record r's send (allowed by

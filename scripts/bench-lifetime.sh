@@ -6,23 +6,24 @@
 #   2. a lifetime cap of the job's campaign on every job: BenchmarkLifetime/lifetime/* against /none/* (the same
 #      caps without it), 40 campaigns: decisions/s and the share, for users of 1,000,000 (mostly new) and of
 #      50,000 (warm: most have a log);
-#   3. Redis memory of the tally: BenchmarkTallyMemory, what the tally adds to users' logs (MEMORY USAGE with
+#   3. end to end: BENCH_JOBS (default 1,000,000) jobs for BENCH_USERS (250,000) users through demo.sh on
+#      bench-lib's decide.yaml, and on the same rules with a lifetime cap of the job's campaign added to every
+#      segment's and the default caps (limit 1000: it counts every job and caps none, so both runs decide the
+#      same), alternated: jobs/s, the worker's and the Redis masters' CPU per job, and the ratios;
+#   4. Redis memory of the tally: BenchmarkTallyMemory, what the tally adds to users' logs (MEMORY USAGE with
 #      and without it, the same sends): bytes per scope over 8 campaigns, and for a user of one.
 # Uses the running local stack, or starts (and afterwards stops) it.
 #   ROUNDS=5 BENCHTIME=3s BASE=HEAD~3 scripts/bench-lifetime.sh
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
+eval "$(scripts/stack.sh env)"
+export CI=true # the Go benchmarks fail, not skip, without the stack
 ROUNDS=${ROUNDS:-3}
 BENCHTIME=${BENCHTIME:-3s}
 BASE=${BASE:-57e2c8d}
-if ! scripts/stack.sh status >/dev/null 2>&1; then
-  scripts/stack.sh up >/dev/null
-  trap 'scripts/stack.sh down' EXIT
-fi
-eval "$(scripts/stack.sh env)"
-work=$(mktemp -d)
-trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+JOBS=${BENCH_JOBS:-1000000}
+USERS=${BENCH_USERS:-250000}
+trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 git worktree add -f --detach "$work/base" "$BASE" >/dev/null 2>&1
 (cd "$work/base" && go test -c -o "$work/base.test" ./capping/)
 go test -c -o "$work/head.test" ./capping/
@@ -30,6 +31,28 @@ run() { # run BINARY BENCH -> decisions/s
   "$1" -test.run '^$' -test.bench "$2" -test.benchtime "$BENCHTIME" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
 }
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# decide.yaml with a lifetime cap of the job's campaign after every caps list's header
+python3 - "$work/decide.yaml" "$work/lifetime.yaml" <<'PY'
+import re, sys
+src, out = open(sys.argv[1]).read().split('\n'), []
+for i, line in enumerate(src):
+    out.append(line)
+    if re.match(r'^\s*(caps|default_caps):\s*(#.*)?$', line):
+        item = next(l for l in src[i + 1:] if l.strip().startswith('- {'))
+        out.append(item[:len(item) - len(item.lstrip())] + '- {name: campaign-life, window: lifetime, limit: 1000, per_campaign: true}')
+open(sys.argv[2], 'w').write('\n'.join(out))
+PY
+grep -q 'campaign-life' "$work/lifetime.yaml" || { echo "bench-lifetime: cannot derive the lifetime config" >&2; exit 1; }
+e2e() { # e2e CONFIG -> "jobs_per_sec worker_us redis_us"
+  local out
+  out=$(DEMO_CONFIG="$1" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
+  grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-lifetime: a run failed its report" >&2; exit 1; }
+  python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(grep '^worker:' <<<"$out" | tail -1)" "$(grep '^redis:' <<<"$out" | tail -1)" <<'PY'
+import json, re, sys
+r = json.loads(sys.argv[1])
+print(round(r["jobs_per_sec"]), re.search(r'\(([\d.]+) us/job\)', sys.argv[2]).group(1), re.search(r'\(([\d.]+) us/job\)', sys.argv[3]).group(1))
+PY
+}
 echo "bench-lifetime: $ROUNDS rounds of ${BENCHTIME} each, base $BASE, $(nproc) cores" >&2
 for r in $(seq "$ROUNDS"); do
   b=$(run "$work/base.test" 'BenchmarkDecide/batch=512/pipelines=1$')
@@ -38,15 +61,20 @@ for r in $(seq "$ROUNDS"); do
   l=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/cold$')
   nw=$(run "$work/head.test" 'BenchmarkLifetime/none/warm$')
   lw=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm$')
-  printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one: none %s, lifetime %s; warm: none %s, lifetime %s decisions/s\n' \
-    "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" >&2
-  echo "$b $h $n $l $nw $lw" >>"$work/rounds.txt"
+  en=$(e2e "$work/decide.yaml")
+  el=$(e2e "$work/lifetime.yaml")
+  printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one: none %s, lifetime %s; warm: none %s, lifetime %s decisions/s; end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s\n' \
+    "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" "$en" "$el" >&2
+  echo "$b $h $n $l $nw $lw $en $el" >>"$work/rounds.txt"
 done
 mem=$("$work/head.test" -test.run '^$' -test.bench 'BenchmarkTallyMemory' -test.benchtime 1x)
 col() { awk -v c="$1" '{print $c}' "$work/rounds.txt" | median; }
 b=$(col 1) h=$(col 2) n=$(col 3) l=$(col 4) nw=$(col 5) lw=$(col 6)
+ej=$(col 7) ew=$(col 8) er=$(col 9) lj=$(col 10) lwk=$(col 11) lr=$(col 12)
 awk -v b="$b" -v h="$h" -v n="$n" -v l="$l" -v nw="$nw" -v lw="$lw" 'BEGIN{
   printf "no lifetime cap: base %.0f, tree %.0f decisions/s: tree/base = %.3f (goal >= 0.98)\n", b, h, h/b
   printf "a lifetime cap on every job: cold %.0f vs %.0f decisions/s without: %.3f; warm %.0f vs %.0f: %.3f (goal >= 0.90)\n", l, n, l/n, lw, nw, lw/nw }'
+awk -v ej="$ej" -v ew="$ew" -v er="$er" -v lj="$lj" -v lw="$lwk" -v lr="$lr" 'BEGIN{
+  printf "end to end, a lifetime cap on every job: %.0f vs %.0f jobs/s: %.3f (goal >= 0.90); worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", lj, ej, lj/ej, lw, ew, lw/ew, lr, er, lr/er }'
 echo "$mem" | awk '/bytes\/scope/{for(i=1;i<=NF;i++){if($i=="bytes/scope")s=$(i-1); if($i=="bytes/user-of-1-scope")u=$(i-1)}}
   END{printf "tally memory: %s bytes per scope (goal <= 32), %s bytes for a user of one scope\n", s, u}'
