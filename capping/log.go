@@ -15,7 +15,7 @@ type LogEntry struct {
 }
 
 // ReadLog returns the log at key (see Limiter.Key), marks first, then the
-// sends oldest first (its tally items apart, see Limiter.Tally): what an operator or a test inspects. It reads the
+// sends oldest first (its tally items apart, see ReadTally): what an operator or a test inspects. It reads the
 // string decide.lua keeps (an 8-byte header, then entries packed as score
 // int64, member length uint16, member, big-endian) and the sorted set an
 // older capper kept.
@@ -49,7 +49,7 @@ func ReadLog(ctx context.Context, c redis.Cmdable, key string) ([]LogEntry, erro
 		if !ok {
 			return nil, fmt.Errorf("capping: read log %s: truncated at byte %d of %d", key, p, len(v))
 		}
-		if at != 0 { // a tally item is no send (see Limiter.Tally)
+		if at != 0 { // a tally item is no send (see ReadTally)
 			out = append(out, LogEntry{Member: m, At: at})
 		}
 		p = next

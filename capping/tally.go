@@ -1,6 +1,7 @@
 package capping
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -37,19 +38,6 @@ type TallyCount struct {
 	Times []time.Time
 }
 
-// Tally returns a user's tally, sorted by field.
-func (l *Limiter) Tally(ctx context.Context, s Space, userID uint32) ([]TallyCount, error) {
-	pipe := l.client.Pipeline()
-	cmd := pipe.Get(ctx, l.Key(s, userID))
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("capping: tally of user %d: %w", userID, err)
-	}
-	if cmd.Err() != nil { // no log
-		return nil, nil
-	}
-	return readTally(cmd.Val())
-}
-
 // ReadTally returns the tally of the user whose log is at key (see
 // Limiter.Key), sorted by field.
 func ReadTally(ctx context.Context, c redis.Cmdable, key string) ([]TallyCount, error) {
@@ -81,7 +69,7 @@ func readTally(log string) ([]TallyCount, error) {
 		}
 		out = append(out, c)
 	}
-	slices.SortFunc(out, func(a, b TallyCount) int { return cmpUint(a.Field, b.Field) })
+	slices.SortFunc(out, func(a, b TallyCount) int { return cmp.Compare(a.Field, b.Field) })
 	return out, nil
 }
 
@@ -91,19 +79,23 @@ func readTally(log string) ([]TallyCount, error) {
 // returns it with the latest Keep (0: none).
 func appendTally(b []byte, a *reqArgs) ([]byte, int64) {
 	var keep int64
-	var order [maxCaps]int // the tally caps, by field: the order decide.lua writes items in
+	type capField struct {
+		i     int
+		field uint64
+	}
+	var order [maxCaps]capField // the tally caps, by field: the order decide.lua writes items in
 	idx := order[:0]
 	if len(a.caps) > maxCaps {
-		idx = make([]int, 0, len(a.caps))
+		idx = make([]capField, 0, len(a.caps))
 	}
 	for i := range a.caps {
 		if c := &a.caps[i]; c.Tally && !sharesField(a.caps[:i], c) {
-			idx = append(idx, i)
+			idx = append(idx, capField{i, c.tallyField()})
 		}
 	}
-	slices.SortFunc(idx, func(x, y int) int { return cmpUint(a.caps[x].tallyField(), a.caps[y].tallyField()) })
-	for _, i := range idx {
-		c := &a.caps[i]
+	slices.SortFunc(idx, func(x, y capField) int { return cmp.Compare(x.field, y.field) })
+	for _, cf := range idx {
+		i, c := cf.i, &a.caps[cf.i]
 		n := 20
 		if c.Window > 0 {
 			n += 8
@@ -116,7 +108,7 @@ func appendTally(b []byte, a *reqArgs) ([]byte, int64) {
 				k = max(k, a.caps[j].Keep.UnixMilli())
 			}
 		}
-		b = binary.BigEndian.AppendUint64(b, c.tallyField())
+		b = binary.BigEndian.AppendUint64(b, cf.field)
 		b = binary.BigEndian.AppendUint32(b, 1)
 		b = binary.BigEndian.AppendUint64(b, uint64(k))
 		if c.Window > 0 {
@@ -150,16 +142,6 @@ func tallyLenOf(a *reqArgs) int {
 		}
 	}
 	return n
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // splitTally splits a copy of a log (see the near cache) into its tally
@@ -258,7 +240,7 @@ func swapped(raw string, log []logItem, a *reqArgs) string {
 			items = append(items, item{f, m})
 		}
 	}
-	slices.SortFunc(items, func(x, y item) int { return cmpUint(x.field, y.field) })
+	slices.SortFunc(items, func(x, y item) int { return cmp.Compare(x.field, y.field) })
 	ttl := a.retention + min(a.retention/8, 3_600_000)
 	n := len(raw) - off + 10 + len(a.member) + 8
 	for _, it := range items {

@@ -54,7 +54,7 @@ func TestLifetimeTally(t *testing.T) {
 			if found, err := e.lim.Forget(ctx, 0, 31, w2.JobID); err != nil || !found {
 				t.Fatalf("forget %s: %v %v", w2.JobID, found, err)
 			}
-			tally, err := e.lim.Tally(ctx, 0, 31)
+			tally, err := capping.ReadTally(ctx, e.rdb, e.lim.Key(0, 31))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,7 +77,7 @@ func TestLifetimeTally(t *testing.T) {
 			if d := e.decide(t, job(32, "push", daily3, life("w1")))[0]; !d.Allowed || d.Counts[1] != -1 {
 				t.Fatalf("a send outside the tally cap's scope: %+v, want allowed, the cap not counted", d)
 			}
-			if tally, err := e.lim.Tally(ctx, 0, 32); err != nil || len(tally) != 0 {
+			if tally, err := capping.ReadTally(ctx, e.rdb, e.lim.Key(0, 32)); err != nil || len(tally) != 0 {
 				t.Errorf("a send that matches no tally cap left a tally %+v (%v)", tally, err)
 			}
 			if ttl := e.rdb.PTTL(ctx, e.lim.Key(0, 32)).Val(); ttl > 2*24*time.Hour {
@@ -133,14 +133,14 @@ func TestRollingTally(t *testing.T) {
 	if d := e.decide(t, job(41, "sms", other))[0]; !d.Allowed {
 		t.Fatalf("other: %+v", d)
 	}
-	if tally, _ := e.lim.Tally(ctx, 0, 41); len(tally) != 2 {
+	if tally, _ := capping.ReadTally(ctx, e.rdb, e.lim.Key(0, 41)); len(tally) != 2 {
 		t.Fatalf("tally %+v, want the survey's and other's fields", tally)
 	}
 	e.clock.Add(100 * day) // survey's field was kept 90 days from its last send: both have lapsed
 	if d := e.decide(t, send(survey(1, 90*day)))[0]; !d.Allowed || d.Counts[1] != 0 {
 		t.Fatalf("after both fields lapsed: %+v, want allowed over a count of 0", d)
 	}
-	tally, err := e.lim.Tally(ctx, 0, 41)
+	tally, err := capping.ReadTally(ctx, e.rdb, e.lim.Key(0, 41))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +176,7 @@ func TestTallyInANewLog(t *testing.T) {
 	if newLogs() != before+1 {
 		t.Fatalf("the first send was not written as a new log (new logs %d, before %d)", newLogs(), before)
 	}
-	tally, err := e.lim.Tally(ctx, 0, 51)
+	tally, err := capping.ReadTally(ctx, e.rdb, e.lim.Key(0, 51))
 	if err != nil || len(tally) != 2 {
 		t.Fatalf("tally %+v (%v), want the two caps' items", tally, err)
 	}
