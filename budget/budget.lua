@@ -229,7 +229,7 @@ reply[1] = math.max(0, granted - #fresh)
 
 -- The refused wants are promised the starts of the earliest buckets after now's with a token no one else was
 -- promised. The walk knows the tokens that come back: the room left, each counted bucket's tokens as it leaves
--- the window, and each promised token a window and two buckets after its time (claimed within a bucket);
+-- the window, and each promised token a window and a bucket after its time (claimed in its bucket);
 -- less those promised. A token promised at a bucket is taken from then until it comes back, so a bucket may
 -- promise only what every bucket until then can spare (the least pool over that span: a token that comes
 -- back early must not go to a new want while a later promise counts on it). With a burst, a bucket promises
@@ -242,9 +242,13 @@ if j <= #fresh then
     per = math.ceil(limit / buckets)
   end
   local first = cur + width
-  -- Buckets after its own that a promised token comes back: a window and a bucket after it is claimed, within
-  -- a bucket of its time. One claimed later comes back later, and the claim promised it next follows it.
-  local ret = buckets + 2
+  -- Buckets after its own that a promised token comes back: a window and a bucket after the bucket it is
+  -- claimed in, its own when its send comes back on time. One claimed later comes back later, and the claim
+  -- promised it next follows it (a bucket later: its tier's worker waits for it). A round of a window and two
+  -- buckets, as this once counted, made the promised tokens' round 2% longer than the window's: they
+  -- travelled in lumps that drifted a bucket a round, and a whole window that a lump straddled got 96% of the
+  -- limit (48 of 50 per 1 s, half the windows, for as long as the demand was held on the tiers).
+  local ret = buckets + 1
   local net, K = {}, 0 -- by bucket index from first: tokens that come back, less those promised
   local function add(t, c)
     local k = math.max(0, math.ceil((t - first) / width))
