@@ -87,6 +87,12 @@ type Want struct {
 	// due time) when it comes back for its token: it claims the token kept
 	// for it then. Zero: a new want.
 	Promised time.Time
+	// Job names the job (the same for every copy of it: a redelivery, a
+	// copy on the delay tiers); "": unnamed. A token is promised to a named
+	// job once: a copy of it asking again is told the time its job was
+	// promised (or claims that token once due), and a copy asking after
+	// another copy claimed it is answered Grant.Copy. At most 64 bytes.
+	Job string
 }
 
 // Grant answers a Want.
@@ -108,6 +114,10 @@ type Grant struct {
 	// (Want.Promised): if its send turns out not to be a new one, Unclaim
 	// gives it back and keeps the promise again.
 	Claimed bool
+	// Copy, when not OK, says another copy of the want's job (Want.Job)
+	// claimed the job's token: this one took none and was promised nothing.
+	// It is a duplicate of that copy, unless that copy was not forwarded.
+	Copy bool
 }
 
 // Config configures Budgets.
@@ -119,6 +129,14 @@ type Config struct {
 	// NoLease asks Redis for exactly the tokens a batch needs, never more
 	// (one call per batch and key): the baseline of the leasing benchmark.
 	NoLease bool
+	// DateBack is how far before the clock the caller may date a send that
+	// uses a token (its decision is dated within the token's bucket, see
+	// Grant.Until). A held send that claims its promised token late, by at
+	// most half of DateBack, has it counted in the bucket it was promised,
+	// so that the token comes back when the budget counted on it (for its
+	// next promise); later, it is counted in the current bucket and comes
+	// back late. Zero: never counted back.
+	DateBack time.Duration
 	// Clock defaults to time.Now.
 	Clock func() time.Time
 	// Registerer receives the budgets' metrics. Optional.
@@ -160,6 +178,7 @@ type state struct {
 	// the budget's token counters, resolved once
 	usedC, putBackC, lapsedC, grantedC prometheus.Counter
 	claimsC                            [2]prometheus.Counter // claims made, and missed
+	copiesC                            prometheus.Counter    // wants answered Copy
 }
 
 // New returns Budgets.
@@ -216,7 +235,8 @@ func (b *Budgets) state(w Want) *state {
 		n := w.Spec.Name
 		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
 			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted"),
-			claimsC: [2]prometheus.Counter{b.m.claims.WithLabelValues(n, "made"), b.m.claims.WithLabelValues(n, "missed")}}
+			claimsC: [2]prometheus.Counter{b.m.claims.WithLabelValues(n, "made"), b.m.claims.WithLabelValues(n, "missed")},
+			copiesC: b.m.claims.WithLabelValues(n, "copy")}
 		if len(b.keys) >= b.sweepAt {
 			b.sweep()
 		}
@@ -362,8 +382,16 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 					st.claimsC[1].Inc()
 				}
 			}
-			if at := r.wants[k]; at <= 0 { // -1: the token promised to it
+			if r.wants[k] == copyOf { // another copy of its job claimed the job's token
+				grants[i] = Grant{Copy: true}
+				st.copiesC.Inc()
+				continue
+			}
+			if at := r.wants[k]; at <= 0 { // -1: the token promised to it; -3: counted in its promised bucket
 				grants[i] = Grant{OK: true, Until: st.expires, Claimed: at < 0}
+				if at == countedBack {
+					grants[i].Until = wants[i].Promised.Add(time.Duration(st.spec.Window.Milliseconds()/Buckets) * time.Millisecond)
+				}
 				took++
 			} else {
 				grants[i] = Grant{RetryAt: time.UnixMilli(at)}
@@ -490,6 +518,14 @@ func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
 	return Usage{Used: r.used, Next: next}, nil
 }
 
+// countedBack is budget.lua's answer to a late claim whose token it counted
+// in the bucket promised (Config.DateBack).
+const countedBack = -3
+
+// copyOf is budget.lua's answer to a want whose job's token another copy of
+// it claimed.
+const copyOf = -2
+
 // reply is budget.lua's answer to a call.
 type reply struct {
 	extra  int   // tokens taken beyond the wants: a lease
@@ -506,7 +542,7 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()
 	k := b.RedisKey(key)
-	args := make([]any, 0, 9+2*len(asked))
+	args := make([]any, 0, 9+3*len(asked))
 	args = append(args, now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10), s.Burst(),
 		promiseLapse(s).Milliseconds(), len(asked))
 	for _, i := range asked {
@@ -517,9 +553,10 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		if u := wants[i].Until; !u.IsZero() { // rounded up: a time before it in ms is before it
 			until = (u.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
 		}
-		args = append(args, promised, until)
+		args = append(args, promised, until, wants[i].Job)
 	}
-	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p"}, args...).Result()
+	args = append(args, b.cfg.DateBack.Milliseconds())
+	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p", k + ":j", k + ":c"}, args...).Result()
 	if err != nil {
 		return reply{}, fmt.Errorf("budget %s: %w", key, err)
 	}
@@ -550,7 +587,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped, back in the reserve: used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown), unclaimed (a claim's token given back to Redis and its promise kept again: the send was a duplicate).",
 	}, []string{"budget", "kind"})
 	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another).",
+		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another), copy (any want, a claim or not, of a job whose token another copy of it claimed: it takes none and is checked as a duplicate).",
 	}, []string{"budget", "result"})
 	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_budget_redis_calls_total", Help: "Redis calls for budgets, by budget.",

@@ -32,19 +32,33 @@
 --          claim whose token is not back yet (the job that had it before came late) follows it: it is
 --          promised the time the next counted token comes back.
 -- ARGV[8]  lapse (ms)
--- ARGV[9]  n: the wants of this call, each a pair from ARGV[10]: (promised, until) in ms; promised is the
---          time a refused job was told (0: a new want), which claims a token promised then; until is the
---          last moment the job can come back (0: no bound). Claims are served first; a claim whose promise
---          lapsed is a new want, ahead of the others. delta counts the new wants and the lease beyond them.
+-- ARGV[9]  n: the wants of this call, each a triple from ARGV[10]: (promised, until, job); promised is the
+--          time a refused job was told in ms (0: a new want), which claims a token promised then; until is the
+--          last moment the job can come back in ms (0: no bound); job names the job ('': no name). Claims are
+--          served first; a claim whose promise lapsed is a new want, ahead of the others. delta counts the new
+--          wants and the lease beyond them.
+-- ARGV[10 + 3n]  back (ms): how far before now a send may be dated (the caller's max clock skew); 0: never
+-- KEYS[4]  (with named wants) the promises by job, e.g. fc:b:{sms}:j (same slot): a sorted set, member = a
+--          job's name, score = the time it was promised. A promise is the job's, not its copy's: a copy of a
+--          held job decided again (its input redelivered after a rebalance, before its offset was committed)
+--          is told the time its job was promised, and promised nothing more; as a new want, it claims its
+--          job's token once that is due. Promised again, it took a token that came back to a duplicate and
+--          waited for no one; refused, it was capped, and the held copy came back to be capped after it
+--          ("refused before") while its token waited for no one.
+-- KEYS[5]  (with named wants) the jobs whose token was claimed, e.g. fc:b:{sms}:c: member = a job's name,
+--          score = when, kept for a window and the lapse. Another copy that asks (a claim or a new want) is
+--          answered -2 and takes no token: the caller checks it as a duplicate of the copy that took it.
 -- Reply: {extra, used, bucket, next, r_1, ..., r_n}
 --   extra    tokens taken beyond the wants (a lease: the caller's reserve)
 --   used     tokens counted in the window after this call
 --   bucket   the bucket the taken tokens are counted in: they must be used before bucket + width
 --   next     ms at which tokens come back: when the next token accrues when only the rate refused some,
 --            else when the oldest counted bucket leaves the window; 0 when none
---   r_i      want i: 0 granted, -1 granted the token promised to it (a claim); else the ms at which it may come
---            back: the start of the earliest bucket with a token no one was promised, which is promised to it if
---            that is before its until
+--   r_i      want i: 0 granted, -1 granted the token promised to it (a claim), -3 the same, counted in the bucket
+--            it was promised (it came late: a send using it is dated within that bucket), -2 its job's
+--            token went to another
+--            copy of it; else the ms at which it may come back: the start of the earliest bucket with a token no
+--            one was promised, which is promised to it if that is before its until (or its job's promise)
 local key = KEYS[1]
 local now = tonumber(ARGV[1])
 local window = tonumber(ARGV[2])
@@ -54,11 +68,18 @@ local delta = tonumber(ARGV[5])
 local burst = tonumber(ARGV[7] or '0')
 local lapse = tonumber(ARGV[8] or '0')
 local n = tonumber(ARGV[9] or '0')
+local back = tonumber(ARGV[10 + 3 * n] or '0') -- how far back a send may be dated: a late claim is counted
+-- in its promised bucket when it is late by at most half that (the rest is the caller's, to decide the send)
 local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
 local buckets = window / width
 local horizon = 64 * buckets -- buckets ahead a promise may be
 local unclaim = delta < 0 and n > 0 -- claims given back
+local P, U, G, named = {}, {}, {}, false -- each want's promise, until and job name
+for i = 1, n do
+  P[i], U[i], G[i] = tonumber(ARGV[7 + 3 * i]), tonumber(ARGV[8 + 3 * i]), ARGV[9 + 3 * i]
+  named = named or G[i] ~= ''
+end
 
 if delta < 0 then
   local b = ARGV[6]
@@ -124,14 +145,17 @@ if asking then
   end
 end
 
-local function count(c)
+local function countAt(b, c)
   if c > 0 then
-    counted[cur] = (counted[cur] or 0) + c
+    counted[b] = (counted[b] or 0) + c
     used = used + c
-    if not oldest or cur < oldest then
-      oldest = cur
+    if not oldest or b < oldest then
+      oldest = b
     end
   end
+end
+local function count(c)
+  countAt(cur, c)
 end
 
 -- Claims first: a job that comes back at its promise takes the token kept for it.
@@ -139,7 +163,7 @@ local reply = {0, 0, cur, 0}
 if unclaim then -- a claim's send was not a new one (a duplicate: the job was copied on the delay tiers and
   -- decided before): it took the token promised to another job at the same time, which is kept for it again
   for i = 1, n do
-    local p = tonumber(ARGV[8 + 2 * i])
+    local p = P[i]
     if p > 0 and p + lapse >= now then
       promised[p], changed[p] = (promised[p] or 0) + 1, true
     end
@@ -147,15 +171,61 @@ if unclaim then -- a claim's send was not a new one (a duplicate: the job was co
   end
   n = 0
 end
+-- Named wants: a job whose token another copy claimed is answered -2; a new want of a job promised a token
+-- is told that time, or claims it once it is due.
+local byJob, newJob = {}, {} -- the jobs' promises as they change (false: none now), and those made here
+local skip = {}
+if named and n > 0 and not unclaim then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. string.format('%d', now - lapse))
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. string.format('%d', now - lapse - window))
+  for i = 1, n do
+    local g = G[i]
+    if g ~= '' then
+      if redis.call('ZSCORE', KEYS[5], g) then
+        reply[4 + i], skip[i] = -2, true
+      elseif P[i] == 0 then
+        local t = tonumber(redis.call('ZSCORE', KEYS[4], g) or '0')
+        if t > now then
+          reply[4 + i], skip[i] = t, true
+        elseif t > 0 then -- due: it claims it
+          P[i] = t
+        end
+      end
+    end
+  end
+end
+local function promise(i, t) -- want i is promised t
+  if G[i] ~= '' then
+    byJob[G[i]], newJob[G[i]] = t, true
+  end
+end
+
 local fresh = {} -- the wants without a token yet, in the order they are served: lapsed claims first
 local claimed = 0
 for i = 1, n do
-  local p, u = tonumber(ARGV[8 + 2 * i]), tonumber(ARGV[9 + 2 * i])
-  if p > 0 and (promised[p] or 0) > 0 and used + claimed < limit then
+  local p, u = P[i], U[i]
+  if G[i] ~= '' and byJob[G[i]] == false then -- another copy in this call claimed its job's token
+    reply[4 + i], skip[i] = -2, true
+  end
+  if skip[i] then -- answered
+  elseif p > 0 and (promised[p] or 0) > 0 and used + claimed < limit then
     promised[p] = promised[p] - 1
     changed[p] = true
-    claimed = claimed + 1
-    reply[4 + i] = -1
+    if p < cur and 2 * (now - p) <= back and p == tonumber(ARGV[7 + 3 * i]) then -- late (within half what the
+      -- caller may date back): counted in its own bucket, so that it comes back when the walk counted on it
+      -- (the caller dates the send within that bucket)
+      countAt(p, 1)
+      redis.call('HINCRBY', key, string.format('%d', p), 1)
+      redis.call('PEXPIRE', key, window + width)
+      reply[4 + i] = -3
+    else
+      claimed = claimed + 1
+      reply[4 + i] = -1
+    end
+    if G[i] ~= '' and not unclaim then
+      byJob[G[i]] = false
+      redis.call('ZADD', KEYS[5], now, G[i])
+    end
   elseif p > 0 and (promised[p] or 0) > 0 and oldest then -- its token is not back yet (the job that had it
     -- before came late): the promise follows it to when the next token comes back
     local nf = oldest + width + window
@@ -163,6 +233,7 @@ for i = 1, n do
     reply[4 + i] = nf
     if u == 0 or nf < u then
       promised[nf], changed[nf] = (promised[nf] or 0) + 1, true
+      promise(i, nf)
     end
   elseif p > 0 then
     fresh[#fresh + 1] = i
@@ -171,7 +242,7 @@ end
 count(claimed)
 local lapsedClaims = #fresh
 for i = 1, n do
-  if tonumber(ARGV[8 + 2 * i]) == 0 then
+  if P[i] == 0 and not skip[i] then
     fresh[#fresh + 1] = i
   end
 end
@@ -243,8 +314,8 @@ if j <= #fresh then
   end
   local first = cur + width
   -- Buckets after its own that a promised token comes back: a window and a bucket after the bucket it is
-  -- claimed in, its own when its send comes back on time. One claimed later comes back later, and the claim
-  -- promised it next follows it (a bucket later: its tier's worker waits for it). A round of a window and two
+  -- counted in, its own when its send comes back on time or late by at most half what the caller may date
+  -- back (counted back, above). One claimed later comes back later, and the claim promised it next follows it. A round of a window and two
   -- buckets, as this once counted, made the promised tokens' round 2% longer than the window's: they
   -- travelled in lumps that drifted a bucket a round, and a whole window that a lump straddled got 96% of the
   -- limit (48 of 50 per 1 s, half the windows, for as long as the demand was held on the tiers).
@@ -307,9 +378,10 @@ if j <= #fresh then
     while j <= #fresh and x > 0 do
       local i = fresh[j]
       reply[4 + i] = t
-      local u = tonumber(ARGV[9 + 2 * i])
+      local u = U[i]
       if u == 0 or t < u then
         took, x = took + 1, x - 1
+        promise(i, t)
       end
       j = j + 1
     end
@@ -323,6 +395,17 @@ if j <= #fresh then
     -- next bucket, promised nothing
     reply[4 + fresh[k]] = first
   end
+end
+for g, t in pairs(byJob) do
+  if t then
+    redis.call('ZADD', KEYS[4], t, g)
+  elseif not newJob[g] then
+    redis.call('ZREM', KEYS[4], g)
+  end
+end
+if named and n > 0 and not unclaim then -- kept as long as the promises and the claims they name
+  redis.call('PEXPIRE', KEYS[4], 64 * window + lapse + width)
+  redis.call('PEXPIRE', KEYS[5], window + lapse + width)
 end
 local wrote = false
 for t in pairs(changed) do

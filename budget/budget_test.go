@@ -376,7 +376,7 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	var wg sync.WaitGroup
 	end := time.Now().Add(10 * time.Second)
 	for r := 0; r < 3; r++ {
-		b, err := New(Config{Client: rdb, KeyPrefix: prefix})
+		b, err := New(Config{Client: rdb, KeyPrefix: prefix, DateBack: time.Second}) // max_clock_skew's default
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -407,7 +407,7 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 						if i >= len(back) {
 							continue
 						}
-						if after.Sub(ws[i].Promised) >= width { // may have been claimed in a later bucket: its token back late
+						if after.Sub(ws[i].Promised) >= 2*width { // may have brought its token back late (a bucket late is counted back)
 							late++
 						}
 						if after.Sub(ws[i].Promised) <= PromiseLapse(spec) {
@@ -438,7 +438,7 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	if len(stamps) > 11_000 || worst > spec.Limit {
 		t.Errorf("%d tokens in 10 s (at most 11,000: 10 windows and one more being counted), %d in the busiest second (limit %d)", len(stamps), worst, spec.Limit)
 	}
-	// A held send claiming a bucket or more after its time (this test's
+	// A held send claiming two buckets or more after its time (this test's
 	// goroutines are late when the machine is busy) brings its token back
 	// later than promised: the send promised it next finds it missing and
 	// follows it to the next token back, which may be promised already, and
@@ -452,7 +452,7 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	if len(stamps) < 9_000 {
 		t.Errorf("only %d tokens in 10 s under more demand than 1,000/s", len(stamps))
 	}
-	t.Logf("%d tokens granted in 10 s, %d in the busiest second; %d held sends came back in time (%d a bucket late or more) and %d found their token; %d holds; Redis calls per 1,000 tokens: %.1f",
+	t.Logf("%d tokens granted in 10 s, %d in the busiest second; %d held sends came back in time (%d two buckets late or more) and %d found their token; %d holds; Redis calls per 1,000 tokens: %.1f",
 		len(stamps), worst, claims, late, found, held, 1000*calls/float64(len(stamps)))
 }
 

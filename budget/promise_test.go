@@ -205,3 +205,154 @@ func TestUnclaimKeepsThePromiseAgain(t *testing.T) {
 		t.Errorf("%d tokens counted in the window (%v), want 2: the copy's went back", u.Used, err)
 	}
 }
+
+// TestAJobIsPromisedOnce: a budget of 100 per second, used up. Job j1 is
+// refused and promised the first token back; a copy of it decided again (its
+// input redelivered after a rebalance) is told the same time and promised
+// nothing more, so the next job is promised the token after, as if the copy
+// had not asked. At that time the first copy to come back claims the token;
+// the other, a claim or a new want, is answered Copy and takes none, and so
+// is a third copy later. A job whose promise falls due before its copy asks
+// claims it as a new want. Unnamed wants are promised a token each, as before.
+func TestAJobIsPromisedOnce(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "once", Limit: 100, Window: time.Second}
+	ctx := context.Background()
+	w := time.Second / Buckets
+	if gs, _ := b.Take(ctx, wants(spec, "once", 100)); granted(gs) != 100 {
+		t.Fatalf("%d of 100 granted, want all", granted(gs))
+	}
+	back := c.Now().Add(time.Second + w) // the first bucket's 100 come back
+	named := func(job string) Want { return Want{Spec: spec, Key: "once", Job: job} }
+	take := func(ws ...Want) []Grant {
+		t.Helper()
+		gs, err := b.Take(ctx, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gs
+	}
+	c.Add(10 * time.Millisecond)
+	first := take(named("j1"))[0]
+	again := take(named("j1"), named("j2"))
+	if first.OK || !first.RetryAt.Equal(back) || again[0].OK || !again[0].RetryAt.Equal(back) {
+		t.Fatalf("j1 told %+v, its copy %+v; want both refused until %v", first, again[0], back)
+	}
+	// 100 tokens come back at once: j2 is promised the second, not the third.
+	if again[1].OK || !again[1].RetryAt.Equal(back) {
+		t.Errorf("j2 told %+v, want %v (j1's copy promised nothing)", again[1], back)
+	}
+	rest := take(wants(spec, "once", 98)...)
+	for i, g := range rest {
+		if g.OK || !g.RetryAt.Equal(back) {
+			t.Fatalf("unnamed want %d told %+v, want %v: the 100 tokens back then, 2 promised to j1 and j2", i, g, back)
+		}
+	}
+	if g := take(named("j3"))[0]; g.OK || !g.RetryAt.After(back) {
+		t.Errorf("j3 told %+v, want a time after %v: the tokens back then are promised", g, back)
+	}
+	c.Set(back.Add(time.Millisecond))
+	claim := func(job string) Want { w := named(job); w.Promised = back; return w }
+	gs := take(claim("j1"), claim("j1"), named("j1"), claim("j2"))
+	if !gs[0].OK || !gs[0].Claimed {
+		t.Errorf("j1's first claim: %+v, want its token", gs[0])
+	}
+	if gs[1].OK || !gs[1].Copy || gs[2].OK || !gs[2].Copy {
+		t.Errorf("j1's second claim and new want: %+v, %+v; want both answered Copy", gs[1], gs[2])
+	}
+	if !gs[3].OK || !gs[3].Claimed {
+		t.Errorf("j2's claim: %+v, want its token", gs[3])
+	}
+	c.Add(100 * time.Millisecond)
+	if g := take(named("j1"))[0]; g.OK || !g.Copy {
+		t.Errorf("a third copy of j1 later: %+v, want Copy", g)
+	}
+	// The unnamed 98 claim theirs: every token back was promised once.
+	ws := wants(spec, "once", 98)
+	for i := range ws {
+		ws[i].Promised = back
+	}
+	if gs := take(ws...); granted(gs) != 98 {
+		t.Errorf("%d of the 98 unnamed claims found their token, want all", granted(gs))
+	}
+
+	// A copy that asks once its job's promise is due claims it as a new want;
+	// the held copy coming back after it is answered Copy.
+	c.Set(back.Add(time.Second + w + 10*time.Millisecond)) // the window has room again
+	take(wants(spec, "once", 200)...)                      // what the window has, and promises after it
+	j4 := take(named("j4"))[0]
+	if j4.OK {
+		t.Fatalf("j4: %+v, want refused (the window is full)", j4)
+	}
+	c.Set(j4.RetryAt.Add(time.Millisecond))
+	if g := take(named("j4"))[0]; !g.OK || !g.Claimed {
+		t.Errorf("j4's copy asking at its job's due time: %+v, want the job's token", g)
+	}
+	held := named("j4")
+	held.Promised = j4.RetryAt
+	if g := take(held)[0]; g.OK || !g.Copy {
+		t.Errorf("j4's held copy after it: %+v, want Copy", g)
+	}
+}
+
+// TestALateClaimIsCountedWhenPromised: on a fixed clock, a budget of 100 per
+// second, used up; a job promised the first token back claims it 35 ms (three
+// buckets and a half) late. With DateBack (the caller dates a send back by up
+// to a second) its token is counted in the bucket it was promised: the grant
+// ends with that bucket, and the token comes back a window and a bucket after
+// it, when the job promised it next is due. Without, or later than half of
+// DateBack, it is counted in the bucket it was claimed in, and comes back as
+// late as it was claimed.
+func TestALateClaimIsCountedWhenPromised(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		dateBack time.Duration
+		late     time.Duration
+		back     bool // counted in the promised bucket
+	}{
+		{"dated back", time.Second, 35 * time.Millisecond, true},
+		{"not dated back", 0, 35 * time.Millisecond, false},
+		{"later than half of what may be dated back", time.Second, 510 * time.Millisecond, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := testclock.At(time.UnixMilli(1_800_000_000_000))
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+			defer rdb.Close()
+			b, err := New(Config{Client: rdb, KeyPrefix: testenv.Unique("late"), Clock: clock.Now, NoLease: true, DateBack: c.dateBack})
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := &Spec{Name: "late", Limit: 100, Window: time.Second}
+			w := time.Second / Buckets
+			ctx := context.Background()
+			if gs, _ := b.Take(ctx, wants(spec, "late", 100)); granted(gs) != 100 {
+				t.Fatalf("%d of 100 granted, want all", granted(gs))
+			}
+			gs, _ := b.Take(ctx, wants(spec, "late", 101)) // the 100 back, and one more after them
+			p := gs[0].RetryAt
+			next := gs[100].RetryAt
+			if !next.Equal(p.Add(time.Second + w)) {
+				t.Fatalf("the 101st promised %v, want %v: the first token back again, a window and a bucket after its promise", next, p.Add(time.Second+w))
+			}
+			clock.Set(p.Add(c.late))
+			claims := wants(spec, "late", 100)
+			for i := range claims {
+				claims[i].Promised = p
+			}
+			gs, _ = b.Take(ctx, claims)
+			until := p.Add(w)
+			if !c.back {
+				until = clock.Now().Truncate(w).Add(w)
+			}
+			if !gs[0].OK || !gs[0].Until.Equal(until) {
+				t.Fatalf("a claim %v late: %+v, want granted until %v", c.late, gs[0], until)
+			}
+			clock.Set(next.Add(time.Millisecond))
+			again := Want{Spec: spec, Key: "late", Promised: next}
+			if g, _ := b.Take(ctx, []Want{again}); g[0].OK != c.back {
+				t.Errorf("the 101st at its time: %+v, want granted %v (its token back in time only when counted back)", g[0], c.back)
+			}
+		})
+	}
+}

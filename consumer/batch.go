@@ -11,11 +11,14 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/budget"
@@ -187,8 +190,9 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 			w.route(e)
 			continue
 		}
+		job := jobName(e)
 		for _, wt := range e.plan.Wants {
-			wt.Until = holdUntil(&e.facts, e.plan.OnShort(wt.Spec.Name), w.cfg.Wheel, e.at)
+			wt.Until, wt.Job = holdUntil(&e.facts, e.plan.OnShort(wt.Spec.Name), w.cfg.Wheel, e.at), job
 			if a := &e.facts.arrived; a.Count > 0 && a.Reason == wt.Spec.Name {
 				wt.Promised = a.Due // back when this budget promised it a token: it claims that token
 			}
@@ -219,6 +223,9 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 	for j, g := range grants {
 		t := &es[owners[j]].facts.tokens
 		t.taken = true
+		if g.Copy { // another copy of the job took its token: checked as its duplicate, or back shortly
+			t.copy, g.RetryAt = true, es[owners[j]].at.Add(copyRetry)
+		}
 		if !g.OK && (t.short == "" || g.RetryAt.After(t.retryAt)) {
 			t.short, t.retryAt = wants[j].Spec.Name, g.RetryAt
 		}
@@ -240,6 +247,21 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		}
 	}
 	return nil
+}
+
+// copyRetry is when a job whose budget token another copy of it claimed
+// (budget.Grant.Copy) comes back, when Redis does not know it as a duplicate
+// yet: that copy is being decided, or was not forwarded.
+const copyRetry = 250 * time.Millisecond
+
+// jobName names e's job to the budgets (budget.Want.Job): the same for each
+// copy of it, whatever replica decides it; a digest of its workspace, user
+// and job id.
+func jobName(e *entry) string {
+	var b [12]byte
+	binary.BigEndian.PutUint32(b[:4], e.job.UserID)
+	binary.BigEndian.PutUint64(b[4:], xxhash.Sum64String(e.ws.Name+"\x00"+e.job.JobID))
+	return hex.EncodeToString(b[:])
 }
 
 // followWait is the longest a delay tier's worker waits, in place, for the
@@ -281,8 +303,8 @@ func (w *Worker) followClaims(ctx context.Context, wants []budget.Want, grants [
 				}
 			}
 			switch {
-			case g.OK, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
-				continue // granted, not a claim, promised too late, or not promised at all
+			case g.OK, g.Copy, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
+				continue // granted, another copy's, not a claim, promised too late, or not promised at all
 			case j > 0 && owners[j-1] == owners[j], j+1 < len(owners) && owners[j+1] == owners[j]:
 				continue // a send of several budgets
 			}

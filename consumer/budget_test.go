@@ -2,13 +2,17 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"maps"
 	"reflect"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/budget"
@@ -16,6 +20,7 @@ import (
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/hold"
 	"github.com/capper-dev/capper/internal/testclock"
+	"github.com/capper-dev/capper/internal/testenv"
 	"github.com/capper-dev/capper/output"
 	"github.com/capper-dev/capper/rules"
 )
@@ -430,5 +435,115 @@ func TestMissedClaimWaitsForItsToken(t *testing.T) {
 				t.Errorf("claims of sms promised at %v, want %v", claims, c.promised)
 			}
 		})
+	}
+}
+
+// TestACopyOfAHeldJobKeepsItsPromise, on the real budgets (Redis) and a
+// fixed clock: an SMS budget of 5 per second (spread: a token a bucket),
+// used up. A job short of its token is held until the first token back; a
+// copy of it decided again (its input message redelivered, as after a
+// rebalance before the offset was committed) is held until the same time,
+// and the budget promises it nothing: four of the five jobs after it are
+// promised the four other tokens back within the second, as if the copy had
+// not asked. Back from the tier together, one copy takes
+// the job's token and is allowed, the other is its duplicate, and the four
+// find theirs. (Promised a token of its own, the copy took one the fourth job
+// needed and its token waited for no one; refused beyond max_hold, it was
+// capped, and the held copy after it.)
+func TestACopyOfAHeldJobKeepsItsPromise(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	t.Cleanup(func() { rdb.Close() })
+	clock := testclock.At(t0)
+	prefix := testenv.Unique("copy")
+	budgets := func() *budget.Budgets { // a replica's
+		b, err := budget.New(budget.Config{Client: rdb, KeyPrefix: prefix, Clock: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	var mu sync.Mutex
+	allowed := map[string]bool{}
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case allowed[r.JobID]:
+			return capping.Decision{Allowed: true, Duplicate: true, At: clock.Now(), Recorded: t0}, nil
+		case r.DuplicateOnly:
+			return capping.Decision{At: clock.Now()}, nil
+		}
+		allowed[r.JobID] = true
+		return capping.Decision{Allowed: true, At: clock.Now()}, nil
+	}}
+	in := start(t, consumer.Config{Rules: budgetRules(t), Budgets: budgets(), Decider: d, Wheel: wheel(t), Clock: clock.Now})
+	for i := range 5 {
+		in.send(smsJob(fmt.Sprint("first-", i), 1))
+	}
+	in.waitOutputs(t, 5)
+	clock.Add(10 * time.Millisecond)
+	held := func(outs []kafka.Message) (hs []kafka.Message) { // the held records (each hold also writes its tier's message)
+		for _, o := range outs {
+			if o.Topic == "held" {
+				hs = append(hs, o)
+			}
+		}
+		return hs
+	}
+	in.send(smsJob("held", 1))
+	in.waitOutputs(t, 7)
+	in.send(smsJob("held", 1)) // its copy
+	outs := held(in.waitOutputs(t, 9))
+	back := t0.Add(time.Second + time.Second/budget.Buckets) // the first bucket's 5 tokens come back
+	for _, o := range outs {
+		if out, _ := output.Parse(o.Headers); !out.DueAt.Equal(back) {
+			t.Fatalf("held and its copy: held until %v, want both until %v", out.DueAt, back)
+		}
+	}
+	for i := range 5 {
+		in.send(smsJob(fmt.Sprint("next-", i), 1))
+	}
+	outs = held(in.waitOutputs(t, 19))
+	var told []time.Time
+	soon, last := 0, back
+	for _, o := range outs[2:] {
+		out, _ := output.Parse(o.Headers)
+		told = append(told, out.DueAt)
+		if out.DueAt.Before(back.Add(time.Second)) { // spread: a token a bucket, from the one after the held job's
+			soon++
+			if out.DueAt.After(last) {
+				last = out.DueAt
+			}
+		}
+	}
+	if soon != 4 {
+		t.Errorf("the five next jobs held until %v; want four within a second of %v (the copy promised nothing)", told, back)
+	}
+
+	// Back at their time, on a tier's worker of another replica.
+	clock.Set(last.Add(time.Millisecond))
+	tier := start(t, consumer.Config{Rules: budgetRules(t), Budgets: budgets(), Decider: d, Wheel: wheel(t), Tier: "1s", Clock: clock.Now})
+	var ms []kafka.Message
+	for _, o := range outs {
+		out, _ := output.Parse(o.Headers)
+		if out.DueAt.After(last) {
+			continue
+		}
+		var v struct {
+			JobID string `json:"job_id"`
+		}
+		_ = json.Unmarshal(o.Value, &v)
+		m := tierMessage(v.JobID, 1, hold.State{Since: t0, Due: out.DueAt, Wake: out.DueAt, Count: 1, Reason: "sms"})
+		m.Value = o.Value
+		ms = append(ms, m)
+	}
+	tier.send(ms...)
+	decisions := map[string]int{}
+	for _, o := range tier.waitOutputs(t, len(ms)) {
+		out, _ := output.Parse(o.Headers)
+		decisions[o.Topic+" "+out.Decision]++
+	}
+	if want := map[string]int{"allowed allowed": 5, "allowed duplicate": 1}; !maps.Equal(decisions, want) {
+		t.Errorf("back from the tier: %v, want %v (the held job once, its copy a duplicate, the four next)", decisions, want)
 	}
 }

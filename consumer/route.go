@@ -56,6 +56,7 @@ type grant struct {
 	until   time.Time // when the first of the tokens' buckets ends (budget.Grant.Until); zero: none held
 	claimed bool      // a token is the one promised to the job when it was held (budget.Grant.Claimed)
 	promise time.Time // the promise it claimed: its hold's due time, or the time it was promised again (followClaims)
+	copy    bool      // another copy of the job claimed its token (budget.Grant.Copy): short names the budget
 }
 
 // answer is what Redis answered to the job's request.
@@ -134,6 +135,8 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 		refusal = Outcome{Kind: Capped, Cap: ReasonQuietHours, Reason: cmp.Or(o.Reason, ReasonQuietHours), RetryAt: p.QuietUntil}
 	case len(p.Wants) > 0 && !f.tokens.taken:
 		return Outcome{Ask: AskTokens}
+	case f.tokens.copy:
+		return routeCopy(p, f, wheel, now)
 	case f.tokens.short != "":
 		b := f.tokens.short
 		o := holdOrRefuse(f, p.OnShort(b), f.tokens.retryAt, b, "budget", wheel, now)
@@ -184,6 +187,38 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 		_, o.ReservedFor = p.Reservation(d.Cap)
 	}
 	return o
+}
+
+// routeCopy routes a job whose budget token another copy of it claimed
+// (budget.Grant.Copy): a duplicate of that copy once Redis knows it (or
+// refused before with it), else back shortly (the copy is being decided, or
+// was not forwarded: this one then takes its turn) if its policy holds, or
+// capped; its refusal is marked, so that the two end alike.
+func routeCopy(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
+	b := f.tokens.short
+	o := holdOrRefuse(f, p.OnShort(b), f.tokens.retryAt, b, "budget", wheel, now)
+	refusal := Outcome{Kind: Capped, Cap: b, Reason: o.Reason, RetryAt: f.tokens.retryAt, DecidedAt: now, Hold: f.arrived}
+	r := &f.redis
+	switch {
+	case !r.asked && o.Kind == Held:
+		return Outcome{Ask: AskDuplicate}
+	case !r.asked:
+		return Outcome{Ask: AskDuplicate, Cap: b}
+	case r.invalid != "":
+		return Outcome{Kind: DeadLetter, Error: r.invalid}
+	case r.unchecked && o.Kind == Held:
+		return o
+	case r.unchecked:
+		return refusal
+	case r.dec.Duplicate:
+		return Outcome{Kind: Duplicate, DecidedAt: cmp.Or(r.dec.Recorded, r.dec.At, now), Hold: f.arrived}
+	case r.dec.RefusedBefore: // another copy was refused for good: so is this one
+		return Outcome{Kind: Capped, Cap: r.dec.Cap, Reason: ReasonRefusedBefore, DecidedAt: cmp.Or(r.dec.At, now), Hold: f.arrived}
+	case o.Kind == Held:
+		return o
+	}
+	refusal.DecidedAt = cmp.Or(r.dec.At, now)
+	return refusal
 }
 
 // strictest is the policy of a send refused by several caps: held only if

@@ -62,6 +62,7 @@ func TestRoute(t *testing.T) {
 	}
 	tokens := grant{taken: true}
 	short := func(in time.Duration) grant { return grant{taken: true, short: "sms", retryAt: noon.Add(in)} }
+	copyOf := func(in time.Duration) grant { g := short(in); g.copy = true; return g }
 	email := rules.Job{Channel: "email", Category: "marketing", Tags: []string{"marketing"}}
 	sms := rules.Job{Channel: "sms", Category: "marketing", Tags: []string{"marketing"}}
 	cat := func(c string) rules.Job { return rules.Job{Channel: "email", Category: c, Tags: []string{c}} }
@@ -133,6 +134,18 @@ func TestRoute(t *testing.T) {
 		{name: "budget exhausted, no delay tiers: capped naming the budget", job: sms, noWheel: true, f: facts{since: noon, tokens: short(2 * time.Second), redis: notFound},
 			want: "capped cap=sms retry=12:00:02 at=12:00:00"},
 		{name: "budget exhausted, a redelivery", job: sms, noWheel: true, f: facts{since: noon, tokens: short(time.Second), redis: dup}, want: "duplicate at=11:00:00"},
+		{name: "another copy took its job's token: a duplicate check, unmarked", job: sms, f: facts{since: noon, tokens: copyOf(250 * time.Millisecond)},
+			want: "pending ask=duplicate"},
+		{name: "another copy took its job's token and was allowed: a duplicate", job: sms, f: facts{since: noon, tokens: copyOf(250 * time.Millisecond), redis: dup},
+			want: "duplicate at=11:00:00"},
+		{name: "another copy took its job's token, not decided yet: back shortly", job: sms, f: facts{since: noon, tokens: copyOf(250 * time.Millisecond), redis: notFound},
+			want: "held cap=sms due=12:00:00.25 by=budget count=1 tier=1s"},
+		{name: "another copy took its job's token and was refused for good: refused too", job: sms, f: facts{since: noon, tokens: copyOf(250 * time.Millisecond), redis: answer{asked: true, dec: capping.Decision{RefusedBefore: true, Cap: "daily", At: noon}}},
+			want: "capped cap=daily reason=refused before at=12:00:00"},
+		{name: "another copy took its job's token, beyond its max_hold: a duplicate check, which marks it refused", job: sms, f: facts{since: noon.Add(-h), tokens: copyOf(250 * time.Millisecond)},
+			want: "pending ask=duplicate refused-as=sms"},
+		{name: "another copy took its job's token, beyond its max_hold, not a duplicate: capped", job: sms, f: facts{since: noon.Add(-h), tokens: copyOf(250 * time.Millisecond), redis: notFound},
+			want: "capped cap=sms reason=beyond max_hold retry=12:00:00.25 at=12:00:00"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			now := c.now

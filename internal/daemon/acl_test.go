@@ -112,6 +112,27 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 			t.Fatalf("budget take as capper (spread %v): %v %v", spread, gs, err)
 		}
 	}
+	// Named wants (a held job's promise kept by job): refused and promised
+	// (ZADD), asked again by a copy (ZSCORE), claimed (ZADD, ZREM), lapsed
+	// ones dropped (ZREMRANGEBYSCORE).
+	short := &budget.Spec{Name: "acl", Limit: 1, Window: 100 * time.Millisecond}
+	named := func(job string, promised time.Time) budget.Grant {
+		t.Helper()
+		gs, err := b.Take(ctx, []budget.Want{{Spec: short, Key: "acl-named", Job: job, Promised: promised}})
+		if err != nil {
+			t.Fatalf("budget take of a named want as capper: %v", err)
+		}
+		return gs[0]
+	}
+	named("first", time.Time{})
+	held := named("held", time.Time{})
+	if held.OK || named("held", time.Time{}).RetryAt != held.RetryAt {
+		t.Fatalf("a named want refused, then its copy: want both told the same time (%+v)", held)
+	}
+	time.Sleep(time.Until(held.RetryAt) + time.Millisecond) // its token comes back
+	if g := named("held", held.RetryAt); !g.OK {
+		t.Fatalf("a named claim as capper: %+v", g)
+	}
 	spec := &budget.Spec{Name: "acl", Limit: 3, Window: time.Second}
 	if _, err := b.Peek(ctx, budget.Want{Spec: spec, Key: "acl"}); err != nil {
 		t.Fatalf("budget peek as capper: %v", err)
