@@ -129,14 +129,6 @@ type Config struct {
 	// NoLease asks Redis for exactly the tokens a batch needs, never more
 	// (one call per batch and key): the baseline of the leasing benchmark.
 	NoLease bool
-	// DateBack is how far before the clock the caller may date a send that
-	// uses a token (its decision is dated within the token's bucket, see
-	// Grant.Until). A held send that claims its promised token late, by at
-	// most half of DateBack, has it counted in the bucket it was promised,
-	// so that the token comes back when the budget counted on it (for its
-	// next promise); later, it is counted in the current bucket and comes
-	// back late. Zero: never counted back.
-	DateBack time.Duration
 	// Clock defaults to time.Now.
 	Clock func() time.Time
 	// Registerer receives the budgets' metrics. Optional.
@@ -387,11 +379,8 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 				st.copiesC.Inc()
 				continue
 			}
-			if at := r.wants[k]; at <= 0 { // -1: the token promised to it; -3: counted in its promised bucket
+			if at := r.wants[k]; at <= 0 { // -1: the token promised to it
 				grants[i] = Grant{OK: true, Until: st.expires, Claimed: at < 0}
-				if at == countedBack {
-					grants[i].Until = wants[i].Promised.Add(time.Duration(st.spec.Window.Milliseconds()/Buckets) * time.Millisecond)
-				}
 				took++
 			} else {
 				grants[i] = Grant{RetryAt: time.UnixMilli(at)}
@@ -518,10 +507,6 @@ func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
 	return Usage{Used: r.used, Next: next}, nil
 }
 
-// countedBack is budget.lua's answer to a late claim whose token it counted
-// in the bucket promised (Config.DateBack).
-const countedBack = -3
-
 // copyOf is budget.lua's answer to a want whose job's token another copy of
 // it claimed.
 const copyOf = -2
@@ -555,7 +540,6 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		}
 		args = append(args, promised, until, wants[i].Job)
 	}
-	args = append(args, b.cfg.DateBack.Milliseconds())
 	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p", k + ":j", k + ":c"}, args...).Result()
 	if err != nil {
 		return reply{}, fmt.Errorf("budget %s: %w", key, err)

@@ -2,6 +2,7 @@ package budget_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -296,63 +297,78 @@ func TestAJobIsPromisedOnce(t *testing.T) {
 	}
 }
 
-// TestALateClaimIsCountedWhenPromised: on a fixed clock, a budget of 100 per
-// second, used up; a job promised the first token back claims it 35 ms (three
-// buckets and a half) late. With DateBack (the caller dates a send back by up
-// to a second) its token is counted in the bucket it was promised: the grant
-// ends with that bucket, and the token comes back a window and a bucket after
-// it, when the job promised it next is due. Without, or later than half of
-// DateBack, it is counted in the bucket it was claimed in, and comes back as
-// late as it was claimed.
-func TestALateClaimIsCountedWhenPromised(t *testing.T) {
-	for _, c := range []struct {
-		name     string
-		dateBack time.Duration
-		late     time.Duration
-		back     bool // counted in the promised bucket
-	}{
-		{"dated back", time.Second, 35 * time.Millisecond, true},
-		{"not dated back", 0, 35 * time.Millisecond, false},
-		{"later than half of what may be dated back", time.Second, 510 * time.Millisecond, false},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			clock := testclock.At(time.UnixMilli(1_800_000_000_000))
-			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
-			defer rdb.Close()
-			b, err := New(Config{Client: rdb, KeyPrefix: testenv.Unique("late"), Clock: clock.Now, NoLease: true, DateBack: c.dateBack})
-			if err != nil {
-				t.Fatal(err)
-			}
-			spec := &Spec{Name: "late", Limit: 100, Window: time.Second}
-			w := time.Second / Buckets
-			ctx := context.Background()
-			if gs, _ := b.Take(ctx, wants(spec, "late", 100)); granted(gs) != 100 {
-				t.Fatalf("%d of 100 granted, want all", granted(gs))
-			}
-			gs, _ := b.Take(ctx, wants(spec, "late", 101)) // the 100 back, and one more after them
-			p := gs[0].RetryAt
-			next := gs[100].RetryAt
-			if !next.Equal(p.Add(time.Second + w)) {
-				t.Fatalf("the 101st promised %v, want %v: the first token back again, a window and a bucket after its promise", next, p.Add(time.Second+w))
-			}
-			clock.Set(p.Add(c.late))
-			claims := wants(spec, "late", 100)
-			for i := range claims {
-				claims[i].Promised = p
-			}
-			gs, _ = b.Take(ctx, claims)
-			until := p.Add(w)
-			if !c.back {
-				until = clock.Now().Truncate(w).Add(w)
-			}
-			if !gs[0].OK || !gs[0].Until.Equal(until) {
-				t.Fatalf("a claim %v late: %+v, want granted until %v", c.late, gs[0], until)
-			}
-			clock.Set(next.Add(time.Millisecond))
-			again := Want{Spec: spec, Key: "late", Promised: next}
-			if g, _ := b.Take(ctx, []Want{again}); g[0].OK != c.back {
-				t.Errorf("the 101st at its time: %+v, want granted %v (its token back in time only when counted back)", g[0], c.back)
-			}
-		})
+// TestLateClaimsKeepTheBound: on a fixed clock, a budget of 100 per second
+// under three times that demand for 10 s; of the held sends, most come back
+// at their time, a fifth up to 400 ms late and a tenth 500 to 950 ms late (a
+// tier's reader stopped by a rebalance). A late claim's token is counted where
+// it comes, so it takes room the budget had counted on elsewhere: the claims
+// promised that room find it taken and follow it. Counted by the bucket each
+// token is counted in (the time its send is dated at), no window of a second
+// has more than 100, and most of the limit is still delivered. (A version
+// that counted a claim up to 500 ms late in the bucket it was promised, for
+// the current window's room alone, got 103 here.)
+func TestLateClaimsKeepTheBound(t *testing.T) {
+	clock := testclock.At(time.UnixMilli(1_800_000_000_000))
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	defer rdb.Close()
+	b, err := New(Config{Client: rdb, KeyPrefix: testenv.Unique("bound"), Clock: clock.Now, NoLease: true})
+	if err != nil {
+		t.Fatal(err)
 	}
+	spec := &Spec{Name: "bound", Limit: 100, Window: time.Second}
+	width := spec.Window / Buckets
+	rnd := rand.New(rand.NewPCG(1, 2))
+	type held struct {
+		w  Want
+		at time.Time // when it comes back
+	}
+	var tiers []held
+	var stamps []time.Time
+	for step := 0; step < 10*Buckets; step++ {
+		now := clock.Now()
+		var ws []Want
+		tiers = slices.DeleteFunc(tiers, func(h held) bool {
+			if h.at.After(now) {
+				return false
+			}
+			ws = append(ws, h.w)
+			return true
+		})
+		news := wants(spec, "bound", 3) // 300 a second
+		for i := range news {
+			news[i].Until = now.Add(3 * time.Second)
+		}
+		ws = append(ws, news...)
+		gs, err := b.Take(context.Background(), ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, g := range gs {
+			if g.OK {
+				stamps = append(stamps, g.Until.Add(-width))
+				continue
+			}
+			if g.RetryAt.IsZero() || !g.RetryAt.Before(ws[i].Until) {
+				continue // not coming back
+			}
+			w := ws[i]
+			w.Promised = g.RetryAt
+			late := time.Duration(0)
+			switch r := rnd.Float64(); {
+			case r < 0.1:
+				late = 500*time.Millisecond + time.Duration(rnd.Int64N(int64(450*time.Millisecond)))
+			case r < 0.3:
+				late = time.Duration(rnd.Int64N(int64(400 * time.Millisecond)))
+			}
+			tiers = append(tiers, held{w, g.RetryAt.Add(late)})
+		}
+		clock.Add(width)
+	}
+	if worst := busiest(stamps, spec.Window); worst > spec.Limit {
+		t.Errorf("%d tokens in the busiest second, by the bucket each is counted in; limit %d", worst, spec.Limit)
+	}
+	if len(stamps) < 900 {
+		t.Errorf("only %d tokens in 10 s under three times the limit", len(stamps))
+	}
+	t.Logf("%d tokens in 10 s", len(stamps))
 }

@@ -120,8 +120,7 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		b.Close()
 		return nil, err
 	}
-	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry, Clock: clock,
-		DateBack: time.Duration(cfg.MaxClockSkew)}); err != nil { // the consumer dates a send within its tokens' bucket by up to this (TokenGrace)
+	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry, Clock: clock}); err != nil {
 		b.Close()
 		return nil, err
 	}
