@@ -445,11 +445,11 @@ func TestMissedClaimWaitsForItsToken(t *testing.T) {
 // rebalance before the offset was committed) is held until the same time,
 // and the budget promises it nothing: four of the five jobs after it are
 // promised the four other tokens back within the second, as if the copy had
-// not asked. Back from the tier together, one copy takes
-// the job's token and is allowed, the other is its duplicate, and the four
-// find theirs. (Promised a token of its own, the copy took one the fourth job
-// needed and its token waited for no one; refused beyond max_hold, it was
-// capped, and the held copy after it.)
+// not asked. Back from the tier together, one copy takes the job's token and
+// is allowed, the other is its duplicate, and the four find theirs.
+// (Promised a token of its own, the copy took one the fourth job needed and
+// its token waited for no one; refused beyond max_hold, it was capped, and
+// the held copy after it.)
 func TestACopyOfAHeldJobKeepsItsPromise(t *testing.T) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
 	t.Cleanup(func() { rdb.Close() })
