@@ -165,7 +165,7 @@ if unclaim then -- a claim's send was not a new one (a duplicate: the job was co
 end
 -- Named wants: a job whose token another copy claimed is answered -2; a new want of a job promised a token
 -- is told that time, or claims it once it is due.
-local byJob, newJob = {}, {} -- the jobs' promises as they change (false: none now), and those made here
+local byJob = {} -- the jobs' promises as they change (false: claimed, none now)
 local skip = {}
 -- (Neither key exists while the budget promises nothing: a budget that never binds looks up no job.)
 local hasJ = named and n > 0 and not unclaim and redis.call('EXISTS', KEYS[4]) == 1
@@ -195,7 +195,7 @@ if hasJ or hasC then
 end
 local function promise(i, t) -- want i is promised t
   if G[i] ~= '' then
-    byJob[G[i]], newJob[G[i]] = t, true
+    byJob[G[i]] = t
   end
 end
 
@@ -393,7 +393,7 @@ for g, t in pairs(byJob) do
     promisedJob = true
   else
     claimedJob = true
-    if hasJ and not newJob[g] then
+    if hasJ then
       redis.call('ZREM', KEYS[4], g)
     end
   end
