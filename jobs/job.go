@@ -52,6 +52,12 @@ type Job struct {
 	// CampaignEndsAt, when set (RFC 3339), is when the job's campaign ends:
 	// a tally cap with retain_until: campaign_end keeps its count until then.
 	CampaignEndsAt time.Time `json:"campaign_ends_at"`
+	// CollapseKey, when set (at most MaxCollapseKeyBytes), makes the send
+	// one of a series of which only the newest may go: a send older than
+	// another of its user with the same key (by submission time) is capped
+	// as collapsed (see the rules' collapse section, which can also derive
+	// keys for jobs without one).
+	CollapseKey string `json:"collapse_key"`
 }
 
 // AllTags returns the job's category followed by its tags, without repeats:
@@ -76,6 +82,8 @@ const (
 	MaxJobIDBytes = 128
 	MaxTags       = 8
 	MaxTagBytes   = 64
+	// MaxCollapseKeyBytes bounds a job's collapse_key.
+	MaxCollapseKeyBytes = 128
 )
 
 // DefaultCategory is the category of a job that names none.
@@ -105,6 +113,7 @@ type rawJob struct {
 	Priority       userID   `json:"priority"`
 	Workspace      string   `json:"workspace"`
 	CampaignEndsAt string   `json:"campaign_ends_at"`
+	CollapseKey    string   `json:"collapse_key"`
 }
 
 // userID parses a JSON number into 0..4294967295 without allocating (a
@@ -175,12 +184,16 @@ func Decode(value []byte, maxBytes int) (Job, error) {
 			return bad("tag %q is not 1..%d bytes", Truncate(t, 40), MaxTagBytes)
 		}
 	}
+	if len(r.CollapseKey) > MaxCollapseKeyBytes {
+		return bad("collapse_key is %d bytes, at most %d", len(r.CollapseKey), MaxCollapseKeyBytes)
+	}
 	switch p := r.Priority; {
 	case p.err != "" || (p.set && p.v > rules.MaxPriority):
 		return bad("priority must be an integer in 0..%d", rules.MaxPriority)
 	}
 	j := Job{JobID: r.JobID, UserID: r.UserID.v, CampaignID: r.CampaignID, Channel: r.Channel, Category: r.Category, Tags: r.Tags, Timezone: r.Timezone,
-		Priority: int(r.Priority.v), HasPriority: r.Priority.set, Workspace: r.Workspace}
+		Priority: int(r.Priority.v), HasPriority: r.Priority.set, Workspace: r.Workspace,
+		CollapseKey: r.CollapseKey}
 	if r.Timezone != "" {
 		zone, err := rules.Location(r.Timezone)
 		if err != nil {

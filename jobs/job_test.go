@@ -53,6 +53,9 @@ func TestDecode(t *testing.T) {
 		{"priority as a string", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","priority":"7"}`, jobs.Job{}, "priority must be an integer in 0..100"},
 		{"campaign end", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","campaign_ends_at":"2027-01-31T23:00:00Z"}`,
 			jobs.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", CampaignEndsAt: time.Date(2027, 1, 31, 23, 0, 0, 0, time.UTC)}, ""},
+		{"collapse key", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","collapse_key":"price-drop:sku-1"}`,
+			jobs.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", CollapseKey: "price-drop:sku-1"}, ""},
+		{"long collapse key", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","collapse_key":"` + strings.Repeat("k", 129) + `"}`, jobs.Job{}, "collapse_key is 129 bytes, at most 128"},
 		{"bad campaign end", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","campaign_ends_at":"January"}`, jobs.Job{}, `campaign_ends_at "January" is not an RFC 3339 time`},
 		{"tags not a list", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":"promotional"}`, jobs.Job{}, "tags must be a list of strings"},
 	}

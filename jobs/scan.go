@@ -78,12 +78,13 @@ const (
 	fieldExpiresAt
 	fieldPriority
 	fieldCampaignEndsAt
+	fieldCollapseKey
 	fieldWorkspace // the last: fieldOf and foldsToField go up to it
 )
 
 var fieldNames = [...]string{fieldJobID: "job_id", fieldUserID: "user_id", fieldCampaignID: "campaign_id", fieldChannel: "channel",
 	fieldCategory: "category", fieldTags: "tags", fieldTimezone: "timezone", fieldExpiresAt: "expires_at", fieldPriority: "priority",
-	fieldCampaignEndsAt: "campaign_ends_at", fieldWorkspace: "workspace"}
+	fieldCampaignEndsAt: "campaign_ends_at", fieldCollapseKey: "collapse_key", fieldWorkspace: "workspace"}
 
 func fieldOf(key []byte) field {
 	for f := fieldJobID; f <= fieldWorkspace; f++ {
@@ -194,6 +195,8 @@ func (s *scanner) field(f field, r *rawJob) bool {
 		r.ExpiresAt = string(v)
 	case fieldCampaignEndsAt:
 		r.CampaignEndsAt = string(v)
+	case fieldCollapseKey:
+		r.CollapseKey = string(v)
 	case fieldWorkspace:
 		r.Workspace = intern(v)
 	}

@@ -21,7 +21,7 @@ var scanSeeds = []string{
 	`{"job_id":"a\"b"}`, `{"payload":"\x"}`, `{"payload":[1,]}`, `{"payload":{"a":}}`, `{"payload":01}`,
 	`{"payload":-}`, `{"payload":1.}`, `{"payload":1e}`, `{"payload":tru}`, `{"a":1}{}`, `[1]`, `"x"`, ``, `{`,
 	"{\"job_id\":\"a\tb\"}", `{"payload":"\ud800"}`, `{"user_id":99999999999999999999}`, `{"tags":["x"],"tags":["y"]}`,
-	`{"expires_at":"2026-11-22T18:00:00.123+05:30","timezone":"UTC"}`, `{"campaign_ends_at":"2027-01-01T00:00:00Z","Campaign_Ends_At":"x"}`,
+	`{"expires_at":"2026-11-22T18:00:00.123+05:30","timezone":"UTC"}`, `{"campaign_ends_at":"2027-01-01T00:00:00Z","Campaign_Ends_At":"x"}`, `{"collapse_key":"a","COLLAPSE_KEY":"b"}`,
 }
 
 // FuzzScanJobMatchesEncodingJSON: whatever the fast path accepts,

@@ -29,6 +29,8 @@ type Job struct {
 	// Priority is the job's own (HasPriority), else the rules give one.
 	Priority    int
 	HasPriority bool
+	// CollapseKey is the job's own collapse_key ("": the rules may derive one).
+	CollapseKey string
 }
 
 // Plan is what the rules say about one send at one instant (Rules.Plan).
@@ -57,6 +59,9 @@ type Plan struct {
 	// Arbitration is the arbitration window of its caps' last slots (the
 	// longest of its Arbitrated caps'); 0: none.
 	Arbitration time.Duration
+	// Collapse is the send's collapse key (Key "": none; an exempt or
+	// count-only send has none).
+	Collapse CollapsePlan
 	// Policies say what becomes of the send when it is refused: its
 	// segment's and category's, resolved when the rules were compiled (nil:
 	// drop, no reservations).
@@ -117,6 +122,9 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 		b.caps = countedOnly(b.caps, n)
 	} else {
 		p.Arbitration = r.arbitration[segKey]
+		if job.CollapseKey != "" || len(r.collapse.keys) > 0 {
+			p.Collapse = r.collapseOf(&job)
+		}
 	}
 	p.Caps = b.caps[n:len(b.caps):len(b.caps)]
 	n = len(b.wants)

@@ -62,6 +62,8 @@ type Config struct {
 	// Arbitration is the arbitration window of every cap without its own
 	// (Cap.Arbitration); 0: none.
 	Arbitration Duration `yaml:"arbitration"`
+	// Collapse derives collapse keys and sets their window (see Collapse).
+	Collapse *Collapse `yaml:"collapse"`
 	// ReloadInterval is how often the file is checked for changes. Defaults to 10s.
 	ReloadInterval Duration `yaml:"reload_interval"`
 
@@ -266,6 +268,7 @@ type Rules struct {
 	arbitration        map[string]time.Duration    // segment key -> the longest arbitration window of its caps
 	policies           map[string]*segmentPolicies // segment key -> the Policies of its sends (see Plan)
 	defaultArbitration time.Duration
+	collapse           compiledCollapse
 }
 
 // periods caches the current calendar period of each zone, kind and week
@@ -380,6 +383,9 @@ func Compile(c Config, version int64) (*Rules, error) {
 		return nil, err
 	}
 	if err := r.compilePriorities(c.Priorities); err != nil {
+		return nil, err
+	}
+	if err := r.compileCollapse(c.Collapse); err != nil {
 		return nil, err
 	}
 	r.hold.anyHold = r.hold.anyHold || len(r.budgets) > 0 // a job short of a token waits for it

@@ -248,6 +248,9 @@ func TestCompileErrors(t *testing.T) {
 		{"a rolling tally cap over 16", rules.Config{DefaultCaps: []rules.Cap{{Window: 90 * day, Retain: 90 * day, Limit: limit(17)}}}, "at most 16"},
 		{"retain until what", rules.Config{DefaultCaps: []rules.Cap{{Window: rules.Lifetime, RetainUntil: "forever", Limit: limit(1)}}}, `retain_until "forever" is not campaign_end`},
 		{"retain below the window", rules.Config{DefaultCaps: []rules.Cap{{Window: 90 * day, Retain: 30 * day, Limit: limit(1)}}}, "must be at least the window"},
+		{"a collapse key without a name", rules.Config{Collapse: &rules.Collapse{Keys: []rules.CollapseKey{{Scope: rules.Scope{Tags: []string{"a"}}}}}}, "name is required"},
+		{"two collapse keys of one name", rules.Config{Collapse: &rules.Collapse{Keys: []rules.CollapseKey{{Name: "k"}, {Name: "k"}}}}, `a second key named "k"`},
+		{"a collapse retain below its window", rules.Config{Collapse: &rules.Collapse{Window: day, Retain: rules.Duration(time.Hour)}}, "must be at least the window"},
 		{"segment twice", rules.Config{Segments: []rules.Segment{{Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}, {Name: "a", Caps: []rules.Cap{{Window: day, Limit: limit(1)}}}}}, "listed twice"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -258,6 +261,47 @@ func TestCompileErrors(t *testing.T) {
 				t.Fatalf("err = %v, want one containing %q", err, tt.err)
 			}
 		})
+	}
+}
+
+// TestCollapseKeys: a job's own collapse_key is its key; else the first
+// key rule that selects it derives one (its name, its campaign with
+// per_campaign, its first tag of tag_prefix, which it must have); an exempt
+// or count-only send has none; the window and retain are the rules'.
+func TestCollapseKeys(t *testing.T) {
+	var c rules.Config
+	if err := yaml.Unmarshal([]byte(`
+default_caps: [{window: 24h, limit: 3}]
+count_only_categories: [receipt]
+collapse:
+  window: 1h
+  keys:
+    - {name: price, channel: push, tags: [price_drop], per_campaign: true, tag_prefix: "product:"}
+    - {name: news, tags: [news]}
+`), &c); err != nil {
+		t.Fatal(err)
+	}
+	r := compile(t, c)
+	now := time.Date(2026, 11, 28, 9, 0, 0, 0, time.UTC)
+	for _, tt := range []struct {
+		name string
+		job  rules.Job
+		want string
+	}{
+		{"its own key", rules.Job{Channel: "push", Category: "marketing", Tags: []string{"marketing", "price_drop", "product:1"}, CollapseKey: "mine"}, "mine"},
+		{"per campaign and product", rules.Job{Channel: "push", Category: "marketing", Campaign: "c7", Tags: []string{"marketing", "price_drop", "x", "product:1", "product:2"}}, "price/c7/product:1"},
+		{"no product tag: the next rule", rules.Job{Channel: "push", Category: "marketing", Campaign: "c7", Tags: []string{"marketing", "price_drop", "news"}}, "news"},
+		{"another channel", rules.Job{Channel: "email", Category: "marketing", Tags: []string{"marketing", "price_drop", "product:1"}}, ""},
+		{"exempt", rules.Job{Channel: "push", Category: "transactional", Tags: []string{"transactional", "news"}, CollapseKey: "mine"}, ""},
+		{"count-only", rules.Job{Channel: "push", Category: "receipt", Tags: []string{"receipt", "news"}, CollapseKey: "mine"}, ""},
+	} {
+		p := r.Plan(tt.job, now, nil)
+		if p.Collapse.Key != tt.want {
+			t.Errorf("%s: collapse key %q, want %q", tt.name, p.Collapse.Key, tt.want)
+		}
+		if tt.want != "" && (p.Collapse.Window != time.Hour || p.Collapse.Retain != rules.DefaultCollapseRetain) {
+			t.Errorf("%s: window %v retain %v, want 1h and the default", tt.name, p.Collapse.Window, p.Collapse.Retain)
+		}
 	}
 }
 
