@@ -2,8 +2,9 @@ package consumer
 
 // One batch on its way through the worker, as a data flow:
 //
-//	decode -> release (tiers) -> plan -> budget tokens -> Redis (retry,
-//	fail-open) -> give tokens back -> encode
+//	decode -> release (tiers) -> plan -> collapse keys -> budget tokens ->
+//	Redis (retry, fail-open) -> give tokens back -> record collapse keys
+//	sent -> encode
 //
 // After each step that learns something of a job, route (route.go) gives its
 // outcome, or the step it waits for (Outcome.Ask).
@@ -85,8 +86,11 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 			continue
 		}
 		e.plan = e.ws.Rules.Plan(rules.Job{Channel: e.job.Channel, Category: e.job.Category, Tags: e.tags, Campaign: e.job.CampaignID, CampaignEnds: e.job.CampaignEndsAt,
-			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment, Priority: e.job.Priority, HasPriority: e.job.HasPriority}, start, &w.buf.plans)
+			Zone: e.job.Zone, Segment: e.segment, InSegment: e.inSegment, Priority: e.job.Priority, HasPriority: e.job.HasPriority, CollapseKey: e.job.CollapseKey}, start, &w.buf.plans)
 		w.route(e)
+	}
+	if err := w.checkCollapse(ctx, es); err != nil {
+		return nil, err
 	}
 	if err := w.takeTokens(ctx, es); err != nil {
 		return nil, err
@@ -95,6 +99,9 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 		return nil, err
 	}
 	w.returnTokens(ctx, es)
+	if err := w.recordSent(ctx, es); err != nil {
+		return nil, err
+	}
 	if w.cfg.RoundTrips != nil { // only this stage talks to Redis, so the delta is this batch's
 		w.m.roundTrips.Observe(float64(w.cfg.RoundTrips() - trips0))
 	}

@@ -26,6 +26,7 @@ type Metrics struct {
 	moves        *prometheus.CounterVec
 	releaseLag   prometheus.Histogram
 	arbitrations *prometheus.CounterVec
+	collapsed    *prometheus.CounterVec
 }
 
 // NewMetrics makes the workers' metrics and registers them with reg (nil: unregistered).
@@ -38,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "capper_workspace_jobs_total", Help: "With workspaces: jobs handled, by workspace (one of the configured ones; a job naming another is dead-lettered and counted only in capper_jobs_total) and decision, as capper_jobs_total.",
 	}, []string{"workspace", "decision"})
 	m.errors = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_errors_total", Help: "Backend failures by kind (redis, redis_budget, kafka_fetch, kafka_write, kafka_commit); each is retried.",
+		Name: "capper_errors_total", Help: "Backend failures by kind (redis, redis_budget, redis_collapse, kafka_fetch, kafka_write, kafka_commit); each is retried.",
 	}, []string{"kind"})
 	m.batchSize = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "capper_batch_size", Help: "Jobs per batch.", Buckets: prometheus.ExponentialBuckets(1, 2, 12),
@@ -65,7 +66,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "capper_held_total", Help: "Jobs held, by reason: cap (a cap refused them; they wait for its retry-at), quiet_hours, budget (a budget had no token), arbitration (a candidate for a cap's last slot, waiting for its window to end).",
 	}, []string{"reason"})
 	m.notHeld = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_not_held_total", Help: "Capped jobs that were not held, by reason: never (a limit of 0), expired (on arrival, or its slot comes after expires_at), beyond_max_hold, quiet_hours (quiet hours under the drop policy).",
+		Name: "capper_not_held_total", Help: "Capped jobs that were not held, by reason: never (a limit of 0), expired (on arrival, or its slot comes after expires_at), beyond_max_hold, quiet_hours (quiet hours under the drop policy), collapsed (a newer send of its collapse key replaced it).",
 	}, []string{"reason"})
 	m.heldNow = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "capper_held_jobs", Help: "Held jobs waiting on a delay tier: messages its consumer group has not committed, over all partitions (every replica reports the group's figure), by tier.",
@@ -80,26 +81,32 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.arbitrations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_arbitrations_total", Help: "Sends in an arbitration of a cap's last slot, by result: candidate (held until its window ends), won (allowed at its end), lost (capped, then held or dropped by its policy).",
 	}, []string{"result"})
+	m.collapsed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "capper_collapsed_total", Help: "Sends their collapse key refused, by why: newer (a newer send of the key was seen), window (a send of the key was forwarded within collapse.window). Each ends capped as collapsed, unless it is a redelivery of a send forwarded before.",
+	}, []string{"why"})
+	for _, s := range []string{"newer", "window"} {
+		m.collapsed.WithLabelValues(s)
+	}
 	for _, s := range []string{"candidate", "won", "lost"} {
 		m.arbitrations.WithLabelValues(s)
 	}
 	for _, s := range []string{"allowed", "duplicate", "exempt", "unchecked", "capped", "dlq", "held"} {
 		m.jobs.WithLabelValues(s)
 	}
-	for _, s := range []string{"redis", "redis_budget", "kafka_fetch", "kafka_write", "kafka_commit"} {
+	for _, s := range []string{"redis", "redis_budget", "redis_collapse", "kafka_fetch", "kafka_write", "kafka_commit"} {
 		m.errors.WithLabelValues(s) // 0 from the start, so that rate() and alerts see them
 	}
 	for _, s := range []string{"cap", "quiet_hours", "budget", "arbitration"} {
 		m.held.WithLabelValues(s)
 	}
-	for _, s := range []string{"never", "expired", "beyond_max_hold", "quiet_hours"} {
+	for _, s := range []string{"never", "expired", "beyond_max_hold", "quiet_hours", "collapsed"} {
 		m.notHeld.WithLabelValues(s)
 	}
 	if reg == nil {
 		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.jobs, m.wsJobs, m.errors, m.batchSize, m.batchSeconds, m.roundTrips, m.lag, m.rulesVersion, m.redisOutage, m.shadowCapped, m.cappedBy,
-		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag, m.arbitrations} {
+		m.held, m.notHeld, m.heldNow, m.moves, m.releaseLag, m.arbitrations, m.collapsed} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("consumer: register metrics: %w", err)
 		}

@@ -47,6 +47,7 @@ type Ask uint8
 
 const (
 	AskNothing   Ask = iota
+	AskCollapse      // its collapse key: may it go? (it is then its key's newest)
 	AskTokens        // the budget tokens of its plan
 	AskDecision      // Redis: check the caps and record the send
 	AskDuplicate     // Redis: was it sent before? (it must not go now)
@@ -63,6 +64,9 @@ type Outcome struct {
 	// Reason says why a capped job was not held: never, expired, beyond
 	// max_hold, quiet_hours; empty under a cap's drop policy.
 	Reason string
+	// CollapseKey is the send's collapse key ("": none); CollapsedBy names
+	// the job that replaced a collapsed one (Reason collapsed).
+	CollapseKey, CollapsedBy string
 	// Error says why a dead-lettered job is malformed; Truncate: its output
 	// keeps only the start of its value.
 	Error    string

@@ -44,6 +44,7 @@ type facts struct {
 	expiresAt time.Time  // zero: never expires
 	since     time.Time  // when it was submitted: max_hold counts from here
 	arrived   hold.State // from a delay tier (Count 0: never held)
+	collapse  collapsed
 	tokens    grant
 	redis     answer
 }
@@ -95,7 +96,7 @@ func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 		return o
 	}
 	o := routeOf(p, f, wheel, now)
-	o.Priority = p.Priority
+	o.Priority, o.CollapseKey = p.Priority, p.Collapse.Key
 	if f.arrived.Reason == ReasonArbitration && o.Kind != Pending && o.Arbitration == "" { // back from its window
 		o.Arbitration = ArbitrationLost
 		if o.Kind == Allowed || o.Kind == Duplicate {
@@ -127,6 +128,10 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	switch {
 	case expired:
 		refusal = Outcome{Kind: Capped, Cap: ReasonExpired, Reason: ReasonExpired}
+	case p.Collapse.Key != "" && !f.collapse.asked:
+		return Outcome{Ask: AskCollapse}
+	case f.collapse.by != "":
+		refusal = Outcome{Kind: Capped, Cap: ReasonCollapsed, Reason: ReasonCollapsed, CollapsedBy: f.collapse.by}
 	case !p.QuietUntil.IsZero():
 		o := holdOrRefuse(f, p.OnCapped(""), p.QuietUntil, ReasonQuietHours, "quiet_hours", wheel, now)
 		if o.Kind == Held {

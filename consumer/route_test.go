@@ -29,6 +29,8 @@ categories:
   - {name: quiet-held, quiet_hours: {from: "22:00", to: "08:00"}}
 budgets:
   - {name: sms, channel: sms, limit: 10, window: 1s, max_hold: 1h}
+collapse:
+  keys: [{name: price, tags: [price_drop], per_campaign: true, tag_prefix: "product:"}]
 `
 
 // TestRoute is route's table, on a fixed clock: each case gives what is
@@ -66,6 +68,10 @@ func TestRoute(t *testing.T) {
 	email := rules.Job{Channel: "email", Category: "marketing", Tags: []string{"marketing"}}
 	sms := rules.Job{Channel: "sms", Category: "marketing", Tags: []string{"marketing"}}
 	cat := func(c string) rules.Job { return rules.Job{Channel: "email", Category: c, Tags: []string{c}} }
+	keyed := func(j rules.Job) rules.Job { j.CollapseKey = "k1"; return j }
+	priceDrop := rules.Job{Channel: "push", Category: "marketing", Campaign: "c9", Tags: []string{"marketing", "price_drop", "product:42"}}
+	mayGo := collapsed{asked: true}
+	replaced := collapsed{asked: true, by: "job-9", why: "newer"}
 	for _, c := range []struct {
 		name    string
 		job     rules.Job
@@ -146,6 +152,20 @@ func TestRoute(t *testing.T) {
 			want: "pending ask=duplicate refused-as=sms"},
 		{name: "another copy took its job's token, beyond its max_hold, not a duplicate: capped", job: sms, f: facts{since: noon.Add(-h), tokens: copyOf(250 * time.Millisecond), redis: notFound},
 			want: "capped cap=sms reason=beyond max_hold retry=12:00:00.25 at=12:00:00"},
+		{name: "a collapse key: checked first", job: keyed(email), want: "pending ask=collapse"},
+		{name: "a collapse key the rules derive: checked first", job: priceDrop, want: "pending ask=collapse"},
+		{name: "the tag the key needs missing: no key", job: rules.Job{Channel: "push", Category: "marketing", Tags: []string{"marketing", "price_drop"}}, want: "pending ask=decision"},
+		{name: "a collapse key, the newest: Redis decides", job: keyed(email), f: facts{collapse: mayGo}, want: "pending ask=decision"},
+		{name: "a collapse key, the newest, in quiet hours: held", job: keyed(cat("quiet-held")), now: night, f: facts{since: night, collapse: mayGo},
+			want: "held cap=quiet_hours due=08:00:00 by=quiet_hours count=1 tier=1h"},
+		{name: "a newer send of its key: a duplicate check, which marks it refused", job: keyed(email), f: facts{collapse: replaced}, want: "pending ask=duplicate refused-as=collapsed"},
+		{name: "a newer send of its key, not sent before: collapsed", job: keyed(email), f: facts{collapse: replaced, redis: notFound},
+			want: "capped cap=collapsed reason=collapsed by=job-9 at=12:00:00"},
+		{name: "a newer send of its key, a redelivery of a job that went", job: keyed(email), f: facts{collapse: replaced, redis: dup}, want: "duplicate at=11:00:00"},
+		{name: "a newer send of its key, back from a hold: collapsed, not held again", job: keyed(cat("quiet-held")), now: night, f: facts{since: night.Add(-h), arrived: hold.State{Count: 1, Since: night.Add(-h)}, collapse: replaced, redis: notFound},
+			want: "capped cap=collapsed reason=collapsed by=job-9 at=12:00:00"},
+		{name: "a collapse key, expired: no check of its key", job: keyed(email), f: facts{expiresAt: noon}, want: "pending ask=duplicate refused-as=expired"},
+		{name: "a collapse key, exempt: no check of its key", job: keyed(cat("transactional")), want: "exempt at=12:00:00"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			now := c.now
@@ -193,7 +213,7 @@ func describe(o Outcome) string {
 	clock := func(t time.Time) string { return t.UTC().Format("15:04:05.999") }
 	s := o.Kind.String()
 	if o.Kind == Pending {
-		s += " ask=" + [...]string{"nothing", "tokens", "decision", "duplicate"}[o.Ask]
+		s += " ask=" + [...]string{"nothing", "collapse", "tokens", "decision", "duplicate"}[o.Ask]
 		if o.Cap != "" {
 			s += " refused-as=" + o.Cap // the look marks the job refused
 		}
@@ -206,6 +226,7 @@ func describe(o Outcome) string {
 	}
 	add("cap", o.Cap)
 	add("reason", o.Reason)
+	add("by", o.CollapsedBy)
 	add("error", o.Error)
 	if o.ReservedFor > 0 {
 		add("reserved-for", fmt.Sprint(o.ReservedFor))

@@ -151,6 +151,9 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 		if o.Reason != "" {
 			add(output.HeaderReason, hv.get(o.Reason))
 		}
+		if o.CollapsedBy != "" {
+			add(output.HeaderCollapsedBy, []byte(o.CollapsedBy))
+		}
 	case Allowed, Duplicate, Exempt, Unchecked:
 		m.Topic = e.topics.Allowed
 		add(output.HeaderDecision, hv.get(o.Kind.String()))
@@ -172,10 +175,13 @@ func (e *encoder) append(outs []kafka.Message, msg *kafka.Message, segment strin
 	return append(outs, m)
 }
 
-// priority adds the send's priority and, when a reservation refused it, the
-// priority the slots are kept for.
+// priority adds the send's priority, its collapse key and, when a
+// reservation refused it, the priority the slots are kept for.
 func (e *encoder) priority(add func(string, []byte), o *Outcome) {
 	add(output.HeaderPriority, e.hv.get(strconv.Itoa(o.Priority)))
+	if o.CollapseKey != "" {
+		add(output.HeaderCollapseKey, e.hv.get(o.CollapseKey))
+	}
 	if o.Arbitration != "" {
 		add(output.HeaderArbitration, e.hv.get(o.Arbitration))
 	}

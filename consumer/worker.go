@@ -89,6 +89,11 @@ type Config struct {
 	// sets max_clock_skew, the margin the logs keep for clocks that differ.
 	// Defaults to 0: never dated back.
 	TokenGrace time.Duration
+	// Collapse keeps the users' collapse keys, under UserKey (the user's log
+	// key, capping.Limiter.Key); nil: collapse keys are not checked (the
+	// daemon always sets it).
+	Collapse Collapser
+	UserKey  func(capping.Space, uint32) string
 	// Segments returns the current segment snapshot, and Rules are the
 	// initial rules, of a deployment without workspaces. (Required without
 	// Workspaces)
@@ -166,6 +171,8 @@ func (c *Config) Validate() error {
 		return errors.New("consumer: the allowed, capped and dead-letter topics are required")
 	case c.Wheel != nil && c.Topics.Held == "":
 		return errors.New("consumer: holding jobs needs the held topic")
+	case c.Collapse != nil && c.UserKey == nil:
+		return errors.New("consumer: collapse keys need the users' key names")
 	case c.Tier != "" && c.Wheel == nil:
 		return errors.New("consumer: a delay tier's worker needs the wheel")
 	case c.BatchSize < 0 || c.BatchWait < 0 || c.MaxMessageBytes < 0 || c.MaxOutputBytes < 0:

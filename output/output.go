@@ -17,7 +17,7 @@ const (
 	HeaderRetryAt  = "capper-retry-at" // capped: RFC 3339 time when a send would pass, empty when never
 	HeaderError    = "capper-error"    // dead-letter: why the job is malformed
 	// HeaderReason says why a capped job was not held: never, expired,
-	// beyond max_hold, quiet_hours, refused before (absent under
+	// beyond max_hold, quiet_hours, refused before, collapsed (absent under
 	// the drop policy of a cap).
 	HeaderReason = "capper-reason"
 	// HeaderDecidedAt is when the job was decided (RFC 3339, ms), on every
@@ -36,6 +36,13 @@ const (
 	// HeaderReservedFor, on a capped or held send, is the min_priority of the
 	// cap's reserved slots when only those were left for it.
 	HeaderReservedFor = "capper-reserved-for"
+	// HeaderCollapseKey is, on every output of a send with a collapse key
+	// (its own or one the rules derive), that key.
+	HeaderCollapseKey = "capper-collapse-key"
+	// HeaderCollapsedBy, on a send capped as collapsed (reason collapsed),
+	// is the job id of the send that replaced it: a newer one of its key, or
+	// one of its key sent within the collapse window.
+	HeaderCollapsedBy = "capper-collapsed-by"
 	// HeaderArbitration says what became of a send in an arbitration of a
 	// cap's last slot: candidate (on its held record), won, lost.
 	HeaderArbitration = "capper-arbitration"
@@ -108,6 +115,9 @@ type Output struct {
 	Priority, ReservedFor int
 	// Arbitration is capper-arbitration: candidate, won, lost; "" absent.
 	Arbitration string
+	// CollapseKey is capper-collapse-key; CollapsedBy is a collapsed send's
+	// capper-collapsed-by ("" absent).
+	CollapseKey, CollapsedBy string
 }
 
 // Parse reads capper's headers of an output message; other headers are
@@ -145,6 +155,10 @@ func Parse(hs []kafka.Header) (Output, error) {
 			o.ReservedFor, err = strconv.Atoi(v)
 		case HeaderArbitration:
 			o.Arbitration = v
+		case HeaderCollapseKey:
+			o.CollapseKey = v
+		case HeaderCollapsedBy:
+			o.CollapsedBy = v
 		case HeaderHoldCount:
 			o.HoldCount, err = strconv.Atoi(v)
 		case HeaderHeldSince:

@@ -34,6 +34,10 @@ func TestParse(t *testing.T) {
 			headers(output.HeaderDecision, "capped", output.HeaderCap, "daily", output.HeaderRetryAt, "", output.HeaderReason, "never",
 				output.HeaderReservedFor, "7"),
 			output.Output{Decision: "capped", Cap: "daily", Reason: "never", ReservedFor: 7}, ""},
+		{"collapsed by a newer send of its key",
+			headers(output.HeaderDecision, "capped", output.HeaderCap, "collapsed", output.HeaderReason, "collapsed",
+				output.HeaderCollapseKey, "price/c1/product:42", output.HeaderCollapsedBy, "job-9"),
+			output.Output{Decision: "capped", Cap: "collapsed", Reason: "collapsed", CollapseKey: "price/c1/product:42", CollapsedBy: "job-9"}, ""},
 		{"released after a hold",
 			headers(output.HeaderDecision, "allowed", output.HeaderHoldCount, "2", output.HeaderHeldSince, output.FormatTime(at),
 				output.HeaderDueAt, output.FormatTime(at.Add(time.Hour)), output.HeaderHeldFor, "3600.050"),
@@ -58,7 +62,8 @@ func TestParse(t *testing.T) {
 				got.Reason != tt.want.Reason || !got.RetryAt.Equal(tt.want.RetryAt) || !got.DecidedAt.Equal(tt.want.DecidedAt) ||
 				got.HoldCount != tt.want.HoldCount || !got.HeldSince.Equal(tt.want.HeldSince) || !got.DueAt.Equal(tt.want.DueAt) ||
 				got.HeldFor != tt.want.HeldFor || got.Priority != tt.want.Priority || got.ReservedFor != tt.want.ReservedFor ||
-				strings.Join(got.Shadow, ",") != strings.Join(tt.want.Shadow, ",") {
+				strings.Join(got.Shadow, ",") != strings.Join(tt.want.Shadow, ",") ||
+				got.CollapseKey != tt.want.CollapseKey || got.CollapsedBy != tt.want.CollapsedBy {
 				t.Errorf("got %+v\nwant %+v", got, tt.want)
 			}
 		})

@@ -28,11 +28,12 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	tags := fs.String("tags", "", "comma-separated tags of the hypothetical send")
 	campaign := fs.String("campaign", "capper-check", "campaign of the hypothetical send (for per-campaign caps)")
 	timezone := fs.String("timezone", "", "the user's IANA time zone (default: the rules' default_timezone)")
+	collapseKey := fs.String("collapse-key", "", "collapse_key of the hypothetical send (default: the one the rules derive, if any)")
 	timeout := timeoutFlag(fs)
 	workspace := workspaceFlag(fs)
 	var prio optInt
 	fs.Var(&prio, "priority", "`priority` of the hypothetical send, 0..100 (default: the rules' default for it)")
-	if err := parseFlags(fs, "capper check --config FILE [--workspace W] (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
+	if err := parseFlags(fs, "capper check --config FILE [--workspace W] (--user ID [--channel C --category C --tags T1,T2 --campaign ID --timezone Z --priority P --collapse-key K] | --budget NAME [--campaign ID])", args, stdout, stderr); err != nil {
 		return err
 	}
 	if *budgetName != "" {
@@ -80,7 +81,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("--priority %d is not in 0..%d", *priority, rules.MaxPriority)
 	}
 	plan := ws.Rules.Plan(rules.Job{Channel: *channel, Category: *category, Tags: allTags, Campaign: *campaign, Zone: zone,
-		Segment: segment, InSegment: inSegment, Priority: max(0, *priority), HasPriority: *priority >= 0}, now, nil)
+		Segment: segment, InSegment: inSegment, Priority: max(0, *priority), HasPriority: *priority >= 0, CollapseKey: *collapseKey}, now, nil)
 	caps := plan.Caps
 	shown := segment
 	if !inSegment {
@@ -113,7 +114,30 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			fmt.Fprintf(stdout, "  the user's %s\n", p)
 		}
 	}
+	if err := printCollapse(ctx, stdout, b, b.Limiter.Key(ws.Space, uid), &plan); err != nil {
+		return err
+	}
 	printVerdict(stdout, *channel, &d, &plan, zone)
+	return nil
+}
+
+// printCollapse prints the user's collapse keys (under the user's log key)
+// and the send's own.
+func printCollapse(ctx context.Context, stdout io.Writer, b *daemon.Backends, user string, plan *rules.Plan) error {
+	entries, err := b.Collapse.Keys(ctx, user)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		fmt.Fprintf(stdout, "  collapse key %s: %s (kept %v more)\n", e.Key, e, e.ExpiresIn.Round(time.Second))
+	}
+	if c := plan.Collapse; c.Key != "" {
+		fmt.Fprintf(stdout, "  this send's collapse key: %s (an older send of it collapses", c.Key)
+		if c.Window > 0 {
+			fmt.Fprintf(stdout, "; so does one within %v of a send of it", c.Window)
+		}
+		fmt.Fprintln(stdout, ")")
+	}
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/collapse"
 	"github.com/capper-dev/capper/internal/config"
 	"github.com/capper-dev/capper/internal/testenv"
 	"github.com/capper-dev/capper/skew"
@@ -23,7 +24,8 @@ import (
 // as the secured stack's user capper, whose rules are exactly docs/security.md's ACL
 // line: script loading, decisions that record, age entries out and wait for
 // a replica, the EVAL fallback after the script cache was flushed, and
-// budgets taken, peeked at and given back, the clock skew measured (TIME). Any command the line lacks fails
+// budgets taken, peeked at and given back, collapse keys kept and read,
+// the clock skew measured (TIME). Any command the line lacks fails
 // with NOPERM.
 func TestRedisACLCoversEveryCommand(t *testing.T) {
 	sec := testenv.SecureStack(t)
@@ -139,6 +141,31 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	}
 	if err := b.Close(ctx); err != nil {
 		t.Fatalf("budget give-back as capper: %v", err)
+	}
+	// Collapse keys, durable: registered (HGET, HSET, PEXPIRE; HLEN, and
+	// HGETALL and HDEL once a user has many), a send recorded, and read
+	// back as capper check does (HGETALL, PTTL).
+	reg, err := collapse.New(collapse.Config{Client: rdb, MinReplicasAcked: 1, ReplicaTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := lim.Key(0, 12)
+	var sends []collapse.Send
+	for i := range 70 {
+		sends = append(sends, collapse.Send{User: user, Key: fmt.Sprint("k", i), Job: "j", Since: at, Window: time.Minute, Retain: time.Hour})
+	}
+	if _, err := reg.Check(ctx, sends, at); err != nil {
+		t.Fatalf("collapse keys as capper: %v", err)
+	}
+	later := collapse.Send{User: user, Key: "later", Job: "l", Since: at.Add(2 * time.Hour), Window: time.Minute, Retain: time.Hour}
+	if _, err := reg.Check(ctx, []collapse.Send{later}, later.Since); err != nil {
+		t.Fatalf("collapse keys pruned as capper: %v", err)
+	}
+	if err := reg.Sent(ctx, []collapse.Send{later}, []time.Time{later.Since}, later.Since); err != nil {
+		t.Fatalf("a collapse key's send recorded as capper: %v", err)
+	}
+	if keys, err := reg.Keys(ctx, user); err != nil || len(keys) != 1 {
+		t.Fatalf("collapse keys read as capper: %d keys, %v", len(keys), err)
 	}
 	m, err := skew.New(skew.Config{Client: rdb})
 	if err != nil {

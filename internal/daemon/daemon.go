@@ -29,6 +29,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/budget"
+	"github.com/capper-dev/capper/collapse"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/events"
@@ -72,6 +73,7 @@ type Backends struct {
 	Registry *prometheus.Registry
 	Limiter  *capping.Limiter
 	Budgets  *budget.Budgets
+	Collapse *collapse.Registry
 	Skew     *skew.Monitor // this clock against Redis's
 
 	spaces atomic.Pointer[[]*Workspace] // every workspace opened, in order
@@ -121,6 +123,10 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		return nil, err
 	}
 	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry, Clock: clock}); err != nil {
+		b.Close()
+		return nil, err
+	}
+	if b.Collapse, err = collapse.New(collapse.Config{Client: rdb, Timeout: lc.Timeout, MinReplicasAcked: lc.MinReplicasAcked, ReplicaTimeout: lc.ReplicaTimeout}); err != nil {
 		b.Close()
 		return nil, err
 	}
@@ -251,7 +257,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 	}
 	wc := consumer.Config{
 		Reader: input, Writer: d.writer, Decider: decider, Budgets: skewBudgets{d.Budgets, d.Skew}, TokenGrace: time.Duration(cfg.MaxClockSkew), Clock: opts.Clock,
-		Workspaces: spaces,
+		Workspaces: spaces, Collapse: d.Collapse, UserKey: d.Limiter.Key,
 		Topics: consumer.Topics{Allowed: cfg.Kafka.Topics.Allowed, Capped: cfg.Kafka.Topics.Capped, DLQ: cfg.Kafka.Topics.DLQ,
 			Held: cfg.Kafka.Topics.Held},
 		BatchSize: cfg.Batch.Size, BatchWait: time.Duration(cfg.Batch.MaxWait), MaxOutputBytes: cfg.Kafka.MaxBatchBytes,

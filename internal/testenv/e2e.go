@@ -276,6 +276,7 @@ type JobSpec struct {
 	Priority              *int   // nil: the job has none
 	Workspace             string // "": the job names none
 	CampaignEndsAt        time.Time
+	CollapseKey           string
 }
 
 func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
@@ -295,6 +296,9 @@ func (s *Stack) Produce(jobs []JobSpec, raw ...kafka.Message) {
 		}
 		if len(j.Tags) > 0 {
 			v["tags"] = j.Tags
+		}
+		if j.CollapseKey != "" {
+			v["collapse_key"] = j.CollapseKey
 		}
 		if !j.ExpiresAt.IsZero() {
 			v["expires_at"] = j.ExpiresAt.UTC().Format(time.RFC3339Nano)
@@ -511,7 +515,7 @@ func (s *Stack) CheckAccounting(jobs []JobSpec, outs []Output, exactLog bool) {
 		if n := len(allowed[u]); n > l {
 			s.T.Errorf("user %d: %d unique jobs allowed, cap %d", u, n, l)
 		}
-		logged := LogLen(s.T, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u))
+		logged := SentLen(s.T, rdb, fmt.Sprintf("%s:{%d}", s.Prefix, u))
 		if int(logged) > len(allowed[u]) || exactLog && int(logged) != len(allowed[u]) {
 			s.T.Errorf("user %d: %d sends logged in Redis, %d unique jobs allowed (a job counted twice or lost)", u, logged, len(allowed[u]))
 		}
@@ -623,6 +627,23 @@ func (s *Stack) NullHeaders(topic string) []string {
 		}
 	}
 	return nulls
+}
+
+// SentLen is how many sends the log at key holds (its marks of refused
+// sends apart).
+func SentLen(t testing.TB, c redis.Cmdable, key string) int {
+	t.Helper()
+	l, err := capping.ReadLog(context.Background(), c, key)
+	if err != nil {
+		t.Errorf("%v", err)
+	}
+	n := 0
+	for _, e := range l {
+		if e.At > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // LogLen returns how many items (sends and marks) the log at key holds

@@ -1,0 +1,169 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capper-dev/capper/collapse"
+	"github.com/capper-dev/capper/internal/testenv"
+)
+
+// TestCollapseThroughKillAndFailover: price-drop pushes held overnight by
+// quiet hours, three per user and product, and a deal series with a
+// collapse_key of its own, reach two workers; one is SIGKILLed and
+// restarted while they are held, and the Redis master of some users is
+// killed (SIGKILL) and replaced by its replica (min_replicas_acked: 1).
+// When the quiet hours end, each series releases exactly its newest send;
+// every other send is capped as collapsed, naming it, in one final topic.
+// Then, with a window of an hour, a news send of a key that reached its user
+// collapses the next one of that key, and a send of another key goes.
+func TestCollapseThroughKillAndFailover(t *testing.T) {
+	s := testenv.NewStack(t, 6, nil)
+	s.EnableHold(3, "1s", "5s")
+	now := time.Now().UTC()
+	quietEnd := now.Add(20 * time.Second).Truncate(time.Second)
+	s.EditConfig(testenv.TestRules, fmt.Sprintf(`
+rules:
+  segments: [{name: new, caps: [{name: daily, window: 24h, limit: 50}]}]
+  default_caps: [{name: daily, window: 24h, limit: 50}]
+  on_capped: {policy: hold, max_hold: 2m}
+  exempt_categories: [transactional]
+  categories:
+    - {name: promo, quiet_hours: {from: "%s", to: "%s"}}
+  collapse:
+    window: 1h
+    keys: [{name: price, tags: [price_drop], per_campaign: true, tag_prefix: "product:"}]
+`, now.Add(-time.Minute).Format("15:04:05"), quietEnd.Format("15:04:05")))
+	s.EditConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
+	s.DefaultCap = 50
+	const users, copies = 150, 3
+	w1, w2 := start(s, true), start(s, true)
+	w1.waitReady(t)
+	w2.waitReady(t)
+	// Wave c of every user: a deal (its own key), a price drop of product 1
+	// and, for even users, one of product 2 (the rules derive their keys).
+	// Each wave is produced after the last, so its sends are the newer.
+	var held []testenv.JobSpec
+	wave := func(c int) []testenv.JobSpec {
+		var jobs []testenv.JobSpec
+		for u := uint32(100); u < 100+users; u++ {
+			jobs = append(jobs,
+				testenv.JobSpec{ID: fmt.Sprintf("deal-%d-%d", u, c), User: u, Channel: "push", Category: "promo", CollapseKey: "deal"},
+				testenv.JobSpec{ID: fmt.Sprintf("p1-%d-%d", u, c), User: u, Channel: "push", Category: "promo", Tags: []string{"price_drop", "product:1"}})
+			if u%2 == 0 {
+				jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("p2-%d-%d", u, c), User: u, Channel: "push", Category: "promo", Tags: []string{"price_drop", "product:2"}})
+			}
+		}
+		return jobs
+	}
+	master := s.MasterOf(100)
+	replica := testenv.ReplicaOf(t, master)
+	for c := range copies {
+		jobs := wave(c)
+		s.Produce(jobs)
+		held = append(held, jobs...)
+		// Every send of the wave is held before the next is produced: the
+		// next is then newer by submission time.
+		if n := len(s.CollectFrom([]string{s.Held}, len(held), 60*time.Second)); n < len(held) {
+			t.Fatalf("%d held records after wave %d, want %d", n, c, len(held))
+		}
+		switch c {
+		case 0:
+			if err := w2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			<-w2.done
+			w2.done <- nil
+			start(s, false)
+		case 1:
+			restart := testenv.KillRedis(t, master)
+			testenv.WaitMaster(t, replica, 30*time.Second)
+			go restart() // the promoted master needs it back as its replica (min_replicas_acked)
+		}
+	}
+	if time.Now().After(quietEnd) {
+		t.Fatalf("the waves took until after the quiet hours (%s): the machine is too slow for this test's hold", quietEnd.Format(time.RFC3339))
+	}
+	outs := s.CollectJobs(held, 120*time.Second)
+	final := finals(t, outs)
+	if len(final) != len(held) {
+		t.Fatalf("%d of %d jobs reached a final topic", len(final), len(held))
+	}
+	series := func(id string) string { return id[:strings.LastIndex(id, "-")] }
+	newest := func(id string) string { return series(id) + fmt.Sprintf("-%d", copies-1) }
+	newer := func(by, id string) bool { return series(by) == series(id) && by > id }
+	keys := map[string]string{"deal": "deal", "p1": "price/c1/product:1", "p2": "price/c1/product:2"}
+	for _, j := range held {
+		o := final[j.ID]
+		wantKey := keys[j.ID[:strings.Index(j.ID, "-")]]
+		switch {
+		case o.CollapseKey != wantKey:
+			t.Errorf("job %s: collapse key %q, want %q", j.ID, o.CollapseKey, wantKey)
+		case j.ID == newest(j.ID):
+			if o.Decision != "allowed" || o.HoldCount == 0 || o.DecidedAt.Before(quietEnd) {
+				t.Errorf("job %s, its series' newest: %s (held %d times, decided %s), want allowed after the quiet hours", j.ID, o.Decision, o.HoldCount, o.DecidedAt.Format(time.RFC3339Nano))
+			}
+		case o.Decision != "capped" || o.Cap != "collapsed" || o.Reason != "collapsed" || !newer(o.CollapsedBy, j.ID):
+			// by the newest, or (a copy redelivered after the kill, decided
+			// before the last wave) by a send of a wave between
+			t.Errorf("job %s: %s cap %q reason %q by %q, want capped as collapsed by a newer send of its series", j.ID, o.Decision, o.Cap, o.Reason, o.CollapsedBy)
+		}
+	}
+	s.CheckAccounting(held, outs, false)
+	t.Logf("%d outputs for %d held jobs (%d duplicates after the kill and the failover)", len(outs), len(held), testenv.CountDecision(outs, "duplicate"))
+
+	// The window: news-U-0 goes; news-U-1, of the same key an hour later at
+	// most, collapses by it; weather-U-0, another key, goes.
+	var news []testenv.JobSpec
+	for u := uint32(100); u < 110; u++ {
+		news = append(news, testenv.JobSpec{ID: fmt.Sprintf("news-%d-0", u), User: u, Channel: "email", CollapseKey: "news"})
+	}
+	s.Produce(news)
+	first := s.CollectJobs(news, 60*time.Second)
+	var later []testenv.JobSpec
+	for u := uint32(100); u < 110; u++ {
+		later = append(later,
+			testenv.JobSpec{ID: fmt.Sprintf("news-%d-1", u), User: u, Channel: "email", CollapseKey: "news"},
+			testenv.JobSpec{ID: fmt.Sprintf("weather-%d-0", u), User: u, Channel: "email", CollapseKey: "weather"})
+	}
+	s.Produce(later)
+	second := finals(t, append(first, s.CollectJobs(later, 60*time.Second)...))
+	for u := uint32(100); u < 110; u++ {
+		for id, want := range map[string]string{fmt.Sprintf("news-%d-0", u): "allowed", fmt.Sprintf("weather-%d-0", u): "allowed", fmt.Sprintf("news-%d-1", u): "capped"} {
+			if o := second[id]; o.Decision != want || want == "capped" && o.CollapsedBy != fmt.Sprintf("news-%d-0", u) {
+				t.Errorf("job %s: %s by %q, want %s (a send of its key went within the window)", id, o.Decision, o.CollapsedBy, want)
+			}
+		}
+	}
+	// capper check shows a user's keys.
+	reg, err := collapse.New(collapse.Config{Client: s.RedisClient()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := reg.Keys(context.Background(), fmt.Sprintf("%s:{%d}", s.Prefix, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Key+"="+e.Newest+"/"+e.Sent)
+	}
+	if want := "deal=deal-100-2/deal-100-2 news=news-100-1/news-100-0 price/c1/product:1=p1-100-2/p1-100-2 price/c1/product:2=p2-100-2/p2-100-2 weather=weather-100-0/weather-100-0"; strings.Join(got, " ") != want {
+		t.Errorf("user 100's keys:\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+	cmd := exec.Command(capperBin, "check", "--config", s.Config, "--user", "100", "--collapse-key", "news")
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("capper check: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `collapse key news: newest "news-100-1"`) || !strings.Contains(string(out), "this send's collapse key: news") {
+		t.Errorf("capper check does not show user 100's collapse keys:\n%s", out)
+	}
+}
