@@ -1,10 +1,13 @@
 package main_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -165,5 +168,66 @@ rules:
 	}
 	if !strings.Contains(string(out), `collapse key news: newest "news-100-1"`) || !strings.Contains(string(out), "this send's collapse key: news") {
 		t.Errorf("capper check does not show user 100's collapse keys:\n%s", out)
+	}
+}
+
+// TestReportJudgesCollapseKeys: a blast with collapse keys on half its jobs,
+// under a cap that holds most of a hot user's sends: capper report finds
+// every series released at most its newest and every collapse named by a
+// newer send. A second blast of the same users and keys, sent once the first
+// is done, goes (the worker has no collapse window); judged with a window of
+// an hour, the two blasts' outputs fail: sends of a key went seconds apart.
+func TestReportJudgesCollapseKeys(t *testing.T) {
+	s := testenv.NewStack(t, 2, nil)
+	s.EnableHold(2, "1s", "5s")
+	s.EditConfig(testenv.TestRules, `
+rules:
+  segments: [{name: new, caps: [{name: burst, window: 2s, limit: 1}]}]
+  default_caps: [{name: burst, window: 2s, limit: 1}]
+  on_capped: {policy: hold, max_hold: 20s}
+  count_only_categories: [receipt]
+  exempt_categories: [transactional]
+`)
+	w := start(s, true)
+	w.waitReady(t)
+	env := []string{"AWS_ACCESS_KEY_ID=test", "AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1"}
+	dir := t.TempDir()
+	blast := func(name string, seed int) string {
+		manifest := filepath.Join(dir, name+".csv")
+		if out, err := capper(t, "", env, "loadgen", "--config", s.Config, "--manifest", manifest, "--jobs", "1500", "--users", "100",
+			"--collapse-share", "0.5", "--seed", fmt.Sprint(seed)); err != nil {
+			t.Fatalf("loadgen: %v\n%s", err, out)
+		}
+		return manifest
+	}
+	report := func(manifest string) (string, error) {
+		return capper(t, "", env, "report", "--config", s.Config, "--manifest", manifest, "--idle", "3s", "--wait", "2m")
+	}
+	first := blast("first", 5)
+	out, err := report(first)
+	m := regexp.MustCompile(`collapse +(\d+) jobs with a collapse key, (\d+) of them collapsed`).FindStringSubmatch(out)
+	if err != nil || !strings.Contains(out, `"violations":0`) || m == nil || m[2] == "0" {
+		t.Fatalf("report of a blast with collapse keys: %v, want it to pass with collapsed sends\n%s", err, out)
+	}
+	t.Logf("report:\n%s", out)
+	second := blast("second", 6)
+	if out, err := report(second); err != nil || !strings.Contains(out, `"violations":0`) {
+		t.Fatalf("report of the second blast: %v\n%s", err, out)
+	}
+	a, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	both := filepath.Join(dir, "both.csv")
+	if err := os.WriteFile(both, append(a, b[bytes.IndexByte(b, '\n')+1:]...), 0o644); err != nil { // one header
+		t.Fatal(err)
+	}
+	s.EditConfig("  exempt_categories: [transactional]\n", "  exempt_categories: [transactional]\n  collapse: {window: 1h}\n")
+	if out, err := report(both); err == nil || !strings.Contains(out, "within the collapse window") {
+		t.Fatalf("two blasts' outputs judged with a collapse window of an hour: %v, want a failed report\n%s", err, out)
 	}
 }

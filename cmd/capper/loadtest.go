@@ -158,6 +158,7 @@ func loadgenFlags(fs *flag.FlagSet) *loadgenOpts {
 	fs.Float64Var(&g.MalformedShare, "malformed", 0.005, "share of malformed messages")
 	fs.Float64Var(&g.ExpireShare, "expire-share", 0, "share of jobs with an expires_at")
 	fs.Float64Var(&g.PriorityShare, "priority-share", 0, "share of jobs with a priority field of their own (0..9 at random)")
+	fs.Float64Var(&g.CollapseShare, "collapse-share", 0, "share of jobs with a collapse_key (k0, k1 or k2 at random)")
 	g.ExpiresIn = 10 * time.Minute
 	fs.Var((*durationFlag)(&g.ExpiresIn), "expires-in", "their expires_at: this long after the blast is generated")
 	fs.Float64Var(&o.externalShare, "external-share", 0, "for this share of jobs, also an external send to the same user (kafka.topics.external)")
@@ -554,6 +555,9 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		fmt.Fprintf(w, "  holds       %d held records; %d released jobs decided, release lag p50 %.0f ms, p99 %.0f ms; %d still held (due later)\n",
 			r.Held, r.Released, r.ReleaseP50ms, r.ReleaseP99ms, r.Pending)
 	}
+	if r.Keyed > 0 {
+		fmt.Fprintf(w, "  collapse    %d jobs with a collapse key, %d of them collapsed by a newer send of their key\n", r.Keyed, r.Collapsed)
+	}
 	for _, b := range r.Budgets {
 		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, b.MaxAny, b.Window)
@@ -561,7 +565,7 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 	if r.VIPJudged > 0 {
 		fmt.Fprintf(w, "  vip         %d sends decided while their user was VIP (the rules' caps may cap none)\n", r.VIPJudged)
 	}
-	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, preferences and VIP exemptions, releases before due, sends after expiry)\n", r.Unaccounted, r.Violations)
+	fmt.Fprintf(w, "  checks      %d unaccounted, %d violations (caps, preferences and VIP exemptions, releases before due, sends after expiry, collapse keys)\n", r.Unaccounted, r.Violations)
 	for _, p := range r.Problems {
 		fmt.Fprintf(w, "  problem: %s\n", p)
 	}

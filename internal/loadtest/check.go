@@ -54,6 +54,11 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 //     tag; and while a VIP exemption holds, the rules' caps neither bind the
 //     user's sends nor cap or hold any of them (a capped output or a hold
 //     naming a rules cap is a violation).
+//   - Of a user's sends with one collapse key, none goes after a newer one
+//     was decided (a second's slack); a collapsed send names a newer send of
+//     its key, or one sent within the collapse window before it; with a
+//     window, no send goes within it after another of its key went, unless
+//     the two were decided at once (collapse.go).
 type Checker struct {
 	r    Result
 	p    Policy
@@ -75,6 +80,9 @@ type Checker struct {
 	releaseLag  []float64
 	first, last time.Time
 	produced    time.Time // the newest produce stamp: when the demand ended
+	// Sends with a collapse key, by job (collapse.go).
+	keyed map[uint32]*keyedJob
+	in    interner
 }
 
 // NewChecker starts judging the blast of m by the policy p.
@@ -84,6 +92,7 @@ func NewChecker(m *Manifest, p Policy) *Checker {
 		r: Result{Jobs: n, ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
 		p: p, m: m, seen: make([]bool, n), roles: make([]roleSet, n), allowedAt: make([]int64, n), allowedBy: make([]uint32, n),
 		lat: make([]int32, 0, n), heldDue: map[uint32]time.Time{}, windows: map[uint32]map[time.Time][]uint32{}, arbitrated: map[uint32]string{},
+		in: interner{},
 	}
 	c.j, c.err = newJudge(p.Rules)
 	return c
@@ -102,6 +111,7 @@ func (c *Checker) Add(o *Output) {
 	c.r.tally(o)
 	c.timing(o)
 	c.account(o)
+	c.collapse(o)
 }
 
 // Result is the verdict on the outputs added so far, now.
@@ -121,6 +131,7 @@ func (c *Checker) Result(now time.Time) Result {
 	}
 	c.unaccounted(now)
 	c.arbitrations()
+	c.collapses()
 	sends := c.allowedSends()
 	c.caps(sends)
 	c.budgets(sends)

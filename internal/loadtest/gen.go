@@ -68,6 +68,9 @@ type GenConfig struct {
 	// PriorityShare of the jobs carry a priority of their own, 0..9 at
 	// random. Defaults to 0.
 	PriorityShare float64
+	// CollapseShare of the jobs carry a collapse_key, one of three ("k0",
+	// "k1", "k2") at random. Defaults to 0.
+	CollapseShare float64
 	// Channels to spread jobs over. Defaults to email, push, sms.
 	Channels []string
 	// Seed makes the blast reproducible; RunID prefixes ids so runs never collide.
@@ -80,7 +83,7 @@ func (c *GenConfig) Validate() error {
 	if c.Jobs < 1 || c.Users < 1 {
 		return errors.New("loadgen: --jobs and --users must be at least 1")
 	}
-	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare, c.ExpireShare, c.PriorityShare} {
+	for _, s := range []float64{c.RepeatShare, c.DuplicateShare, c.ExemptShare, c.CountOnlyShare, c.MalformedShare, c.ExpireShare, c.PriorityShare, c.CollapseShare} {
 		if s < 0 || s > 1 {
 			return fmt.Errorf("loadgen: share %v is not in 0..1", s)
 		}
@@ -189,6 +192,9 @@ func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
 				s.Priority, s.HasPriority = rng.IntN(10), true
 				job["priority"] = s.Priority
 			}
+			if cfg.CollapseShare > 0 && rng.Float64() < cfg.CollapseShare {
+				job["collapse_key"] = fmt.Sprint("k", rng.IntN(3))
+			}
 			value, _ = json.Marshal(job)
 			jobs = append(jobs, len(sent))
 		}
@@ -202,16 +208,20 @@ func Generate(cfg GenConfig) ([]kafka.Message, []Sent, error) {
 	return msgs, sent, nil
 }
 
-// Produce writes msgs in chunks, stamping HeaderProducedAt on each chunk, and
-// calls progress after each chunk with the count written so far.
+// Produce writes msgs in chunks, stamping HeaderProducedAt on each chunk (and
+// the messages' timestamps with the same instant, so that the report orders
+// them as capper does: collapse keys), and calls progress after each chunk
+// with the count written so far.
 func Produce(ctx context.Context, w interface {
 	WriteMessages(context.Context, ...kafka.Message) error
 }, msgs []kafka.Message, chunk int, progress func(done int)) error {
 	for start := 0; start < len(msgs); start += chunk {
 		end := min(start+chunk, len(msgs))
-		at := []byte(strconv.FormatInt(time.Now().UnixMilli(), 10))
+		now := time.Now().Truncate(time.Millisecond)
+		at := []byte(strconv.FormatInt(now.UnixMilli(), 10))
 		for i := start; i < end; i++ {
 			msgs[i].Headers = append(msgs[i].Headers[:1], kafka.Header{Key: HeaderProducedAt, Value: at})
+			msgs[i].Time = now
 		}
 		if err := w.WriteMessages(ctx, msgs[start:end]...); err != nil {
 			return fmt.Errorf("loadgen: produce messages %d..%d: %w", start, end-1, err)

@@ -750,3 +750,62 @@ func TestReportMemoryPerJob(t *testing.T) {
 		t.Fatalf("the report keeps %.1f bytes per job; ten million jobs would take %.0f MB (want at most 48 bytes per job)", perJob, perJob*10)
 	}
 }
+
+// TestCheckCollapse: of a user's sends with one collapse key, the newest
+// held one released and the others collapsed by it pass; a send released
+// after a newer one was held, a collapse naming an older send or another
+// key's, and two sends of a key within the window are violations.
+func TestCheckCollapse(t *testing.T) {
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	job := func(id string, user uint32) loadtest.Sent {
+		return loadtest.Sent{ID: "m-" + id, JobID: id, UserID: user, Channel: "push", Category: "marketing", Kind: loadtest.KindJob}
+	}
+	held := func(id, key string, since int) loadtest.Output {
+		return loadtest.Output{Role: "held", ID: "m-" + id, Time: at(since), Output: output.Output{Decision: "held", Cap: "quiet_hours", HoldCount: 1,
+			HeldSince: at(since), DueAt: at(100), DecidedAt: at(since), CollapseKey: key}}
+	}
+	released := func(id, key string, since, decided int) loadtest.Output {
+		return loadtest.Output{Role: "allowed", ID: "m-" + id, Time: at(decided), Output: output.Output{Decision: "allowed", HoldCount: 1,
+			HeldSince: at(since), DueAt: at(100), DecidedAt: at(decided), CollapseKey: key}}
+	}
+	collapsed := func(id, key, by string, since, decided int) loadtest.Output {
+		return loadtest.Output{Role: "capped", ID: "m-" + id, Time: at(decided), Output: output.Output{Decision: "capped", Cap: "collapsed", Reason: "collapsed",
+			HoldCount: 1, HeldSince: at(since), DueAt: at(100), DecidedAt: at(decided), CollapseKey: key, CollapsedBy: by}}
+	}
+	fresh := func(id, key string, produced, decided int) loadtest.Output {
+		return loadtest.Output{Role: "allowed", ID: "m-" + id, Time: at(decided), ProducedAt: at(produced), Output: output.Output{Decision: "allowed", DecidedAt: at(decided), CollapseKey: key}}
+	}
+	pol := compile(t, nil, rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(10)})
+	pol.Rules.Collapse = &rules.Collapse{Window: rules.Duration(time.Hour)}
+	sent := []loadtest.Sent{job("a1", 1), job("a2", 1), job("a3", 1), job("b1", 2), job("b2", 2), job("c1", 3), job("c2", 3), job("d1", 4), job("d2", 4), job("e1", 5), job("e2", 5)}
+	good := []loadtest.Output{
+		held("a1", "deal", 1), held("a2", "deal", 2), held("a3", "deal", 3),
+		released("a3", "deal", 3, 100), collapsed("a1", "deal", "a3", 1, 100), collapsed("a2", "deal", "a3", 2, 101),
+		fresh("e1", "news", 1, 1), fresh("e2", "news", 1800, 1800), // a key's second send, collapsed below
+	}
+	good[len(good)-1] = loadtest.Output{Role: "capped", ID: "m-e2", Time: at(1800), ProducedAt: at(1800), Output: output.Output{Decision: "capped", Cap: "collapsed",
+		Reason: "collapsed", DecidedAt: at(1800), CollapseKey: "news", CollapsedBy: "e1"}}
+	if r := loadtest.Check(sent[:3], good[:6], pol, at(200)); r.Violations != 0 {
+		t.Errorf("newest released, the others collapsed by it: %d violations %v", r.Violations, r.Problems)
+	}
+	if r := loadtest.Check(append(slices.Clone(sent[:3]), sent[9:]...), good, pol, at(2000)); r.Violations != 0 {
+		t.Errorf("a send collapsed by one sent within the window: %d violations %v", r.Violations, r.Problems)
+	}
+	bad := []loadtest.Output{
+		// b1 released after b2, newer, was held
+		held("b1", "deal", 1), held("b2", "deal", 2), released("b1", "deal", 1, 100), released("b2", "deal", 2, 100),
+		// c2 collapsed by c1, older and never sent
+		held("c1", "deal", 1), held("c2", "deal", 2), collapsed("c1", "deal", "c2", 1, 100), collapsed("c2", "deal", "c1", 2, 100),
+		// d1 and d2 sent 30 min apart within the hour's window
+		fresh("d1", "news", 0, 0), fresh("d2", "news", 1800, 1800),
+	}
+	r := loadtest.Check(sent[3:9], bad, pol, at(2000))
+	for _, want := range []string{`job "b1" of key "deal" sent`, `job "c2" collapsed by "c1", which is neither newer`, `jobs "d1" and "d2" of key "news" sent 30m0s apart`} {
+		if !strings.Contains(strings.Join(r.Problems, "\n"), want) {
+			t.Errorf("no problem mentions %s: %v", want, r.Problems)
+		}
+	}
+	if r.Violations != 3 {
+		t.Errorf("%d violations, want 3: %v", r.Violations, r.Problems)
+	}
+}

@@ -63,6 +63,10 @@ type Result struct {
 	// Arbitrations of a cap's last slot: final outputs of candidates that won and lost it.
 	ArbitrationsWon  int `json:"arbitrations_won"`
 	ArbitrationsLost int `json:"arbitrations_lost"`
+	// Keyed counts the jobs with a collapse key, Collapsed those of them
+	// capped as collapsed (a newer send of their key replaced them).
+	Keyed     int `json:"keyed"`
+	Collapsed int `json:"collapsed"`
 	// VIPJudged counts the final outputs (allowed or capped) of jobs decided
 	// while their user was VIP: each is a violation if the rules' caps capped it.
 	VIPJudged int `json:"vip_judged"`
