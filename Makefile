@@ -33,7 +33,7 @@ vet:
 bench-capping:
 	scripts/bench-capping.sh
 
-## bench-lifetime: what lifetime caps cost: decisions/s without one against the commit before them, with one on every job against none, and the tally's Redis bytes per scope (medians of 3 alternated rounds)
+## bench-lifetime: what lifetime caps and collapse keys cost: decisions/s and jobs/s without them against the commits before them, with one on every job against none, and the tally's Redis bytes per scope (medians of 3 alternated rounds)
 bench-lifetime:
 	scripts/bench-lifetime.sh
 

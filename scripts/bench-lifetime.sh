@@ -10,7 +10,11 @@
 #      bench-lib's decide.yaml, and on the same rules with a lifetime cap of the job's campaign added to every
 #      segment's and the default caps (limit 1000: it counts every job and caps none, so both runs decide the
 #      same), alternated: jobs/s, the worker's and the Redis masters' CPU per job, and the ratios;
-#   4. Redis memory of the tally: BenchmarkTallyMemory, what the tally adds to users' logs (MEMORY USAGE with
+#   4. collapse keys, end to end as in 3, on bench-lib's decide.yaml: the worker of the working tree against the
+#      worker of BASE_COLLAPSE (default: the commit before collapse keys, 5c023ce) with no key on any job, and the
+#      tree's with a collapse key on every job (loadgen --collapse-share 1: one of three keys a user, so a
+#      user's older sends of a key collapse): jobs/s, worker and Redis masters' us/job, and the ratios;
+#   5. Redis memory of the tally: BenchmarkTallyMemory, what the tally adds to users' logs (MEMORY USAGE with
 #      and without it, the same sends): bytes per scope over 8 campaigns, and for a user of one.
 # Uses the running local stack, or starts (and afterwards stops) it.
 #   ROUNDS=5 BENCHTIME=3s BASE=HEAD~3 scripts/bench-lifetime.sh
@@ -21,12 +25,15 @@ export CI=true # the Go benchmarks fail, not skip, without the stack
 ROUNDS=${ROUNDS:-3}
 BENCHTIME=${BENCHTIME:-3s}
 BASE=${BASE:-57e2c8d}
+BASE_COLLAPSE=${BASE_COLLAPSE:-5c023ce}
 JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
-trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
+trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; git worktree remove --force "$work/base-collapse" >/dev/null 2>&1 || true; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 git worktree add -f --detach "$work/base" "$BASE" >/dev/null 2>&1
 (cd "$work/base" && go test -c -o "$work/base.test" ./capping/)
 go test -c -o "$work/head.test" ./capping/
+git worktree add -f --detach "$work/base-collapse" "$BASE_COLLAPSE" >/dev/null 2>&1
+(cd "$work/base-collapse" && go build -o "$work/capper-base" ./cmd/capper)
 run() { # run BINARY BENCH -> decisions/s
   "$1" -test.run '^$' -test.bench "$2" -test.benchtime "$BENCHTIME" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
 }
@@ -43,9 +50,9 @@ for i, line in enumerate(src):
 open(sys.argv[2], 'w').write('\n'.join(out))
 PY
 grep -q 'campaign-life' "$work/lifetime.yaml" || { echo "bench-lifetime: cannot derive the lifetime config" >&2; exit 1; }
-e2e() { # e2e CONFIG -> "jobs_per_sec worker_us redis_us"
+e2e() { # e2e CONFIG [WORKER_BIN [LOADGEN_ARGS]] -> "jobs_per_sec worker_us redis_us"
   local out
-  out=$(DEMO_CONFIG="$1" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
+  out=$(DEMO_CONFIG="$1" DEMO_WORKER_BIN="${2:-}" DEMO_LOADGEN_ARGS="${3:-}" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
   grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-lifetime: a run failed its report" >&2; exit 1; }
   python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(grep '^worker:' <<<"$out" | tail -1)" "$(grep '^redis:' <<<"$out" | tail -1)" <<'PY'
 import json, re, sys
@@ -63,9 +70,11 @@ for r in $(seq "$ROUNDS"); do
   lw=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm$')
   en=$(e2e "$work/decide.yaml")
   el=$(e2e "$work/lifetime.yaml")
-  printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one: none %s, lifetime %s; warm: none %s, lifetime %s decisions/s; end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s\n' \
-    "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" "$en" "$el" >&2
-  echo "$b $h $n $l $nw $lw $en $el" >>"$work/rounds.txt"
+  cb=$(e2e "$work/decide.yaml" "$work/capper-base")
+  ck=$(e2e "$work/decide.yaml" "" "--collapse-share 1")
+  printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one: none %s, lifetime %s; warm: none %s, lifetime %s decisions/s; end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s; collapse keys: base worker %s, every job keyed %s\n' \
+    "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" "$en" "$el" "$cb" "$ck" >&2
+  echo "$b $h $n $l $nw $lw $en $el $cb $ck" >>"$work/rounds.txt"
 done
 mem=$("$work/head.test" -test.run '^$' -test.bench 'BenchmarkTallyMemory' -test.benchtime 1x)
 col() { awk -v c="$1" '{print $c}' "$work/rounds.txt" | median; }
@@ -76,5 +85,9 @@ awk -v b="$b" -v h="$h" -v n="$n" -v l="$l" -v nw="$nw" -v lw="$lw" 'BEGIN{
   printf "a lifetime cap on every job: cold %.0f vs %.0f decisions/s without: %.3f; warm %.0f vs %.0f: %.3f (goal >= 0.90)\n", l, n, l/n, lw, nw, lw/nw }'
 awk -v ej="$ej" -v ew="$ew" -v er="$er" -v lj="$lj" -v lw="$lwk" -v lr="$lr" 'BEGIN{
   printf "end to end, a lifetime cap on every job: %.0f vs %.0f jobs/s: %.3f (goal >= 0.90); worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", lj, ej, lj/ej, lw, ew, lw/ew, lr, er, lr/er }'
+cbj=$(col 13) cbw=$(col 14) cbr=$(col 15) ckj=$(col 16) ckw=$(col 17) ckr=$(col 18)
+awk -v ej="$ej" -v ew="$ew" -v er="$er" -v bj="$cbj" -v bw="$cbw" -v br="$cbr" -v kj="$ckj" -v kw="$ckw" -v kr="$ckr" 'BEGIN{
+  printf "end to end, no collapse key: the tree %.0f vs the commit before collapse keys %.0f jobs/s: %.3f (goal >= 0.98); worker %.1f vs %.1f us/job (%.2fx)\n", ej, bj, ej/bj, ew, bw, ew/bw
+  printf "end to end, a collapse key on every job: %.0f vs %.0f jobs/s without: %.3f; worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", kj, ej, kj/ej, kw, ew, kw/ew, kr, er, kr/er }'
 echo "$mem" | awk '/bytes\/scope/{for(i=1;i<=NF;i++){if($i=="bytes/scope")s=$(i-1); if($i=="bytes/user-of-1-scope")u=$(i-1)}}
   END{printf "tally memory: %s bytes per scope (goal <= 32), %s bytes for a user of one scope\n", s, u}'

@@ -19,6 +19,7 @@ USERS=${DEMO_USERS:-50000}
 PARTITIONS=${DEMO_PARTITIONS:-6}
 METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
 PASSTHROUGH=${DEMO_PASSTHROUGH:-0}  # 1: run capper-passthrough (capping skipped), bench-e2e.sh's baseline
+WORKER_BIN=${DEMO_WORKER_BIN:-}     # a capper binary to run as the worker (another commit's: bench-lifetime.sh); loadgen and report are the tree's
 PREPRODUCE=${DEMO_PREPRODUCE:-0}    # 1: produce the blast before the worker starts (see below)
 CONFIG=${DEMO_CONFIG:-config.example.yaml}
 EXTRA_WORKERS=${DEMO_EXTRA_WORKERS:-0} # more replicas in the group (metrics on the next ports); the figures are the first's
@@ -77,6 +78,9 @@ go build -o "$CAPPER_STACK_DIR/bin/capper" ./cmd/capper
 go build -o "$work/capper-devstack" ./cmd/capper-devstack # wait-groups (the stack's own copy may be older)
 capper="$CAPPER_STACK_DIR/bin/capper"
 worker=("$capper" run)
+if [[ -n $WORKER_BIN ]]; then
+  worker=("$WORKER_BIN" run)
+fi
 if ((PASSTHROUGH)); then
   go build -o "$CAPPER_STACK_DIR/bin/capper-passthrough" ./cmd/capper-passthrough
   worker=("$CAPPER_STACK_DIR/bin/capper-passthrough")
