@@ -152,7 +152,7 @@ func TestOldKeysArePruned(t *testing.T) {
 // to, and fails when it cannot have it; a node that lost the script (a
 // restart, SCRIPT FLUSH) gets it again without an error.
 func TestDurableCallsAndALostScript(t *testing.T) {
-	_, rdb, prefix := newRegistry(t)
+	plain, rdb, prefix := newRegistry(t)
 	ctx := context.Background()
 	durable, err := collapse.New(collapse.Config{Client: rdb, Timeout: 5 * time.Second, MinReplicasAcked: 1, ReplicaTimeout: time.Second})
 	if err != nil {
@@ -172,6 +172,12 @@ func TestDurableCallsAndALostScript(t *testing.T) {
 	newer.Job, newer.Since = "b", t0.Add(time.Second)
 	if v, err := durable.Check(ctx, []collapse.Send{newer, sends[3]}, t0); err != nil || v[0].Collapsed() || v[1].By != "b" {
 		t.Errorf("a durable check of a newer send: %+v, %v", v, err)
+	}
+	if err := rdb.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.ScriptFlush(ctx).Err() }); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := plain.Check(ctx, sends, t0); err != nil || v[3].By != "b" {
+		t.Fatalf("a check after SCRIPT FLUSH: %+v, %v", v, err)
 	}
 	tooMany, err := collapse.New(collapse.Config{Client: rdb, MinReplicasAcked: 2, ReplicaTimeout: 50 * time.Millisecond})
 	if err != nil {

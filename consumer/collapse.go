@@ -39,9 +39,9 @@ func (w *Worker) collapseSend(e *entry) collapse.Send {
 }
 
 // checkCollapse checks the keyed jobs that wait for it, retrying while
-// Redis fails.
+// Redis fails; a job whose fail-open limit passes meanwhile goes on
+// unchecked by its key (decide then lets it out unchecked, or not).
 func (w *Worker) checkCollapse(ctx context.Context, es []entry) error {
-	var sends []collapse.Send
 	var owners []int
 	for i := range es {
 		e := &es[i]
@@ -53,15 +53,16 @@ func (w *Worker) checkCollapse(ctx context.Context, es []entry) error {
 			w.route(e)
 			continue
 		}
-		sends = append(sends, w.collapseSend(e))
 		owners = append(owners, i)
 	}
-	if len(sends) == 0 {
-		return nil
-	}
 	retry := w.newRetry("redis_collapse", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
-	for {
-		vs, err := w.cfg.Collapse.Check(ctx, sends, w.cfg.Clock())
+	for len(owners) > 0 {
+		sends := make([]collapse.Send, len(owners))
+		for j, i := range owners {
+			sends[j] = w.collapseSend(&es[i])
+		}
+		now := w.cfg.Clock()
+		vs, err := w.cfg.Collapse.Check(ctx, sends, now)
 		if err == nil {
 			for j, i := range owners {
 				e := &es[i]
@@ -73,43 +74,62 @@ func (w *Worker) checkCollapse(ctx context.Context, es []entry) error {
 			}
 			return nil
 		}
-		if !retry.wait(ctx, "collapse keys failed; retrying", len(sends), err) {
+		w.redisHealth(true, err, now)
+		owners = w.failingOpen(es, owners, now, func(e *entry) {
+			e.facts.collapse.asked = true
+			w.route(e)
+		})
+		if len(owners) > 0 && !retry.wait(ctx, "collapse keys failed; retrying", len(owners), err) {
 			return fmt.Errorf("consumer: stopped waiting for collapse keys (batch left uncommitted): %w", ctx.Err())
 		}
 	}
+	return nil
+}
+
+// failingOpen calls open for each job of owners whose fail-open limit has
+// passed at now, and returns the others.
+func (w *Worker) failingOpen(es []entry, owners []int, now time.Time, open func(*entry)) []int {
+	kept := owners[:0]
+	for _, i := range owners {
+		if w.failOpen(&es[i], now) {
+			open(&es[i])
+			continue
+		}
+		kept = append(kept, i)
+	}
+	return kept
 }
 
 // recordSent records the forwarded sends whose collapse key has a window,
-// retrying while Redis fails: a send of its key within the window then
-// collapses. A duplicate is recorded again (at when it was first allowed),
-// in case its first copy's outputs were written and its record was not.
+// retrying while Redis fails (a job whose fail-open limit passes meanwhile
+// goes unrecorded): a send of its key within the window then collapses. A
+// duplicate is recorded again (at when it was first allowed), in case its
+// first copy's outputs were written and its record was not; an unchecked
+// send is not recorded (Redis was not there to decide it).
 func (w *Worker) recordSent(ctx context.Context, es []entry) error {
-	var sends []collapse.Send
-	var at []time.Time
+	var owners []int
 	for i := range es {
 		e := &es[i]
-		switch e.out.Kind {
-		case Allowed, Duplicate, Unchecked:
-		default:
-			continue
+		if (e.out.Kind == Allowed || e.out.Kind == Duplicate) && w.cfg.Collapse != nil && e.plan.Collapse.Key != "" && e.plan.Collapse.Window > 0 {
+			owners = append(owners, i)
 		}
-		if w.cfg.Collapse == nil || e.plan.Collapse.Key == "" || e.plan.Collapse.Window <= 0 {
-			continue
-		}
-		sends = append(sends, w.collapseSend(e))
-		at = append(at, e.out.DecidedAt)
-	}
-	if len(sends) == 0 {
-		return nil
 	}
 	retry := w.newRetry("redis_collapse", w.cfg.RedisRetryMin, w.cfg.RedisRetryMax)
-	for {
-		err := w.cfg.Collapse.Sent(ctx, sends, at, w.cfg.Clock())
+	for len(owners) > 0 {
+		sends, at := make([]collapse.Send, len(owners)), make([]time.Time, len(owners))
+		for j, i := range owners {
+			sends[j], at[j] = w.collapseSend(&es[i]), es[i].out.DecidedAt
+		}
+		now := w.cfg.Clock()
+		err := w.cfg.Collapse.Sent(ctx, sends, at, now)
 		if err == nil {
 			return nil
 		}
-		if !retry.wait(ctx, "recording collapse keys failed; retrying", len(sends), err) {
+		w.redisHealth(true, err, now)
+		owners = w.failingOpen(es, owners, now, func(*entry) {})
+		if len(owners) > 0 && !retry.wait(ctx, "recording collapse keys failed; retrying", len(owners), err) {
 			return fmt.Errorf("consumer: stopped recording collapse keys (batch left uncommitted): %w", ctx.Err())
 		}
 	}
+	return nil
 }
