@@ -38,6 +38,21 @@ run() { # run BINARY BENCH -> decisions/s
   "$1" -test.run '^$' -test.bench "$2" -test.benchtime "$BENCHTIME" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
 }
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# decide.yaml without its (empty) collapse section, which a worker from before collapse keys refuses
+python3 - "$work/decide.yaml" <<'PY'
+import sys
+lines, out, skip = open(sys.argv[1]).read().split('\n'), [], False
+for l in lines:
+    if l.startswith('  collapse:'):
+        skip = True
+        continue
+    if skip and (l.startswith('   ') or l.strip().startswith('#')):
+        continue
+    skip = False
+    out.append(l)
+open(sys.argv[1], 'w').write('\n'.join(out))
+PY
+! grep -qE '^ *(collapse|tag_prefix):' "$work/decide.yaml" || { echo "bench-lifetime: cannot take the collapse section out" >&2; exit 1; }
 # decide.yaml with a lifetime cap of the job's campaign after every caps list's header
 python3 - "$work/decide.yaml" "$work/lifetime.yaml" <<'PY'
 import re, sys
