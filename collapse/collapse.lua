@@ -8,7 +8,7 @@
 -- window (ms, 0: none); ARGV[7] retain (ms): the hash expires this long after its last write, and a field
 -- whose newest send is older than that is dropped when a write finds the hash has more than pruneAt fields.
 -- check: the send becomes the key's newest unless a newer one was seen (later submission; at the same time, a
--- greater job id), and the reply says whether it must collapse: {'', ''} it may go; {job, 'newer'} a newer
+-- greater job id; a copy of the newest, a redelivery or a resend of its job, is never older than it), and the reply says whether it must collapse: {'', ''} it may go; {job, 'newer'} a newer
 -- send of the key, job, was seen; {job, 'window'} job, another send of the key, was forwarded within the window.
 -- sent: job was forwarded at ARGV[4] (kept if it is the latest such time). Reply {'', ''}.
 local key, field, job, at, now, window, retain = KEYS[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]),
@@ -24,15 +24,17 @@ if v then
 end
 local by, why, write = '', '', false
 if ARGV[1] == 'check' then
-  if since > at or (since == at and newest > job) then
+  if newest == job then -- another copy of the newest (a redelivery, a resend): it stays the newest, as of its latest copy
+    if at > since then
+      since, write = at, true
+    end
+  elseif since > at or (since == at and newest > job) then
     by, why = newest, 'newer'
   else
-    if since ~= at or newest ~= job then
-      since, newest, write = at, job, true
-    end
-    if window > 0 and djob ~= '' and djob ~= job and delivered > now - window then
-      by, why = djob, 'window'
-    end
+    since, newest, write = at, job, true
+  end
+  if by == '' and window > 0 and djob ~= '' and djob ~= job and delivered > now - window then
+    by, why = djob, 'window'
   end
 elseif at >= delivered then
   delivered, djob, write = at, job, true

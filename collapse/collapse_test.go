@@ -88,6 +88,27 @@ func TestABatchKeepsItsNewest(t *testing.T) {
 	}
 }
 
+// Copies of one job (a redelivery keeps its timestamp, a resend has a new
+// one) are never collapsed by each other, in one call or in two; a resend
+// is the key's newest as of its own time, so a send between the two copies
+// collapses by it.
+func TestCopiesOfAJobDoNotCollapseEachOther(t *testing.T) {
+	r, _, prefix := newRegistry(t)
+	user := prefix + ":{13}"
+	s := func(job string, sec int) collapse.Send {
+		return collapse.Send{User: user, Key: "k", Job: job, Since: t0.Add(time.Duration(sec) * time.Second), Retain: time.Hour}
+	}
+	if v := verdicts(t, r, t0, s("j", 1), s("j", 5), s("j", 1)); v[0].Collapsed() || v[1].Collapsed() || v[2].Collapsed() {
+		t.Fatalf("copies of one job in one call: %+v", v)
+	}
+	if v := verdicts(t, r, t0, s("j", 1)); v[0].Collapsed() {
+		t.Errorf("an older copy of the newest job, alone: %+v", v[0])
+	}
+	if v := verdicts(t, r, t0, s("between", 3)); v[0].By != "j" {
+		t.Errorf("a send between the job's copies: %+v, want collapsed by the job's resend", v[0])
+	}
+}
+
 // With a window, a send of a key forwarded within it collapses the next
 // send of the key, however new; past the window, the next goes. A copy of
 // the forwarded send (a redelivery) is not collapsed by itself.

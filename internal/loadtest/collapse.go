@@ -24,20 +24,31 @@ type keyedJob struct {
 	key     string
 	user    uint32
 	id      string    // its job id
-	since   time.Time // its submission: capper-held-since, else loadgen's produce stamp
+	// since and latest are its first and last submission: a resent job
+	// (a new message of the same job id) is its key's newest as of the
+	// resend. Each output's is its capper-held-since, else loadgen's
+	// produce stamp.
+	since, latest time.Time
 	seen    time.Time // its first decision (held, or final)
 	allowed time.Time // its first allowed (not duplicate) decision; zero: none
 	by      string    // collapsed: the send that replaced it
 	byAt    time.Time // when it was collapsed
 }
 
-// newer reports whether k was submitted after o (at the same time: the
-// greater job id), as capper orders a key's sends.
-func (k *keyedJob) newer(o *keyedJob) bool {
-	if c := k.since.Compare(o.since); c != 0 {
+// mayBeNewer reports whether some copy of k was submitted after some copy
+// of o (at the same time: the greater job id), as capper orders a key's
+// sends: what a collapse of o by k needs.
+func (k *keyedJob) mayBeNewer(o *keyedJob) bool { return after(k.latest, k.id, o.since, o.id) }
+
+// newer reports whether every copy of k was submitted after every copy of
+// o: then o must not go once k was seen.
+func (k *keyedJob) newer(o *keyedJob) bool { return after(k.since, k.id, o.latest, o.id) }
+
+func after(t time.Time, id string, u time.Time, uid string) bool {
+	if c := t.Compare(u); c != 0 {
 		return c > 0
 	}
-	return k.id > o.id
+	return id > uid
 }
 
 // collapse records o of a keyed send.
@@ -58,11 +69,15 @@ func (c *Checker) collapse(o *Output) {
 		k = &keyedJob{key: c.in.get(o.CollapseKey), user: c.m.user(i), id: c.m.JobID(i)}
 		c.keyed[job] = k
 	}
-	switch {
-	case !o.HeldSince.IsZero() && (k.since.IsZero() || o.HeldSince.Before(k.since)):
-		k.since = o.HeldSince
-	case k.since.IsZero():
-		k.since = o.ProducedAt
+	since := o.HeldSince
+	if since.IsZero() {
+		since = o.ProducedAt
+	}
+	if !since.IsZero() && (k.since.IsZero() || since.Before(k.since)) {
+		k.since = since
+	}
+	if since.After(k.latest) {
+		k.latest = since
 	}
 	if at := o.at(); k.seen.IsZero() || at.Before(k.seen) {
 		k.seen = at
@@ -115,7 +130,7 @@ func (c *Checker) collapses() {
 			case r < 0:
 				c.r.Violations++
 				c.r.problem("user %d: job %q collapsed by %q, which is no send of its key %q", s.user, k.id, k.by, s.key)
-			case ks[r].newer(k):
+			case ks[r].mayBeNewer(k):
 			case window > 0 && !ks[r].allowed.IsZero() && !ks[r].allowed.After(k.byAt) && k.byAt.Sub(ks[r].allowed) < window:
 			default:
 				c.r.Violations++

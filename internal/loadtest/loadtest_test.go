@@ -791,6 +791,19 @@ func TestCheckCollapse(t *testing.T) {
 	if r := loadtest.Check(append(slices.Clone(sent[:3]), sent[9:]...), good, pol, at(2000)); r.Violations != 0 {
 		t.Errorf("a send collapsed by one sent within the window: %d violations %v", r.Violations, r.Problems)
 	}
+	// A resend of f1 (a new message of the job, produced after f2) is the key's newest: f2 collapses by it.
+	resent := []loadtest.Sent{job("f1", 6), job("f2", 6), job("f1", 6)}
+	resent[2].ID, resent[2].Kind = "m-f1-again", loadtest.KindDuplicate
+	again := fresh("f1", "deal", 3, 3)
+	again.ID = "m-f1-again"
+	f2 := collapsed("f2", "deal", "f1", 2, 3)
+	f2.HoldCount, f2.DueAt, f2.ProducedAt = 0, time.Time{}, at(2)
+	f2.HeldSince = time.Time{}
+	outs := []loadtest.Output{fresh("f1", "deal", 1, 1), f2, again}
+	outs[2].Decision = "duplicate"
+	if r := loadtest.Check(resent, outs, pol, at(200)); r.Violations != 0 {
+		t.Errorf("a send collapsed by a resend of an older job: %d violations %v", r.Violations, r.Problems)
+	}
 	bad := []loadtest.Output{
 		// b1 released after b2, newer, was held
 		held("b1", "deal", 1), held("b2", "deal", 2), released("b1", "deal", 1, 100), released("b2", "deal", 2, 100),
