@@ -8,9 +8,9 @@
 // One hash per user (PREFIX:{USER_ID}:k, in the slot of the user's log, so
 // that what removes a user's keys removes it too), one field per key of a
 // few dozen bytes, kept for the rules' retain after the user's last keyed
-// send. Check registers a send and answers whether it collapses, in one
-// script call per send (collapse.lua), pipelined; Sent records a forwarded
-// send, only when a window needs it. A user's sends of one key are checked
+// send. Check registers a send and answers whether it collapses (collapse.lua:
+// a call carries up to 32 sends of one node, a pipeline per node); Sent
+// records a forwarded send, only when a window needs it. A user's sends of one key are checked
 // newest first within a call, so that of those a batch holds only the newest
 // goes.
 package collapse
@@ -33,11 +33,10 @@ var source string
 
 var script = redis.NewScript(source)
 
-// Client is what Registry needs of a Redis client (a *redis.ClusterClient,
-// which pipelines by node, or a *redis.Client).
+// Client is what Registry needs of a Redis client (a *redis.ClusterClient
+// or a *redis.Client).
 type Client interface {
 	redis.Scripter
-	Pipeline() redis.Pipeliner
 }
 
 // Config configures a Registry.
@@ -106,20 +105,17 @@ func (r *Registry) Check(ctx context.Context, sends []Send, now time.Time) ([]Ve
 		sa, sb := &sends[a], &sends[b]
 		return cmp.Or(cmp.Compare(sa.User, sb.User), cmp.Compare(sa.Key, sb.Key), sb.Since.Compare(sa.Since), cmp.Compare(sb.Job, sa.Job))
 	})
-	cmds, err := r.run(ctx, len(sends), func(k int) ([]string, []any) {
-		s := &sends[order[k]]
-		return args("check", s, s.Since, now)
-	})
+	ordered := make([]Send, len(sends))
+	for k, i := range order {
+		ordered[k] = sends[i]
+	}
+	replies, err := r.run(ctx, "check", ordered, func(k int) time.Time { return ordered[k].Since }, now)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Verdict, len(sends))
-	for k, c := range cmds {
-		v, err := c.StringSlice()
-		if err != nil || len(v) != 2 {
-			return nil, fmt.Errorf("collapse: check: a reply of %v: %v", c.Val(), err)
-		}
-		out[order[k]] = Verdict{By: v[0], Why: v[1]}
+	for k, i := range order {
+		out[i] = Verdict{By: replies[2*k], Why: replies[2*k+1]}
 	}
 	return out, nil
 }
@@ -127,23 +123,23 @@ func (r *Registry) Check(ctx context.Context, sends []Send, now time.Time) ([]Ve
 // Sent records that each send was forwarded at its time in at (for the
 // window).
 func (r *Registry) Sent(ctx context.Context, sends []Send, at []time.Time, now time.Time) error {
-	_, err := r.run(ctx, len(sends), func(k int) ([]string, []any) {
-		return args("sent", &sends[k], at[k], now)
-	})
+	_, err := r.run(ctx, "sent", sends, func(k int) time.Time { return at[k] }, now)
 	return err
 }
 
-// args are the keys and arguments of a call of op for s (see collapse.lua).
-func args(op string, s *Send, at, now time.Time) ([]string, []any) {
-	return []string{s.User + ":k"}, []any{op, s.Key, s.Job, at.UnixMilli(), now.UnixMilli(),
-		s.Window.Milliseconds(), max(s.Retain, s.Window, time.Millisecond).Milliseconds()}
-}
+// perCall is the most sends of one call: a call's own cost and its
+// arguments' parsing are paid once for them.
+const perCall = 32
 
-// run sends n calls in one pipeline (by node); when a node did not know
-// the script (new, restarted), it loads it on every master and sends them
-// again (both operations give the same answer twice).
-func (r *Registry) run(ctx context.Context, n int, call func(int) ([]string, []any)) ([]*redis.Cmd, error) {
-	if n == 0 {
+// run sends op for sends, at at(k), in calls of up to perCall sends of one
+// node, a pipeline per node (ending with a WAIT when durable), and returns
+// the reply pairs in order. A node that did not know the script (new,
+// restarted) gets it on every master, and the calls are sent again: both
+// operations answer the same twice. A send whose key another node holds
+// (the cluster moved its slot) fails the attempt: the caller's retry finds
+// its node.
+func (r *Registry) run(ctx context.Context, op string, sends []Send, at func(int) time.Time, now time.Time) ([]string, error) {
+	if len(sends) == 0 {
 		return nil, nil
 	}
 	if r.cfg.Timeout > 0 {
@@ -152,9 +148,9 @@ func (r *Registry) run(ctx context.Context, n int, call func(int) ([]string, []a
 		defer cancel()
 	}
 	for attempt := 0; ; attempt++ {
-		cmds, err := r.send(ctx, n, call)
+		replies, err := r.send(ctx, op, sends, at, now)
 		if err == nil || attempt > 0 || !redis.HasErrorPrefix(err, "NOSCRIPT") {
-			return cmds, err
+			return replies, err
 		}
 		if err := r.load(ctx); err != nil {
 			return nil, fmt.Errorf("collapse: loading the script: %w", err)
@@ -162,57 +158,75 @@ func (r *Registry) run(ctx context.Context, n int, call func(int) ([]string, []a
 	}
 }
 
-func (r *Registry) send(ctx context.Context, n int, call func(int) ([]string, []any)) ([]*redis.Cmd, error) {
-	cmds := make([]*redis.Cmd, n)
-	if r.cfg.MinReplicasAcked == 0 {
-		pipe := r.cfg.Client.Pipeline() // a cluster client's groups them by node
-		for k := range cmds {
-			keys, a := call(k)
-			cmds[k] = script.EvalSha(ctx, pipe, keys, a...)
-		}
-		_, _ = pipe.Exec(ctx)
-		return cmds, firstError(cmds)
-	}
+// call is one script call: the sends of one node it carries.
+type call struct {
+	cmd   *redis.Cmd
+	sends []int
+}
+
+func (r *Registry) send(ctx context.Context, op string, sends []Send, at func(int) time.Time, now time.Time) ([]string, error) {
 	byNode := map[*redis.Client][]int{}
-	for k := range cmds {
-		keys, _ := call(k)
-		c, err := r.master(ctx, keys[0])
+	var nodes []*redis.Client // in the order first met
+	for k := range sends {
+		c, err := r.master(ctx, sends[k].User+":k")
 		if err != nil {
 			r.reload(ctx)
 			return nil, fmt.Errorf("collapse: %w", err)
 		}
+		if byNode[c] == nil {
+			nodes = append(nodes, c)
+		}
 		byNode[c] = append(byNode[c], k)
 	}
-	for c, ks := range byNode {
+	replies := make([]string, 2*len(sends))
+	for _, c := range nodes { // a node after the other: a batch's sends are mostly of a few nodes, and each pipeline is one round trip
+		ks := byNode[c]
 		pipe := c.Pipeline()
-		for _, k := range ks {
-			keys, a := call(k)
-			cmds[k] = script.EvalSha(ctx, pipe, keys, a...)
-		}
-		wait := redis.NewIntCmd(ctx, "wait", r.cfg.MinReplicasAcked, r.cfg.ReplicaTimeout.Milliseconds())
-		_ = pipe.Process(ctx, wait)
-		_, _ = pipe.Exec(ctx)
-		if err := firstError(cmds); err != nil {
-			r.reload(ctx)
-			return nil, err
-		}
-		if acked, err := wait.Result(); err != nil || acked < int64(r.cfg.MinReplicasAcked) {
-			return nil, fmt.Errorf("collapse: %d of %d replicas of %s acknowledged within %v (%v)", acked, r.cfg.MinReplicasAcked, c.Options().Addr, r.cfg.ReplicaTimeout, err)
-		}
-	}
-	return cmds, nil
-}
-
-func firstError(cmds []*redis.Cmd) error {
-	for _, c := range cmds {
-		if c != nil && c.Err() != nil {
-			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-				return c.Err()
+		var calls []call
+		for len(ks) > 0 {
+			n := min(len(ks), perCall)
+			args := make([]any, 0, 2+6*n)
+			args = append(args, op, now.UnixMilli())
+			for _, k := range ks[:n] {
+				s := &sends[k]
+				args = append(args, s.User+":k", s.Key, s.Job, at(k).UnixMilli(), s.Window.Milliseconds(),
+					max(s.Retain, s.Window, time.Millisecond).Milliseconds())
 			}
-			return fmt.Errorf("collapse: %w", c.Err())
+			calls = append(calls, call{cmd: script.EvalSha(ctx, pipe, []string{sends[ks[0]].User + ":k"}, args...), sends: ks[:n]})
+			ks = ks[n:]
+		}
+		var wait *redis.IntCmd
+		if r.cfg.MinReplicasAcked > 0 {
+			wait = redis.NewIntCmd(ctx, "wait", r.cfg.MinReplicasAcked, r.cfg.ReplicaTimeout.Milliseconds())
+			_ = pipe.Process(ctx, wait)
+		}
+		_, _ = pipe.Exec(ctx)
+		for _, cl := range calls {
+			v, err := cl.cmd.StringSlice()
+			switch {
+			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				return nil, err
+			case err != nil:
+				r.reload(ctx)
+				return nil, fmt.Errorf("collapse: %s on %s: %w", op, c.Options().Addr, err)
+			case len(v) != 2*len(cl.sends):
+				return nil, fmt.Errorf("collapse: %s on %s: %d replies for %d sends", op, c.Options().Addr, len(v), len(cl.sends))
+			}
+			for j, k := range cl.sends {
+				if v[2*j] == "!" {
+					r.reload(ctx)
+					return nil, fmt.Errorf("collapse: %s of user key %s on %s: %s", op, sends[k].User, c.Options().Addr, v[2*j+1])
+				}
+				replies[2*k], replies[2*k+1] = v[2*j], v[2*j+1]
+			}
+		}
+		if wait != nil {
+			if acked, err := wait.Result(); err != nil || acked < int64(r.cfg.MinReplicasAcked) {
+				return nil, fmt.Errorf("collapse: %d of %d replicas of %s acknowledged within %v (%v)", acked, r.cfg.MinReplicasAcked, c.Options().Addr, r.cfg.ReplicaTimeout, err)
+			}
 		}
 	}
-	return nil
+	return replies, nil
 }
 
 // master is the node that owns key.

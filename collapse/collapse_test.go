@@ -208,3 +208,25 @@ func TestDurableCallsAndALostScript(t *testing.T) {
 		t.Errorf("a check needing 2 replicas of nodes that have 1: %v, want it refused", err)
 	}
 }
+
+// A check of many users' sends (several calls per node) answers each send.
+func TestManyUsersInOneCheck(t *testing.T) {
+	r, _, prefix := newRegistry(t)
+	var sends, older []collapse.Send
+	for u := range 150 {
+		s := collapse.Send{User: fmt.Sprintf("%s:{%d}", prefix, u), Key: "k", Job: fmt.Sprint("new-", u), Since: t0.Add(time.Second), Retain: time.Hour}
+		sends = append(sends, s)
+		s.Job, s.Since = fmt.Sprint("old-", u), t0
+		older = append(older, s)
+	}
+	for i, v := range verdicts(t, r, t0, sends...) {
+		if v.Collapsed() {
+			t.Fatalf("send %d of a new series collapsed: %+v", i, v)
+		}
+	}
+	for i, v := range verdicts(t, r, t0, older...) {
+		if v.By != fmt.Sprint("new-", i) {
+			t.Fatalf("an older send of user %d: %+v, want collapsed by new-%d", i, v, i)
+		}
+	}
+}
