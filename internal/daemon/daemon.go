@@ -29,8 +29,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/capper-dev/capper/budget"
-	"github.com/capper-dev/capper/collapse"
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/collapse"
 	"github.com/capper-dev/capper/consumer"
 	"github.com/capper-dev/capper/events"
 	"github.com/capper-dev/capper/hold"

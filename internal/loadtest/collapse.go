@@ -21,18 +21,18 @@ const collapseSlack = time.Second
 
 // keyedJob is what the report keeps of a send with a collapse key.
 type keyedJob struct {
-	key     string
-	user    uint32
-	id      string    // its job id
+	key  string
+	user uint32
+	id   string // its job id
 	// since and latest are its first and last submission: a resent job
 	// (a new message of the same job id) is its key's newest as of the
 	// resend. Each output's is its capper-held-since, else loadgen's
 	// produce stamp.
 	since, latest time.Time
-	seen    time.Time // its first decision (held, or final)
-	allowed time.Time // its first allowed (not duplicate) decision; zero: none
-	by      string    // collapsed: the send that replaced it
-	byAt    time.Time // when it was collapsed
+	seen          time.Time // its first decision (held, or final)
+	allowed       time.Time // its first allowed (not duplicate) decision; zero: none
+	by            string    // collapsed: the send that replaced it
+	byAt          time.Time // when it was collapsed
 }
 
 // mayBeNewer reports whether some copy of k was submitted after some copy
