@@ -253,30 +253,47 @@ func BenchmarkPreferences(b *testing.B) {
 // lifetime cap of the job's campaign on every job (lifetime: each allowed
 // send also counts in the user's tally item of its campaign), 40 campaigns:
 // users of 1,000,000 (most of them new: a new user's log is one SET NX) and
-// of 50,000 (warm: most of them have a log, decided by the script).
-// scripts/bench-lifetime.sh alternates them, and BenchmarkDecide at the
-// commit before the tally.
+// of 50,000 (warm: most of them have a log, decided by the script); each
+// with the Limiter's defaults (script: every decision a script call) and
+// with the near cache of the worker's default size (cache: an allowed send
+// of a user whose log the cache holds whole is written as an APPEND, or with
+// a tally item, as a swap of the log). scripts/bench-lifetime.sh alternates
+// them, and BenchmarkDecide at the commit before the tally.
 func BenchmarkLifetime(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
 	defer rdb.Close()
 	prefix := testenv.Unique("benchlife")
 	defer deletePrefix(b, rdb, prefix)
-	lim, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix})
+	script, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix})
 	if err != nil {
 		b.Fatal(err)
 	}
+	cached, err := capping.New(context.Background(), rdb, capping.Config{KeyPrefix: prefix + "c", NearCache: 1_000_000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer deletePrefix(b, rdb, prefix+"c")
 	var seq atomic.Int64
 	for _, bc := range []struct {
 		users    int
 		lifetime bool
-	}{{benchUsers, false}, {benchUsers, true}, {50_000, false}, {50_000, true}} {
-		lifetime := bc.lifetime
+		lim      *capping.Limiter
+	}{
+		{benchUsers, false, script}, {benchUsers, true, script}, {50_000, false, script}, {50_000, true, script},
+		{benchUsers, false, cached}, {benchUsers, true, cached}, {50_000, false, cached}, {50_000, true, cached},
+	} {
+		lifetime, lim := bc.lifetime, bc.lim
 		name := "none/cold"
 		if lifetime {
 			name = "lifetime/cold"
 		}
 		if bc.users != benchUsers {
 			name = strings.Replace(name, "cold", "warm", 1)
+		}
+		if lim == cached {
+			name += "/cache"
+		} else {
+			name += "/script"
 		}
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()

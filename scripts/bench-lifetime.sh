@@ -5,7 +5,8 @@
 #      before the tally, 57e2c8d) and at the working tree: decisions/s, and the tree's as a share of BASE's;
 #   2. a lifetime cap of the job's campaign on every job: BenchmarkLifetime/lifetime/* against /none/* (the same
 #      caps without it), 40 campaigns: decisions/s and the share, for users of 1,000,000 (mostly new) and of
-#      50,000 (warm: most have a log);
+#      50,000 (warm: most have a log), with every decision a script call (script) and with the worker's
+#      default near cache (cache);
 #   3. end to end: BENCH_JOBS (default 1,000,000) jobs for BENCH_USERS (250,000) users through demo.sh on
 #      bench-lib's decide.yaml, and on the same rules with a lifetime cap of the job's campaign added to every
 #      segment's and the default caps (limit 1000: it counts every job and caps none, so both runs decide the
@@ -79,17 +80,21 @@ echo "bench-lifetime: $ROUNDS rounds of ${BENCHTIME} each, base $BASE, $(nproc) 
 for r in $(seq "$ROUNDS"); do
   b=$(run "$work/base.test" 'BenchmarkDecide/batch=512/pipelines=1$')
   h=$(run "$work/head.test" 'BenchmarkDecide/batch=512/pipelines=1$')
-  n=$(run "$work/head.test" 'BenchmarkLifetime/none/cold$')
-  l=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/cold$')
-  nw=$(run "$work/head.test" 'BenchmarkLifetime/none/warm$')
-  lw=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm$')
+  n=$(run "$work/head.test" 'BenchmarkLifetime/none/cold/script$')
+  l=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/cold/script$')
+  nw=$(run "$work/head.test" 'BenchmarkLifetime/none/warm/script$')
+  lw=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm/script$')
+  nc=$(run "$work/head.test" 'BenchmarkLifetime/none/cold/cache$')
+  lc=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/cold/cache$')
+  nwc=$(run "$work/head.test" 'BenchmarkLifetime/none/warm/cache$')
+  lwc=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm/cache$')
   en=$(e2e "$work/decide.yaml")
   el=$(e2e "$work/lifetime.yaml")
   cb=$(e2e "$work/decide.yaml" "$work/capper-base")
   ck=$(e2e "$work/decide.yaml" "" "--collapse-share 1")
-  printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one: none %s, lifetime %s; warm: none %s, lifetime %s decisions/s; end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s; collapse keys: base worker %s, every job keyed %s\n' \
-    "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" "$en" "$el" "$cb" "$ck" >&2
-  echo "$b $h $n $l $nw $lw $en $el $cb $ck" >>"$work/rounds.txt"
+  printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one, script: none %s, lifetime %s; warm: none %s, lifetime %s; near cache: none %s, lifetime %s; warm: none %s, lifetime %s decisions/s; end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s; collapse keys: base worker %s, every job keyed %s\n' \
+    "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" "$nc" "$lc" "$nwc" "$lwc" "$en" "$el" "$cb" "$ck" >&2
+  echo "$b $h $n $l $nw $lw $en $el $cb $ck $nc $lc $nwc $lwc" >>"$work/rounds.txt"
 done
 mem=$("$work/head.test" -test.run '^$' -test.bench 'BenchmarkTallyMemory' -test.benchtime 1x)
 col() { awk -v c="$1" '{print $c}' "$work/rounds.txt" | median; }
@@ -101,7 +106,9 @@ b=$(col 1) h=$(col 2) n=$(col 3) l=$(col 4) nw=$(col 5) lw=$(col 6)
 ej=$(col 7) ew=$(col 8) er=$(col 9) lj=$(col 10) lwk=$(col 11) lr=$(col 12)
 awk -v b="$b" -v h="$h" -v n="$n" -v l="$l" -v nw="$nw" -v lw="$lw" 'BEGIN{
   printf "no lifetime cap: base %.0f, tree %.0f decisions/s: tree/base = %.3f (goal >= 0.98)\n", b, h, h/b
-  printf "a lifetime cap on every job: cold %.0f vs %.0f decisions/s without: %.3f; warm %.0f vs %.0f: %.3f (goal >= 0.90)\n", l, n, l/n, lw, nw, lw/nw }'
+  printf "a lifetime cap on every job, every decision a script call: cold %.0f vs %.0f decisions/s without: %.3f; warm %.0f vs %.0f: %.3f (goal >= 0.90)\n", l, n, l/n, lw, nw, lw/nw }'
+echo "a lifetime cap on every job, the near cache on (the worker's default): cold: median of the rounds' ratios $(ratio 20 19) (rounds $(rounds 20 19)); warm: $(ratio 22 21) (rounds $(rounds 22 21)); goal >= 0.90"
+echo "a lifetime cap on every job, every decision a script call: cold: median of the rounds' ratios $(ratio 4 3) (rounds $(rounds 4 3)); warm: $(ratio 6 5) (rounds $(rounds 6 5))"
 echo "end to end, a lifetime cap on every job: median of the rounds' ratios $(ratio 10 7) (rounds $(rounds 10 7); goal >= 0.90)"
 awk -v ej="$ej" -v ew="$ew" -v er="$er" -v lj="$lj" -v lw="$lwk" -v lr="$lr" 'BEGIN{
   printf "end to end, a lifetime cap on every job: medians %.0f vs %.0f jobs/s: %.3f; worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", lj, ej, lj/ej, lw, ew, lw/ew, lr, er, lr/er }'
