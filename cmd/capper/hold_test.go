@@ -284,13 +284,17 @@ rules:
 		<-w.done
 		w.done <- nil
 	}
-	time.Sleep(6 * time.Second) // the held jobs wait on the 10 s tier
-	if n := len(s.CollectFrom([]string{s.Held}, 60, 5*time.Second)); n < 60 {
+	// The first crash once the second sends are held (a held record each): they wait on the tiers.
+	if n := len(s.CollectFrom([]string{s.Held}, 60, time.Minute)); n < 60 {
 		t.Fatalf("%d held records before the crash, want the 60 second sends held", n)
 	}
 	kill(a)
 	start(s, false)
-	time.Sleep(9 * time.Second) // the first releases are due; the second holds move through the tiers
+	// The second crash once a second send is released (after the 60 first sends): the third sends' holds
+	// are moving through the tiers.
+	if n := len(s.CollectFrom([]string{s.Topics[1]}, 61, time.Minute)); n < 61 {
+		t.Fatalf("%d allowed sends before the second crash, want the 60 first sends and a released one", n)
+	}
 	kill(b)
 	outs := s.CollectJobs(jobs, 90*time.Second)
 	final := finals(t, outs)
