@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -78,11 +77,7 @@ rules:
 		}
 		switch c {
 		case 0:
-			if err := w2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			<-w2.done
-			w2.done <- nil
+			w2.kill(t)
 			start(s, false)
 		case 1:
 			restart := testenv.KillRedis(t, master)

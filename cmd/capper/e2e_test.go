@@ -156,6 +156,17 @@ func TestEndToEndDecisions(t *testing.T) {
 	}
 }
 
+// kill crashes the worker (SIGKILL, as a machine or the OOM killer would)
+// and waits until it has exited.
+func (w *worker) kill(t *testing.T) {
+	t.Helper()
+	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := <-w.done
+	w.done <- err // for the cleanup
+}
+
 // signalAndWait sends sig and waits up to 20 s for the worker to exit:
 // whether it exited, and its exit error.
 func (w *worker) signalAndWait(sig os.Signal) (bool, error) {
@@ -279,11 +290,7 @@ func TestCrashMidStreamLosesNothing(t *testing.T) {
 		if c == chunks/3 {
 			resume := s.FreezeMaster(t, 1)
 			time.Sleep(700 * time.Millisecond) // the worker is now retrying a half-decided batch
-			if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			<-w.done
-			w.done <- nil
+			w.kill(t)
 			resume()
 			start(s, false)
 		}

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -141,11 +140,7 @@ func TestExternalSendsAndFeedback(t *testing.T) {
 		}
 	}
 	go s.ProduceEvents(s.External, evs...)
-	if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-w.done
-	w.done <- nil
+	w.kill(t)
 	start(s, false)
 	logged(t, s, crashed, 3, 90*time.Second)
 }

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -277,25 +276,18 @@ rules:
 		}
 	}
 	s.Produce(jobs)
-	kill := func(w *worker) {
-		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		<-w.done
-		w.done <- nil
-	}
 	// The first crash once the second sends are held (a held record each): they wait on the tiers.
 	if n := len(s.CollectFrom([]string{s.Held}, 60, time.Minute)); n < 60 {
 		t.Fatalf("%d held records before the crash, want the 60 second sends held", n)
 	}
-	kill(a)
+	a.kill(t)
 	start(s, false)
 	// The second crash once a second send is released (after the 60 first sends): the third sends' holds
 	// are moving through the tiers.
 	if n := len(s.CollectFrom([]string{s.Topics[1]}, 61, time.Minute)); n < 61 {
 		t.Fatalf("%d allowed sends before the second crash, want the 60 first sends and a released one", n)
 	}
-	kill(b)
+	b.kill(t)
 	outs := s.CollectJobs(jobs, 90*time.Second)
 	final := finals(t, outs)
 	allowed := 0
@@ -382,11 +374,7 @@ rules:
 			t.Fatalf("the replicas never owned 3 partitions of each tier (%d of 4 known)", known)
 		}
 	}
-	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-a.done
-	a.done <- nil
+	a.kill(t)
 	// Jobs only for users on the live replica's input partitions (the dead
 	// one's wait for the group): the second send of each is held 2 s.
 	live, _ := s.ProcessPartitions(t, "", s.Topics[0], b.cmd.Process.Pid)

@@ -22,23 +22,15 @@ import (
 // broker the project ran on before kept such a member forever.)
 func TestWorkerKilledWhileJoining(t *testing.T) {
 	s := testenv.NewStack(t, 3, nil)
-	kill := func(w *worker) {
-		t.Helper()
-		if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		err := <-w.done
-		w.done <- err
-	}
 	w1 := start(s, false)
 	s.Produce([]testenv.JobSpec{{ID: "k0", User: 50, Channel: "email"}})
 	if outs := s.Collect(1, 60*time.Second); len(outs) != 1 {
 		t.Fatalf("the first worker decided %d of 1 job", len(outs))
 	}
-	kill(w1)
+	w1.kill(t)
 	w2 := start(s, false)
 	time.Sleep(1500 * time.Millisecond) // w2 is joining: the group waits for w1 to rejoin
-	kill(w2)
+	w2.kill(t)
 	start(s, false)
 	jobs := testenv.Blast("kj", 300, 100)
 	s.Produce(jobs)

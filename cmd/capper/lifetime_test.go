@@ -3,7 +3,6 @@ package main_test
 import (
 	"context"
 	"fmt"
-	"syscall"
 	"testing"
 	"time"
 
@@ -59,11 +58,7 @@ func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 		s.Produce(jobs[c*per : (c+1)*per])
 		switch c {
 		case 6:
-			if err := w2.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			<-w2.done
-			w2.done <- nil
+			w2.kill(t)
 			start(s, false)
 		case 14:
 			restart := testenv.KillRedis(t, master)

@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -133,11 +132,7 @@ func TestArbitrationEndToEnd(t *testing.T) {
 	if held := s.CollectFrom([]string{s.Held}, 2*users, 60*time.Second); len(held) < 2*users {
 		t.Fatalf("%d of %d sends are candidates", len(held), 2*users)
 	}
-	if err := w1.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-w1.done
-	w1.done <- nil
+	w1.kill(t)
 	start(s, false)
 	outs := s.CollectJobs(all, 120*time.Second)
 	s.CheckAccounting(all, outs, true)

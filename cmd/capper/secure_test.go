@@ -81,11 +81,7 @@ func TestSecuredEndToEnd(t *testing.T) {
 			for i := 0; i < 10; i++ {
 				s.Produce(blast[i*300 : (i+1)*300])
 				if i == 4 {
-					if err := w.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-						t.Fatal(err)
-					}
-					<-w.done
-					w.done <- nil
+					w.kill(t)
 					w = startWith(s, true, secret)
 				}
 			}
