@@ -9,7 +9,7 @@
 // that what removes a user's keys removes it too), one field per key of a
 // few dozen bytes, kept for the rules' retain after the user's last keyed
 // send. Check registers a send and answers whether it collapses (collapse.lua:
-// a call carries up to 32 sends of one node, a pipeline per node); Sent
+// a call carries up to 32 sends of one node, the nodes' pipelines sent at once); Sent
 // records a forwarded send, only when a window needs it. A user's sends of one key are checked
 // newest first within a call, so that of those a batch holds only the newest
 // goes.
@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -132,7 +133,8 @@ func (r *Registry) Sent(ctx context.Context, sends []Send, at []time.Time, now t
 const perCall = 32
 
 // run sends op for sends, at at(k), in calls of up to perCall sends of one
-// node, a pipeline per node (ending with a WAIT when durable), and returns
+// node, a pipeline per node (ending with a WAIT when durable), the nodes'
+// pipelines at once, and returns
 // the reply pairs in order. A node that did not know the script (new,
 // restarted) gets it on every master, and the calls are sent again: both
 // operations answer the same twice. A send whose key another node holds
@@ -164,6 +166,14 @@ type call struct {
 	sends []int
 }
 
+// nodeCalls are one node's pipeline: its calls, and its WAIT when durable.
+type nodeCalls struct {
+	node  *redis.Client
+	pipe  redis.Pipeliner
+	calls []call
+	wait  *redis.IntCmd
+}
+
 func (r *Registry) send(ctx context.Context, op string, sends []Send, at func(int) time.Time, now time.Time) ([]string, error) {
 	byNode := map[*redis.Client][]int{}
 	var nodes []*redis.Client // in the order first met
@@ -178,12 +188,11 @@ func (r *Registry) send(ctx context.Context, op string, sends []Send, at func(in
 		}
 		byNode[c] = append(byNode[c], k)
 	}
-	replies := make([]string, 2*len(sends))
-	for _, c := range nodes { // a node after the other: a batch's sends are mostly of a few nodes, and each pipeline is one round trip
-		ks := byNode[c]
-		pipe := c.Pipeline()
-		var calls []call
-		for len(ks) > 0 {
+	pipes := make([]nodeCalls, len(nodes))
+	for i, c := range nodes {
+		p := &pipes[i]
+		p.node, p.pipe = c, c.Pipeline()
+		for ks := byNode[c]; len(ks) > 0; {
 			n := min(len(ks), perCall)
 			args := make([]any, 0, 2+6*n)
 			args = append(args, op, now.UnixMilli())
@@ -192,37 +201,54 @@ func (r *Registry) send(ctx context.Context, op string, sends []Send, at func(in
 				args = append(args, s.User+":k", s.Key, s.Job, at(k).UnixMilli(), s.Window.Milliseconds(),
 					max(s.Retain, s.Window, time.Millisecond).Milliseconds())
 			}
-			calls = append(calls, call{cmd: script.EvalSha(ctx, pipe, []string{sends[ks[0]].User + ":k"}, args...), sends: ks[:n]})
+			p.calls = append(p.calls, call{cmd: script.EvalSha(ctx, p.pipe, []string{sends[ks[0]].User + ":k"}, args...), sends: ks[:n]})
 			ks = ks[n:]
 		}
-		var wait *redis.IntCmd
 		if r.cfg.MinReplicasAcked > 0 {
-			wait = redis.NewIntCmd(ctx, "wait", r.cfg.MinReplicasAcked, r.cfg.ReplicaTimeout.Milliseconds())
-			_ = pipe.Process(ctx, wait)
+			p.wait = redis.NewIntCmd(ctx, "wait", r.cfg.MinReplicasAcked, r.cfg.ReplicaTimeout.Milliseconds())
+			_ = p.pipe.Process(ctx, p.wait)
 		}
-		_, _ = pipe.Exec(ctx)
-		for _, cl := range calls {
+	}
+	var wg sync.WaitGroup // the nodes' pipelines at once: a round trip for all, not one per node
+	for i := range pipes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = pipes[i].pipe.Exec(ctx) // errors are read per call
+		}()
+	}
+	wg.Wait()
+	for i := range pipes { // a node that lost the script first: run loads it and sends every call again
+		for _, cl := range pipes[i].calls {
+			if err := cl.cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+				return nil, err
+			}
+		}
+	}
+	replies := make([]string, 2*len(sends))
+	for i := range pipes {
+		p := &pipes[i]
+		addr := p.node.Options().Addr
+		for _, cl := range p.calls {
 			v, err := cl.cmd.StringSlice()
 			switch {
-			case err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
-				return nil, err
 			case err != nil:
 				r.reload(ctx)
-				return nil, fmt.Errorf("collapse: %s on %s: %w", op, c.Options().Addr, err)
+				return nil, fmt.Errorf("collapse: %s on %s: %w", op, addr, err)
 			case len(v) != 2*len(cl.sends):
-				return nil, fmt.Errorf("collapse: %s on %s: %d replies for %d sends", op, c.Options().Addr, len(v), len(cl.sends))
+				return nil, fmt.Errorf("collapse: %s on %s: %d replies for %d sends", op, addr, len(v), len(cl.sends))
 			}
 			for j, k := range cl.sends {
 				if v[2*j] == "!" {
 					r.reload(ctx)
-					return nil, fmt.Errorf("collapse: %s of user key %s on %s: %s", op, sends[k].User, c.Options().Addr, v[2*j+1])
+					return nil, fmt.Errorf("collapse: %s of user key %s on %s: %s", op, sends[k].User, addr, v[2*j+1])
 				}
 				replies[2*k], replies[2*k+1] = v[2*j], v[2*j+1]
 			}
 		}
-		if wait != nil {
-			if acked, err := wait.Result(); err != nil || acked < int64(r.cfg.MinReplicasAcked) {
-				return nil, fmt.Errorf("collapse: %d of %d replicas of %s acknowledged within %v (%v)", acked, r.cfg.MinReplicasAcked, c.Options().Addr, r.cfg.ReplicaTimeout, err)
+		if p.wait != nil {
+			if acked, err := p.wait.Result(); err != nil || acked < int64(r.cfg.MinReplicasAcked) {
+				return nil, fmt.Errorf("collapse: %d of %d replicas of %s acknowledged within %v (%v)", acked, r.cfg.MinReplicasAcked, addr, r.cfg.ReplicaTimeout, err)
 			}
 		}
 	}
