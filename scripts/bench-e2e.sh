@@ -103,13 +103,15 @@ print("| capper, near cache off | %.1f us (%.2f decisions sent, %.3f calls) | %.
 so = med["scriptonly"]
 print("| capper, near cache on, script only (no new logs by SET NX) | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (so[5], so[6], so[2], so[1], so[4], so[0], each["scriptonly"]))
 print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" % (p[5], p[1], p[4], p[0], each["pass"]))
-ratios = [(lambda a, b: a / b)(*x) for x in zip((v[1] for v in rows["cache"]), (v[1] for v in rows["pass"]))]
-if not call:
-    print()
+ratios = [cw[1] / pw[1] for cw, pw in zip(rows["cache"], rows["pass"])]  # worker CPU per job, round by round
+def job_ratios():
     print("worker CPU per job (cache on) / pass-through %5.2f   (median of the rounds' ratios %.2f: %s; goal <= 1.15)" % (c[1] / p[1], statistics.median(ratios), " / ".join("%.2f" % r for r in ratios)))
     print("worker CPU per job, cache on / cache off     %5.2f   (goal <= 1.0)" % (c[1] / n[1]))
     print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 75%%)" % (100 * c[0] / p[0]))
     print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
+if not call:
+    print()
+    job_ratios()
     sys.exit(0)
 print("| the seed's script, per call | %.1f us | - | - | - |" % call["seed"])
 print("| capper's decide.lua, per call (FCALL of its function library, as capper calls it) | %.1f us | - | - | - |" % call["decide"])
@@ -133,10 +135,7 @@ print("decide.lua EVALSHA / its floor, per call     %5.2f   (what its logic adds
 print("floor / seed, per call                       %5.2f   with a history %.2f (below 1.0 leaves decide.lua's logic room under the seed)" % (call["floor"] / call["seed"], hist["floor"] / hist["seed"]))
 print("a new log's SET PX alone / seed, per call    %5.2f   (a key with a TTL, nothing else)" % (call["newkey"] / call["seed"]))
 print("decide.lua / the seed with a TTL, per call   %5.2f   with a history %.2f; 16 per call, per decision %.2f" % (call["decide"] / call["seedttl"], hist["decide"] / hist["seedttl"], call["batch"] / call["seedttl"]))
-print("worker CPU per job (cache on) / pass-through %5.2f   (median of the rounds' ratios %.2f: %s; goal <= 1.15)" % (c[1] / p[1], statistics.median(ratios), " / ".join("%.2f" % r for r in ratios)))
-print("worker CPU per job, cache on / cache off     %5.2f   (goal <= 1.0)" % (c[1] / n[1]))
-print("jobs/s (cache on) / pass-through             %5.0f%%  (goal >= 75%%)" % (100 * c[0] / p[0]))
-print("jobs/s (cache on) / cache off                %5.2fx" % (c[0] / n[0]))
+job_ratios()
 print("Redis per job: new logs by SET NX / script only %5.2f   (jobs/s %.2fx)" % (c[5] / so[5], c[0] / so[0]))
 print("jobs/s (cache on) / decide.lua FCALL ceiling (%.0f/s) %.0f%%" % (ceil, 100 * c[0] / ceil))
 PY
