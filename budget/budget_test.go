@@ -283,6 +283,30 @@ func (h *heldWants) due(now time.Time) []Want {
 	return out
 }
 
+// lateWants plays held sends that come back at a time of their own (later
+// than promised).
+type lateWants []lateWant
+
+type lateWant struct {
+	w  Want
+	at time.Time // when it comes back
+}
+
+func (l *lateWants) add(w Want, at time.Time) { *l = append(*l, lateWant{w, at}) }
+
+// due takes the wants back by now out of l.
+func (l *lateWants) due(now time.Time) []Want {
+	var out []Want
+	*l = slices.DeleteFunc(*l, func(x lateWant) bool {
+		if x.at.After(now) {
+			return false
+		}
+		out = append(out, x.w)
+		return true
+	})
+	return out
+}
+
 // TestLeaseSizing: a lease grows while it is used up and shrinks when it lapses.
 func TestLeaseSizing(t *testing.T) {
 	c := testclock.At(time.UnixMilli(1_800_000_000_000))
@@ -579,4 +603,59 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := New(Config{}); err == nil {
 		t.Error("no client was accepted")
 	}
+}
+
+// TestHeldSendsGoRoundEvenly: on a fixed clock, a spread budget of 50 per
+// second under three times that demand for 30 s, every refused send held
+// and back a third of a bucket at most after its time. While every token goes
+// to a held send, each comes back a window and two buckets after its
+// promise. Promised a bucket's share rounded up (one a bucket), they went
+// round in lumps of 50 in the first half of each 1,020 ms, and every second
+// that a lump straddled got 48; promised on a grid of the limit's pace (one
+// every other bucket), every second from the 12th on, at whatever
+// millisecond it starts, gets 49 or 50.
+func TestHeldSendsGoRoundEvenly(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "even", Limit: 50, Window: time.Second, Spread: true}
+	width := spec.Window / Buckets
+	var tiers heldWants
+	var stamps []time.Time
+	t0 := c.Now()
+	for step := 0; step < 3*30*Buckets; step++ { // a step is a third of a bucket
+		now := c.Now()
+		ws := tiers.due(now)
+		if step%2 == 0 { // 150 a second
+			ws = append(ws, wants(spec, "even", 1)...)
+			ws[len(ws)-1].Until = now.Add(10 * time.Second)
+		}
+		if len(ws) > 0 {
+			gs, err := b.Take(context.Background(), ws)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tiers.refused(ws, gs)
+			for _, g := range gs {
+				if g.OK {
+					stamps = append(stamps, g.Until.Add(-width))
+				}
+			}
+		}
+		c.Add(width / 3)
+	}
+	// The sends in every second starting at each millisecond from 12 s to 28 s.
+	least, most := spec.Limit, 0
+	for start := t0.Add(12 * time.Second); start.Before(t0.Add(28 * time.Second)); start = start.Add(time.Millisecond) {
+		n := 0
+		for _, s := range stamps {
+			if !s.Before(start) && s.Before(start.Add(spec.Window)) {
+				n++
+			}
+		}
+		least, most = min(least, n), max(most, n)
+	}
+	if least < 49 || most > spec.Limit {
+		t.Errorf("sends in a second of held demand: %d to %d, want 49 or 50 in every one", least, most)
+	}
+	t.Logf("%d sends in 30 s; every second from the 12th on: %d to %d", len(stamps), least, most)
 }

@@ -3,7 +3,6 @@ package budget_test
 import (
 	"context"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
@@ -106,11 +105,7 @@ func TestALateClaimCostsAFewOthers(t *testing.T) {
 	spec := &Spec{Name: "late", Limit: 1000, Window: time.Second}
 	width := spec.Window / Buckets
 	var tiers heldWants
-	type lateWant struct {
-		w  Want
-		at time.Time // when it comes back
-	}
-	var lates []lateWant
+	var lates lateWants
 	var stamps []time.Time
 	claims, missed, delayed := 0, 0, 0
 	for step := 0; step < 3*10*Buckets; step++ { // a step is a third of a bucket
@@ -118,39 +113,17 @@ func TestALateClaimCostsAFewOthers(t *testing.T) {
 		var back []Want
 		for _, w := range tiers.due(now) {
 			if step >= 3*3*Buckets && step < 3*3*Buckets+30 { // those due over ten buckets come back 30 buckets late
-				lates = append(lates, lateWant{w, now.Add(30 * width)})
+				lates.add(w, now.Add(30*width))
 				delayed++
 				continue
 			}
 			back = append(back, w)
 		}
-		lates = slices.DeleteFunc(lates, func(l lateWant) bool {
-			if l.at.After(now) {
-				return false
-			}
-			back = append(back, l.w)
-			return true
-		})
-		ws := append(back, wants(spec, "late", 50)...)
-		for i := range ws[len(back):] {
-			ws[len(back)+i].Until = now.Add(3 * time.Second)
-		}
-		gs, err := b.Take(context.Background(), ws)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tiers.refused(ws, gs)
-		for i, g := range gs {
-			if g.OK {
-				stamps = append(stamps, g.Until.Add(-width))
-			}
-			if i < len(back) {
-				claims++
-				if !g.OK {
-					missed++
-				}
-			}
-		}
+		back = append(back, lates.due(now)...)
+		got, refused := claimRound(t, b, &tiers, back, spec, "late", now)
+		stamps = append(stamps, got...)
+		claims += len(back)
+		missed += refused
 		c.Add(width / 3)
 	}
 	if delayed == 0 || missed > 2*delayed {
@@ -160,6 +133,30 @@ func TestALateClaimCostsAFewOthers(t *testing.T) {
 		t.Errorf("%d tokens in the busiest window, limit %d", worst, spec.Limit)
 	}
 	t.Logf("%d claims, %d missed, %d late; %d tokens in 10 s", claims, missed, delayed, len(stamps))
+}
+
+// claimRound asks b for the wants back and 50 new ones of key, each able to
+// wait 3 s, and holds the refused in tiers; it returns the granted tokens'
+// bucket starts and how many of the wants back were refused.
+func claimRound(t *testing.T, b *Budgets, tiers *heldWants, back []Want, spec *Spec, key string, now time.Time) (stamps []time.Time, missed int) {
+	t.Helper()
+	ws := append(back, wants(spec, key, 50)...)
+	for i := range ws[len(back):] {
+		ws[len(back)+i].Until = now.Add(3 * time.Second)
+	}
+	gs, err := b.Take(context.Background(), ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tiers.refused(ws, gs)
+	for i, g := range gs {
+		if g.OK {
+			stamps = append(stamps, g.Until.Add(-spec.Window/Buckets))
+		} else if i < len(back) {
+			missed++
+		}
+	}
+	return stamps, missed
 }
 
 // TestUnclaimKeepsThePromiseAgain: on a fixed clock, a budget of 2 per
@@ -318,22 +315,11 @@ func TestLateClaimsKeepTheBound(t *testing.T) {
 	spec := &Spec{Name: "bound", Limit: 100, Window: time.Second}
 	width := spec.Window / Buckets
 	rnd := rand.New(rand.NewPCG(1, 2))
-	type held struct {
-		w  Want
-		at time.Time // when it comes back
-	}
-	var tiers []held
+	var tiers lateWants
 	var stamps []time.Time
 	for step := 0; step < 10*Buckets; step++ {
 		now := clock.Now()
-		var ws []Want
-		tiers = slices.DeleteFunc(tiers, func(h held) bool {
-			if h.at.After(now) {
-				return false
-			}
-			ws = append(ws, h.w)
-			return true
-		})
+		ws := tiers.due(now)
 		news := wants(spec, "bound", 3) // 300 a second
 		for i := range news {
 			news[i].Until = now.Add(3 * time.Second)
@@ -360,7 +346,7 @@ func TestLateClaimsKeepTheBound(t *testing.T) {
 			case r < 0.3:
 				late = time.Duration(rnd.Int64N(int64(400 * time.Millisecond)))
 			}
-			tiers = append(tiers, held{w, g.RetryAt.Add(late)})
+			tiers.add(w, g.RetryAt.Add(late))
 		}
 		clock.Add(width)
 	}
@@ -371,4 +357,62 @@ func TestLateClaimsKeepTheBound(t *testing.T) {
 		t.Errorf("only %d tokens in 10 s under three times the limit", len(stamps))
 	}
 	t.Logf("%d tokens in 10 s", len(stamps))
+}
+
+// TestLateBatchesLeaveNoTokenIdle: on a fixed clock, a budget of 1,000 per
+// second (the whole limit at once: the tokens go round in one lump) under
+// far more demand for 12 s; the held sends of a quarter of the batches come
+// back together up to four buckets late, as a busy replica's do. A late
+// batch's tokens come back after the round's last promises, which the tokens
+// before them served: kept for the next round's last promises, they sat idle
+// for a round while new sends waited, and windows got 800 to 900 of 1,000.
+// Taken by new sends, they break those promises by a few buckets (the claims
+// follow them), and every window delivers the limit.
+func TestLateBatchesLeaveNoTokenIdle(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "idle", Limit: 1000, Window: time.Second}
+	width := spec.Window / Buckets
+	var tiers heldWants
+	var lates lateWants
+	var stamps []time.Time
+	rnd := rand.New(rand.NewPCG(1, 2))
+	t0 := c.Now()
+	claims, missed, late := 0, 0, 0
+	for step := 0; step < 3*12*Buckets; step++ { // a step is a third of a bucket
+		now := c.Now()
+		d := time.Duration(0)
+		if rnd.IntN(4) == 0 {
+			d = time.Duration(rnd.IntN(13)) * width / 3 // up to 4 buckets
+		}
+		for _, w := range tiers.due(now) { // this batch of the tiers comes back d late
+			lates.add(w, now.Add(d))
+			if d > 0 {
+				late++
+			}
+		}
+		back := lates.due(now)
+		got, refused := claimRound(t, b, &tiers, back, spec, "idle", now)
+		stamps = append(stamps, got...)
+		claims += len(back)
+		missed += refused
+		c.Add(width / 3)
+	}
+	perWindow := make([]int, 12)
+	for _, s := range stamps {
+		perWindow[min(11, int(s.Sub(t0)/time.Second))]++
+	}
+	for w, n := range perWindow {
+		if n != spec.Limit {
+			t.Errorf("window %d: %d sends, want the limit, %d (by window: %v)", w, n, spec.Limit, perWindow)
+			break
+		}
+	}
+	if worst := busiest(stamps, spec.Window); worst > spec.Limit {
+		t.Errorf("%d tokens in the busiest window, limit %d", worst, spec.Limit)
+	}
+	if late == 0 || missed > 2*late {
+		t.Errorf("%d of %d claims missed their token with %d late; want at most two per late claim", missed, claims, late)
+	}
+	t.Logf("%d claims (%d late), %d missed; by window: %v", claims, late, missed, perWindow)
 }
