@@ -77,7 +77,7 @@ local horizon = 64 * buckets -- buckets ahead a promise may be
 -- back after the round's last promises, which the tokens before them served, and those tokens were then kept
 -- for the next round's last promises while new sends waited: 1 to 3% of the limit lost for each such batch, up
 -- to 20% in a window (TestLateBatchesLeaveNoTokenIdle; TestThreeReplicasShareABudget with every core busy
--- granted fewer than 10,000 tokens in 16 runs of 40, 8,300 at least; 10,000 in 30 of 30 with this). With
+-- granted fewer than 10,000 tokens in 16 runs of 40, 8,300 at least; 10,000 in 20 of 20 with this). With
 -- `early` for new wants alone, that test's claims missed more (one run in 12 failed it: 6,100 of 9,000 found).
 local early = math.max(1, math.min(math.floor(buckets / 10), math.ceil(100 / width)))
 local unclaim = delta < 0 and n > 0 -- claims given back
