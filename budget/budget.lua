@@ -306,22 +306,25 @@ reply[1] = math.max(0, granted - #fresh)
 -- less those promised. A token promised at a bucket is taken from then until it comes back, so a bucket may
 -- promise only what every bucket until then can spare (the least pool over that span: a token that comes
 -- back early must not go to a new want while a later promise counts on it, but for the last `early` buckets).
--- With a burst (spread), bucket i of the window's grid promises at most its share of the limit's pace,
--- floor((i + 1) * limit / buckets) - floor(i * limit / buckets): 50 per second promises a token every other
--- bucket. A want whose bucket is not before its until is told it but promised nothing (it will not come
--- back), and the next want is promised that token.
+-- With a burst, a bucket promises at most a bucket's share of the limit. A want whose bucket is not before its
+-- until is told it but promised nothing (it will not come back), and the next want is promised that token.
 local j = granted + 1
 if j <= #fresh then
-  local per = burst > 0
+  local per = 0
+  if burst > 0 then
+    per = math.ceil(limit / buckets)
+  end
   local first = cur + width
   -- Buckets after its own that a promised token comes back: a window and a bucket after it is claimed, within
   -- a bucket of its time (that bucket is the slack a late claim needs). One claimed later comes back later,
-  -- and the claim promised it next follows it. The round is 2% longer than the window. With a bucket's share
-  -- rounded up (one per bucket for 50 per second), while every token went to a held send the tokens went round
-  -- in lumps (50 in the first half of each 1,020 ms) that drifted two buckets a round, and a whole window that
-  -- a lump straddled got 48 of 50, at times 47; on the grid they go round evenly, and every window gets 49
-  -- or 50. A round of a window and a bucket (tried) lifted the lumps' windows to 49, but left no slack:
-  -- after a SIGKILL, 1.85 to 2.11 hold records per job (1.03 to 1.33 with it).
+  -- and the claim promised it next follows it. The round is 2% longer than the window, so while every token
+  -- goes to a held send the tokens go round in lumps that drift two buckets a round, and a whole window that a
+  -- lump straddles gets 96% of the limit. A round of a window and a bucket (tried) lifted such windows to
+  -- 98%, but left no slack: after a SIGKILL, 1.85 to 2.11 hold records per job (1.03 to 1.33 with it).
+  -- Promises on a fixed grid of the limit's pace (bucket i of the window: floor((i + 1) * limit / buckets) -
+  -- floor(i * limit / buckets), tried) spread the lumps, but below a limit of one per bucket a token back
+  -- between the grid's slots waited for the next: 5 per second promised every 20th bucket, 18 buckets after
+  -- the tokens came back.
   local ret = buckets + 2
   local net, K = {}, 0 -- by bucket index from first: tokens that come back, less those promised
   local function add(t, c)
@@ -374,9 +377,8 @@ if j <= #fresh then
     local t = first + k * width
     local p = promised[t] or 0
     local x = (least[k] or pool) - assigned
-    if per then
-      local r = (t / width) % buckets
-      x = math.min(x, math.floor((r + 1) * limit / buckets) - math.floor(r * limit / buckets) - p)
+    if per > 0 then
+      x = math.min(x, per - p)
     end
     local took = 0
     while j <= #fresh and x > 0 do
