@@ -365,7 +365,7 @@ func TestLateClaimsKeepTheBound(t *testing.T) {
 // back together up to four buckets late, as a busy replica's do. A late
 // batch's tokens come back after the round's last promises, which the tokens
 // before them served: kept for the next round's last promises, they sat idle
-// for a round while new sends waited, and windows got 800 to 900 of 1,000.
+// for a round while new sends waited, and windows got 800 to 950 of 1,000.
 // Taken by new sends, they break those promises by a few buckets (the claims
 // follow them), and every window delivers the limit.
 func TestLateBatchesLeaveNoTokenIdle(t *testing.T) {
