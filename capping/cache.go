@@ -234,10 +234,12 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	if h[0] == 1 && e.is(entryWhole) {
 		raw := unsafe.String(&sh.arena[e.off], int(e.size))
 		switch {
-		case a.tally && len(raw) <= maxSwap && appendable(log, h, r, a):
-			if a.swap = swapped(raw, log, a); a.swap != "" {
-				a.expect = raw
-				*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the swap: see run
+		case a.tally: // its tally items change: a swap, or (a longer copy) the script; never an append
+			if len(raw) <= maxSwap && appendable(log, h, r, a) {
+				if a.swap = swapped(raw, log, a); a.swap != "" {
+					a.expect = raw
+					*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the swap: see run
+				}
 			}
 		case int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a):
 			a.expect = raw

@@ -41,6 +41,11 @@ func capSets(day time.Time, campaign string) [][]capping.Cap {
 			{Name: "campaign-twice-ever", Limit: 2, Tally: true, Keep: day.Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)},
 			{Name: "promo-3-a-week", Window: capping.Weekly, Limit: 3, Tally: true, Keep: day.Add(8 * 24 * time.Hour), Scope: promo},
 		},
+		{ // "heavy": loose caps, so that logs grow longer than the worker swaps in, beside tally caps
+			{Name: "hourly-40", Window: time.Hour, Limit: 40},
+			{Name: "campaign-6-ever", Limit: 6, Tally: true, Keep: day.Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)},
+			{Name: "promo-12-a-week", Window: capping.Weekly, Limit: 12, Tally: true, Keep: day.Add(8 * 24 * time.Hour), Scope: promo},
+		},
 	}
 }
 
@@ -105,7 +110,7 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 		case r < 0.045: // a segment swap or a rules reload: some users change cap lists
 			for u := 1; u <= users; u++ {
 				if rng.Float64() < 0.3 {
-					set[u] = rng.IntN(3)
+					set[u] = rng.IntN(4)
 				}
 			}
 			if rng.IntN(2) == 0 {

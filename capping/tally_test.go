@@ -196,3 +196,35 @@ func TestTallyInANewLog(t *testing.T) {
 		t.Fatalf("campaign c: %+v, want capped by two-90d until 90 days after the first send", d)
 	}
 }
+
+// TestLifetimeCapOfALongLog: with the near cache, a user whose log is longer
+// than the worker swaps in (maxSwap) gets two sends of a campaign capped at
+// once ever, beside 24 sends of others: the second is capped. (A copy of such
+// a log once took the first send as a plain append, its tally item never
+// written, and let the second through.)
+func TestLifetimeCapOfALongLog(t *testing.T) {
+	e := newEnv(t, func(c *capping.Config) { c.NearCache = 1000 })
+	const user = 71
+	send := func(campaign string) capping.Decision {
+		t.Helper()
+		r := job(user, "email", capping.Cap{Name: "daily-100", Window: capping.Daily, Limit: 100},
+			capping.Cap{Name: "once-ever", Limit: 1, Tally: true, Keep: e.clock.Now().Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign("w")})
+		r.Campaign = campaign
+		e.clock.Add(time.Second)
+		return e.decide(t, r)[0]
+	}
+	for range 24 {
+		if d := send("other"); !d.Allowed {
+			t.Fatalf("a send of another campaign: %+v, want allowed", d)
+		}
+	}
+	if d := send("w"); !d.Allowed {
+		t.Fatalf("the first send of w: %+v, want allowed", d)
+	}
+	if d := send("w"); d.Allowed || d.Cap != "once-ever" {
+		t.Fatalf("the second send of w: %+v, want capped by once-ever", d)
+	}
+	if s := e.lim.Stats(); s.CopyAppends == 0 {
+		t.Fatalf("no send was appended to the near cache's copy (%+v): the test does not exercise it", s)
+	}
+}
