@@ -41,7 +41,7 @@ func capSets(day time.Time, campaign string) [][]capping.Cap {
 			{Name: "campaign-twice-ever", Limit: 2, Tally: true, Keep: day.Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)},
 			{Name: "promo-3-a-week", Window: capping.Weekly, Limit: 3, Tally: true, Keep: day.Add(8 * 24 * time.Hour), Scope: promo},
 		},
-		{ // "heavy": loose caps, so that logs grow longer than the worker swaps in, beside tally caps
+		{ // "heavy": loose caps, so that logs grow long (past 512 bytes) beside tally caps
 			{Name: "hourly-40", Window: time.Hour, Limit: 40},
 			{Name: "campaign-6-ever", Limit: 6, Tally: true, Keep: day.Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)},
 			{Name: "promo-12-a-week", Window: capping.Weekly, Limit: 12, Tally: true, Keep: day.Add(8 * 24 * time.Hour), Scope: promo},

@@ -197,11 +197,11 @@ func TestTallyInANewLog(t *testing.T) {
 	}
 }
 
-// TestLifetimeCapOfALongLog: with the near cache, a user whose log is longer
-// than the worker swaps in (maxSwap) gets two sends of a campaign capped at
-// once ever, beside 24 sends of others: the second is capped. (A copy of such
-// a log once took the first send as a plain append, its tally item never
-// written, and let the second through.)
+// TestLifetimeCapOfALongLog: with the near cache, a user with a long log (24
+// sends of other campaigns, more than 512 bytes) gets two sends of a campaign
+// capped at once ever: the second is capped. (A copy of such a log, longer
+// than the near cache then swapped in, once took the first send as a plain
+// append, its tally item never written, and let the second through.)
 func TestLifetimeCapOfALongLog(t *testing.T) {
 	e := newEnv(t, func(c *capping.Config) { c.NearCache = 1000 })
 	const user = 71
