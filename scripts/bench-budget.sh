@@ -56,6 +56,7 @@ import json, statistics, sys
 b = json.loads(sys.argv[1])["budgets"][0]
 kill, session, window = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 w = [100 * n / b["limit"] for n in b["whole_windows"]]
+print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
 # whole window i covers [(i+1)*window, (i+2)*window) from the first allowed send, which the demand (and the
 # kill's clock, started just before the load generator) begins with
 grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
