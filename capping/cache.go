@@ -348,7 +348,7 @@ func evaluate(log []logItem, caps []Cap, a *reqArgs, head []int64) []int64 {
 	for i := range caps {
 		c := &caps[i]
 		since, reset := a.since[i], a.reset[i]
-		scoped := c.Scope != (Scope{})
+		scoped := !c.Scope.any()
 		count, oldest := int64(0), int64(0)
 		limit := int64(c.Limit)
 		if c.Tally {
@@ -563,7 +563,7 @@ func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
 			continue
 		}
 		since, reset := a.since[i], a.reset[i]
-		scoped := c.Scope != (Scope{})
+		scoped := !c.Scope.any()
 		count := int64(0)
 		var t string
 		if c.Tally {
