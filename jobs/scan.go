@@ -447,17 +447,29 @@ func (s *scanner) digits() bool {
 // of the type, then its own, and was 4% of the worker's CPU (a blast's
 // profile); a hit costs a hash and a compare. The cache holds at most
 // len(internCache) strings alive, whatever the jobs carry.
+//
+// A slot keeps the string's unique handle, not the string alone: while it
+// holds it, unique keeps that copy and hands it to every caller. (With the
+// string alone, a collection could drop unique's copy while the slot still
+// answered with it, and unique.Make then make a second one.)
 func intern(b []byte) string {
 	slot := &internCache[maphash.Bytes(internSeed, b)%uint64(len(internCache))]
-	if p := slot.Load(); p != nil && *p == string(b) {
-		return *p
+	if e := slot.Load(); e != nil && e.s == string(b) {
+		return e.s
 	}
-	s := unique.Make(string(b)).Value()
-	slot.Store(&s)
-	return s
+	h := unique.Make(string(b))
+	e := &interned{h, h.Value()}
+	slot.Store(e)
+	return e.s
+}
+
+// interned is a slot of intern's cache: a string and its unique handle.
+type interned struct {
+	h unique.Handle[string]
+	s string
 }
 
 var (
 	internSeed  = maphash.MakeSeed()
-	internCache [1024]atomic.Pointer[string]
+	internCache [1024]atomic.Pointer[interned]
 )

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"runtime"
 	"sync"
 	"testing"
+	"unique"
 	"unsafe"
 )
 
@@ -59,7 +61,9 @@ func TestScanJobTakesTheUsualMessages(t *testing.T) {
 
 // TestInternReturnsTheString: intern's cache answers with the string it was
 // given, whichever strings share its slots (more of them than the cache has
-// slots, each asked twice), one copy per string, from goroutines at once.
+// slots, each asked twice), one copy per string while that string is
+// interned (its unique handle alive: once none is, a collection may drop
+// unique's copy and the next call make another), from goroutines at once.
 func TestInternReturnsTheString(t *testing.T) {
 	n := 4 * len(internCache)
 	var wg sync.WaitGroup
@@ -70,15 +74,17 @@ func TestInternReturnsTheString(t *testing.T) {
 			for round := range 2 {
 				for i := range n {
 					want := fmt.Sprintf("campaign-%d", (i+g*n/4)%n)
+					h := unique.Make(want)
 					got := intern([]byte(want))
 					if got != want {
 						t.Errorf("round %d: intern(%q) = %q", round, want, got)
 						return
 					}
-					if again := intern([]byte(want)); unsafe.StringData(again) != unsafe.StringData(got) {
+					if again := intern([]byte(want)); unsafe.StringData(again) != unsafe.StringData(got) || unsafe.StringData(got) != unsafe.StringData(h.Value()) {
 						t.Errorf("intern(%q) returned two copies", want)
 						return
 					}
+					runtime.KeepAlive(h)
 				}
 			}
 		}()
