@@ -91,8 +91,8 @@ rules:
 
 // TestStalledReplicaKeepsTheBudget: two replicas share an SMS budget of 20
 // per second. One (whichever) takes tokens for a batch whose users' Redis
-// master is frozen, and is then itself stopped (SIGSTOP) for two windows while the
-// other spends the budget on its own jobs; later it is stopped three more
+// master is frozen, and is then itself stopped (SIGSTOP) for two windows
+// while the other spends the budget on its own jobs; later it is stopped three more
 // times for two windows each, wherever it is, while a burst flows. A
 // stalled replica's sends are decided within their tokens' buckets (the
 // frozen master decides them when it thaws, at the time the replica asked)
