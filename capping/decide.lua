@@ -8,9 +8,11 @@
 --           15.. one pair per tag (see capping.Member); a tally item's: its field (8 bytes: a digest of a
 --           tally cap's scope and window), the sends counted (I4), until when it is kept (i8 ms), then for a
 --           rolling cap the times of the last tallyTimes of them (i8 ms each, oldest first)
--- marks and tally items first, then the entries oldest first. A tally cap (flagTally) is counted from its
--- item, not the entries: a lifetime count, or a long window's last sends, in a few bytes per scope; the log is
--- kept until its last item's keep, and written whole (SET PX) when an item changes. A log costs a call one
+-- marks and tally items first, then the entries oldest first, as a log written whole packs them (a worker's
+-- patch, modePatch, appends new tally items after the entries: an item may lie anywhere, and counts in no
+-- window). A tally cap (flagTally) is counted from its item, not the entries: a lifetime count, or a long
+-- window's last sends, in a few bytes per scope; the log is kept until its last item's keep (plus the
+-- retention's slack), and written whole (SET PX) when this script counts an item. A log costs a call one
 -- GET, one struct.unpack per entry (no string made unless a step needs the members) and, when it records,
 -- one APPEND of the entry (or one SET
 -- PX of the whole log with a new TTL, once the TTL left is below the retention: the header says so without a
@@ -41,10 +43,15 @@
 --                 preferences when prefs is 1, the entry is appended (one GET, an EXISTS with prefs, one
 --                 APPEND, reply replyWritten '=': what modeRecord would write and answer); otherwise the request is decided
 --                 as in modeRecord (its caps are all there), so a copy gone stale costs nothing extra
---                 modeSwap (6): as modeAppend, for a send with tally caps: ARGV[3] is the length of the worker's copy
---                 (I4), the copy, then the log it makes of it (its tally items counted, the entry appended, a new
---                 header: what modeRecord would write), SET with the TTL its header says if the log is the copy
---                 (and the user has no preferences when prefs is 1), reply '='; otherwise decided as in modeRecord
+--                 modePatch (6): as modeAppend, for a send with tally caps: ARGV[3] is the worker's copy, and
+--                 its patch follows the prefs byte (I2 + bytes, before the caps): the header's new expiry (i8; 0:
+--                 the TTL stays), the number of items counted in place (B), each as its member's place in the
+--                 log (I4, 0-based) and its new member (I2 + bytes, of the same length), then the new tally
+--                 items packed as the log packs them. If the log is the copy (and the user has no preferences
+--                 when prefs is 1), each item is written in place (SETRANGE), the new items and the entry
+--                 appended after the entries (one APPEND), and with an expiry the header and the TTL set
+--                 (SETRANGE, PEXPIRE): counted as modeRecord counts, without the log written whole; reply '='.
+--                 Otherwise decided as in modeRecord
 --                 modeNewLog (5): the worker found the send allowed by every cap if the user has no log, a send that
 --                 reads preferences (the others are written by a SET NX, no script): if the user has no
 --                 log, and no preferences, ARGV[3] is written as the new log (its header, then the entry:
@@ -132,7 +139,7 @@ local modeExact = 2
 local modeMark = 3
 local modeAppend = 4
 local modeNewLog = 5
-local modeSwap = 6
+local modePatch = 6
 local statusCapped = 0
 local statusAllowed = 1
 local statusDuplicate = 2
@@ -674,9 +681,11 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep =
     readLog(key, record, now, retention)
 
-  -- ttl is the key's TTL after a write: the retention plus a slack (an eighth, at most an hour), or until its
-  -- last tally item's keep.
-  local ttl = math.max(retention + math.min(math.floor(retention / 8), 3600000), tkeep - now)
+  -- ttl is the key's TTL after a write: the retention, or until its last tally item's keep if later, plus a
+  -- slack (an eighth of the retention, at most an hour; with it, the next keeps of a rule's retain, a little
+  -- later each, need no new TTL for a while: see modePatch).
+  local slack = math.min(math.floor(retention / 8), 3600000)
+  local ttl = math.max(retention, tkeep - now) + slack
 
   local status, recorded = statusAllowed, duplicateOf(log, member, scores, starts, n)
   if recorded then
@@ -737,7 +746,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
       tally = tally or {}
       for field, u in pairs(updates) do
         tally[field] = counted(tally[field], field, u[1], u[2], now)
-        ttl = math.max(ttl, u[1] - now)
+        ttl = math.max(ttl, u[1] - now + slack)
       end
     end
     written = save(key, now, ttl, retention, log, expires, zset or stale > 0 or updates ~= nil, marks, tally, starts, n,
@@ -803,11 +812,22 @@ local function run(KEYS, ARGV)
       else
         mode = modeRecord
       end
-    elseif mode == modeSwap then -- the worker's new log, if the log is its copy (and no preferences)
-      local n = struct.unpack('>I4', ARGV[i + 2])
-      local new = string.sub(ARGV[i + 2], 5 + n)
-      if redis.pcall('GET', key) == string.sub(ARGV[i + 2], 5, 4 + n) and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
-        redis.call('SET', key, new, 'PX', struct.unpack('>i8', new) - now)
+    elseif mode == modePatch then -- the worker's patch of its copy, if the log is its copy (and no preferences)
+      local pos = first + 2
+      first = pos + struct.unpack('>I2', packed, first) -- the caps follow the patch
+      if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
+        local expiry, k
+        expiry, k, pos = struct.unpack('>i8B', packed, pos)
+        for _ = 1, k do
+          local at, m
+          at, m, pos = struct.unpack('>I4I2c0', packed, pos)
+          redis.call('SETRANGE', key, at, m)
+        end
+        redis.call('APPEND', key, string.sub(packed, pos, first - 1) .. struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
+        if expiry > 0 then
+          redis.call('SETRANGE', key, 0, struct.pack('>i8', expiry))
+          redis.call('PEXPIRE', key, expiry - now)
+        end
         reply = replyWritten
       else
         mode = modeRecord

@@ -325,7 +325,7 @@ func (r *round) pending() []int {
 				sc.sent = sent
 			}
 			if sent[reqs[i].who()] {
-				b.args[i].expect, b.args[i].swap = "", "" // the copy will not hold the earlier request's outcome
+				b.args[i].expect, b.args[i].patch, b.args[i].patched = "", "", "" // the copy will not hold the earlier request's outcome
 			}
 			if b.args[i].expect == "" { // else the copy's decision, for an append (see decideAll)
 				r.decs[i] = Decision{}
@@ -419,9 +419,9 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 		l.newLogs.Add(1)
 		r.decs[i], tail, err = b.newLogDecision(i, now, a.named)
 		raw = a.named
-	case a.expect != "" && v == replyWritten: // recorded by an APPEND to the copy's log, or its swap
+	case a.expect != "" && v == replyWritten: // recorded by an APPEND to the copy's log, or its patch
 		l.copyAppends.Add(1)
-		raw = a.swap
+		raw = a.patched
 		if raw == "" {
 			raw = appendedLog(a) // decs[i]: the copy's decision (see decideAll)
 		}

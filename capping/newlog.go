@@ -60,13 +60,12 @@ func newLogEligible(r *Request, a *reqArgs) bool {
 // value (its header, then the entry: see decide.lua) and its TTL in ms, as
 // the script's save writes them, in buf (of capacity newLogLen(a) at least).
 func newLog(buf []byte, a *reqArgs) (value string, ttl int64) {
-	ttl = a.retention + min(a.retention/8, 3_600_000)
 	b := buf[:8] // the header, below: the TTL is known after the tally items
 	var keep int64
 	if a.tally {
 		b, keep = appendTally(b, a)
-		ttl = max(ttl, keep-a.now)
 	}
+	ttl = max(a.retention, keep-a.now) + min(a.retention/8, 3_600_000)
 	binary.BigEndian.PutUint64(b, uint64(a.now+ttl))
 	b = appendEntry(b, a.now, a.member)
 	return unsafe.String(unsafe.SliceData(b), len(b)), ttl

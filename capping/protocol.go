@@ -54,7 +54,7 @@ const (
 	modeMark   = 3 // mark a send refused outside the script (expired, quiet hours, a budget)
 	modeAppend = 4 // append the send if the log is still the worker's copy, else as modeRecord
 	modeNewLog = 5 // write the new log if the user has none (nor preferences), else as modeRecord
-	modeSwap   = 6 // write the worker's new log if the log is still its copy (a send with tally caps), else as modeRecord
+	modePatch  = 6 // patch the log if it is still the worker's copy (a send with tally caps), else as modeRecord
 
 	statusCapped     = 0   // a cap refused the send
 	statusAllowed    = 1   // allowed (recorded, unless looking); in modeMark: marked now
@@ -142,10 +142,10 @@ type reqArgs struct {
 	// the request's Decision until Redis answers): the script appends the
 	// send if the log is still that (mode 4, see decide.lua), else decides it.
 	expect string
-	// swap, with expect, is the log the near cache made of its copy for a
-	// send with tally caps (see swapped): the script writes it if the log is
-	// still the copy (mode 6).
-	swap string
+	// patch, with expect, is the patch of the copy that records a send with
+	// tally caps (see patch), which the script applies if the log is still
+	// the copy (mode 6); patched is the log after it.
+	patch, patched string
 
 	// tally: one of caps is a Tally cap (decided from the log's tally items).
 	tally bool
@@ -348,6 +348,9 @@ const (
 // packedLen is the length of a's packed values (see pack).
 func packedLen(a *reqArgs) int {
 	n := packedHead
+	if a.patch != "" {
+		n += 2 + len(a.patch)
+	}
 	for i := range a.caps {
 		n += packedCap + a.caps[i].filterLen()
 	}
@@ -370,8 +373,8 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 	switch {
 	case r.Refused != "":
 		mode = modeMark
-	case record && a.expect != "" && a.swap != "":
-		mode, a.named = modeSwap, swapArg(a.expect, a.swap)
+	case record && a.expect != "" && a.patch != "":
+		mode, a.named = modePatch, a.expect
 	case record && a.expect != "":
 		mode, a.named = modeAppend, a.expect
 	case record && fresh != "":
@@ -391,6 +394,10 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 		prefs = 1
 	}
 	b = append(b, byte(r.Priority), prefs)
+	if mode == modePatch {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(a.patch)))
+		b = append(b, a.patch...)
+	}
 	for i := range a.caps {
 		c := &a.caps[i]
 		b = binary.BigEndian.AppendUint64(b, uint64(a.since[i]))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -144,14 +145,42 @@ func tallyLenOf(a *reqArgs) int {
 	return n
 }
 
-// splitTally splits a copy of a log (see the near cache) into its tally
-// items, which come first (score 0), and its entries.
+// splitTally splits a copy of a log (see the near cache), its tally items
+// first (see tallyFirst), into its tally items (score 0) and its entries.
 func splitTally(log []logItem) (tally, entries []logItem) {
 	n := 0
 	for n < len(log) && log[n].score == 0 {
 		n++
 	}
 	return log[:n], log[n:]
+}
+
+// tallyFirst moves log's tally items before its entries, in place, each in
+// its order: a patch (decide.lua's mode 6) appends new items after the
+// entries, and the near cache reads a copy's items first (splitTally).
+func tallyFirst(log []logItem) {
+	k := 0
+	for k < len(log) && log[k].score == 0 {
+		k++
+	}
+	i := k
+	for i < len(log) && log[i].score != 0 {
+		i++
+	}
+	if i == len(log) {
+		return // the usual case: items first, as the script writes a log whole
+	}
+	var buf [cacheMaxLog]logItem
+	entries := buf[:0]
+	for _, it := range log[k:] { // it is read before log[k], at or before it, is written
+		if it.score == 0 {
+			log[k] = it
+			k++
+		} else {
+			entries = append(entries, it)
+		}
+	}
+	copy(log[k:], entries)
 }
 
 // tallyItem returns the member of the tally item of field among tally ("": none).
@@ -194,65 +223,101 @@ func tallyKth(t string, since, k int64) int64 {
 	return 0
 }
 
-// swapped returns the log decide.lua would write for a's send with tally
-// caps, allowed from the whole copy raw (log: its items, tally items first,
-// which appendable found all kept, no entry aged out or after now): the
-// items of a's tally caps that apply to it counted (counted), all of them by
-// field, the copy's entries and the send's, after a header of now plus the
-// TTL the script would set.
-func swapped(raw string, log []logItem, a *reqArgs) string {
-	tally, _ := splitTally(log)
-	off := 8 // where the copy's entries start in raw
+// patch returns, for a's send with tally caps allowed from the whole copy
+// raw (appendable found its items all kept, no entry aged out or after now),
+// the patch decide.lua's mode 6 applies to the log if it is still raw, which
+// records the send as the script would count it (each tally item of a's caps
+// that apply counted, in place; the new ones, by field, and the entry
+// appended; a new header and TTL when the send's keeps or the retention
+// outlast the log's), and the log after it. It returns "", "" when a counted
+// item would change its length (a rolling cap's times, until MaxTallyTimes
+// of them): the script decides that send and writes the log whole.
+func patch(raw string, a *reqArgs) (arg, after string) {
 	type item struct {
+		at    int // where its member starts in raw (-1: a new item)
 		field uint64
 		m     string
 	}
-	var buf [maxCaps]item
-	items := buf[:0]
-	for _, it := range tally {
-		off += 10 + len(it.member)
-		items = append(items, item{be64(it.member, 0), it.member})
+	var found [cacheMaxLog]item // the copy's tally items (a copy holds at most cacheMaxLog items)
+	have := found[:0]
+	tkeep := int64(0) // the latest keep of the log's items after the patch
+	for p := 8; p < len(raw); {
+		m, score, next, ok := nextEntry(raw, p)
+		if !ok || len(have) == len(found) {
+			return "", ""
+		}
+		if score == 0 && len(m) >= 20 {
+			have = append(have, item{p + 10, be64(m, 0), m})
+			tkeep = max(tkeep, int64(be64(m, 12)))
+		}
+		p = next
 	}
-	var done [maxCaps]uint64 // fields counted already: caps of one field count once
-	counted := done[:0]
+	var buf [maxCaps]item // the items the send counts
+	counts := buf[:0]
 	for i := range a.caps {
 		c := &a.caps[i]
 		f := c.tallyField()
-		if !c.Tally || !c.appliesTo(a.member) || slices.Contains(counted, f) {
+		if !c.Tally || !c.appliesTo(a.member) || slices.ContainsFunc(counts, func(it item) bool { return it.field == f }) {
 			continue
 		}
-		counted = append(counted, f)
 		keep := c.Keep.UnixMilli() // the latest of the caps of its field that apply
 		for j := i + 1; j < len(a.caps); j++ {
 			if o := &a.caps[j]; o.Tally && o.appliesTo(a.member) && sharesField(a.caps[i:i+1], o) {
 				keep = max(keep, o.Keep.UnixMilli())
 			}
 		}
-		k := slices.IndexFunc(items, func(it item) bool { return it.field == f })
-		var old string
-		if k >= 0 {
-			old = items[k].m
+		it := item{at: -1, field: f}
+		if k := slices.IndexFunc(have, func(h item) bool { return h.field == f }); k >= 0 {
+			it = have[k]
 		}
-		m := countItem(old, f, keep, c.Window > 0, a.now)
-		if k >= 0 {
-			items[k].m = m
+		m := countItem(it.m, f, keep, c.Window > 0, a.now)
+		if it.at >= 0 && len(m) != len(it.m) {
+			return "", ""
+		}
+		it.m = m
+		counts = append(counts, it)
+		tkeep = max(tkeep, int64(be64(m, 12)))
+	}
+	slices.SortFunc(counts, func(x, y item) int { return cmp.Compare(x.field, y.field) })
+	var expiry int64 // the header's new expiry (0: it stays): as the script's ttl
+	if h := int64(be64(raw, 0)); h-a.now < a.retention || h < tkeep {
+		expiry = a.now + max(a.retention, tkeep-a.now) + min(a.retention/8, 3_600_000)
+	}
+	edits, plen, tail := 0, 9, 0 // items counted in place; the patch's length; its new items'
+	for _, it := range counts {
+		if it.at >= 0 {
+			edits++
+			plen += 6 + len(it.m)
 		} else {
-			items = append(items, item{f, m})
+			tail += 10 + len(it.m)
 		}
 	}
-	slices.SortFunc(items, func(x, y item) int { return cmp.Compare(x.field, y.field) })
-	ttl := a.retention + min(a.retention/8, 3_600_000)
-	n := len(raw) - off + 10 + len(a.member) + 8
-	for _, it := range items {
-		ttl = max(ttl, int64(be64(it.m, 12))-a.now)
-		n += 10 + len(it.m)
+	plen += tail
+	nw := len(raw) + tail + 10 + len(a.member)
+	all := make([]byte, 0, nw+plen) // the log after the patch, then the patch: one allocation
+	w, b := all[:0:nw], all[nw:nw]
+	w = append(w, raw...)
+	if expiry != 0 {
+		binary.BigEndian.PutUint64(w, uint64(expiry))
 	}
-	b := binary.BigEndian.AppendUint64(make([]byte, 0, n), uint64(a.now+ttl))
-	for _, it := range items {
-		b = appendEntry(b, 0, it.m)
+	b = binary.BigEndian.AppendUint64(b, uint64(expiry))
+	b = append(b, byte(edits))
+	for _, it := range counts {
+		if it.at >= 0 {
+			copy(w[it.at:], it.m)
+			b = binary.BigEndian.AppendUint32(b, uint32(it.at))
+			b = binary.BigEndian.AppendUint16(b, uint16(len(it.m)))
+			b = append(b, it.m...)
+		}
 	}
-	b = appendEntry(append(b, raw[off:]...), a.now, a.member)
-	return string(b)
+	for _, it := range counts {
+		if it.at < 0 {
+			b = appendEntry(b, 0, it.m)
+			w = appendEntry(w, 0, it.m)
+		}
+	}
+	w = appendEntry(w, a.now, a.member)
+	return unsafe.String(unsafe.SliceData(b), len(b)), unsafe.String(unsafe.SliceData(w), len(w))
 }
 
 // countItem is decide.lua's counted: tally item member t ("": a new one, of
@@ -276,11 +341,4 @@ func countItem(t string, field uint64, keep int64, timed bool, now int64) string
 		b = binary.BigEndian.AppendUint64(append(b, times...), uint64(now))
 	}
 	return string(b)
-}
-
-// swapArg is decide.lua's ARGV[3] in mode 6: the copy's length, the copy,
-// then the log to write in its place.
-func swapArg(expect, swap string) string {
-	b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(expect)+len(swap)), uint32(len(expect)))
-	return string(append(append(b, expect...), swap...))
 }

@@ -55,7 +55,7 @@ fi
 # scripts and the commands they call, WAIT (redis.min_replicas_acked), TIME (max_clock_skew), and what the cluster client needs
 # (CLUSTER SLOTS for the slot map, COMMAND for the commands' key positions).
 # docs/security.md prints this line for operators; the secured tests run the worker with exactly it.
-REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +fcall +function|load +evalsha +eval +script|load +get +set +append +del +zrange +zrem +zadd +zscore +zremrangebyscore +exists +pexpire +hget +hgetall +hset +hincrby +hdel +hlen +pttl +wait +time +ping +cluster|slots +command'
+REDIS_CAPPER_ACL='resetkeys ~fc:* resetchannels -@all +fcall +function|load +evalsha +eval +script|load +get +set +append +setrange +del +zrange +zrem +zadd +zscore +zremrangebyscore +exists +pexpire +hget +hgetall +hset +hincrby +hdel +hlen +pttl +wait +time +ping +cluster|slots +command'
 S3_BUCKET=${CAPPER_S3_BUCKET:-capper-segments}
 PARTITIONS=${CAPPER_PARTITIONS:-6}
 TOPICS=${CAPPER_TOPICS:-sends,sends.allowed,sends.capped,sends.dlq,sends.held,sends.delay.100ms,sends.delay.1s,sends.delay.10s,sends.delay.1m,sends.delay.10m,sends.delay.1h,sends.delay.6h}

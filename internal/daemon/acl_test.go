@@ -23,8 +23,8 @@ import (
 // TestRedisACLCoversEveryCommand runs every Redis command path of the worker
 // as the secured stack's user capper, whose rules are exactly docs/security.md's ACL
 // line: script loading, decisions that record, age entries out and wait for
-// a replica, the EVAL fallback after the script cache was flushed, and
-// budgets taken, peeked at and given back, collapse keys kept and read,
+// a replica, the EVAL fallback after the script cache was flushed, lifetime
+// caps counted through the near cache, and budgets taken, peeked at and given back, collapse keys kept and read,
 // the clock skew measured (TIME). Any command the line lacks fails
 // with NOPERM.
 func TestRedisACLCoversEveryCommand(t *testing.T) {
@@ -77,6 +77,24 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	}
 	time.Sleep(600 * time.Millisecond)
 	decide("j4", true)
+
+	// Lifetime caps through the near cache: a new log (SET NX), then patches
+	// of its copy: a new scope's item appended, a scope's item counted in
+	// place (SETRANGE).
+	life, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, NearCache: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, campaign := range []string{"a", "b", "a"} {
+		once := capping.Cap{Name: "twice-ever", Limit: 2, Tally: true, Keep: time.Now().Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)}
+		ds, err := life.Decide(ctx, []capping.Request{{UserID: 12, JobID: fmt.Sprint("life-", i), Channel: "email", Campaign: campaign, Caps: []capping.Cap{once}}})
+		if err != nil || !ds[0].Allowed {
+			t.Fatalf("a send with a lifetime cap as capper: %+v %v", ds, err)
+		}
+	}
+	if s := life.Stats(); s.CopyAppends != 2 {
+		t.Fatalf("%d sends with a lifetime cap patched the near cache's copy, want 2 (%+v)", s.CopyAppends, s)
+	}
 
 	arb, at := arbitrateAs(t, ctx, rdb, prefix) // HSET, PEXPIRE, HGET, HGETALL, HDEL; arb's clock stays at
 
