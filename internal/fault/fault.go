@@ -58,7 +58,8 @@ func Cause(err error) string {
 	switch {
 	case strings.Contains(msg, "WRONGPASS"), strings.Contains(msg, "NOAUTH"), strings.Contains(msg, "invalid password"):
 		return "authentication failed"
-	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "Authorization Failed"):
+	case strings.Contains(msg, "NOPERM"), strings.Contains(msg, "Authorization Failed"),
+		strings.Contains(msg, "The user executing the script can't run this command"): // a command a script calls
 		return "permission denied"
 	case strings.Contains(msg, "remote error: tls: bad certificate"), strings.Contains(msg, "remote error: tls: certificate required"),
 		strings.Contains(msg, "remote error: tls: unknown certificate authority"), strings.Contains(msg, "remote error: tls: certificate expired"):

@@ -31,6 +31,7 @@ func TestCause(t *testing.T) {
 		{"redis wrongpass", errors.New("WRONGPASS invalid username-password pair or user is disabled."), "authentication failed"},
 		{"redis noauth", errors.New("NOAUTH Authentication required."), "authentication failed"},
 		{"redis noperm", fmt.Errorf("decide: %w", errors.New("NOPERM this user has no permissions to run the 'evalsha' command")), "permission denied"},
+		{"redis noperm in a script", errors.New(`capping: decide job "j" for user 12: ERR The user executing the script can't run this command or subcommand script: capper_decide_62c1ce68554f71b2, on @user_function:824.`), "permission denied"},
 		{"redis loading is transient", errors.New("LOADING Redis is loading the dataset in memory"), ""},
 		{"client certificate refused (Kafka)", errors.New("kafka.(*Client).Metadata: remote error: tls: bad certificate"), "TLS: the server refused capper's client certificate (missing, expired, or not signed by a CA it trusts)"},
 		{"client certificate required (Go servers)", errors.New("remote error: tls: certificate required"), "TLS: the server refused capper's client certificate (missing, expired, or not signed by a CA it trusts)"},
