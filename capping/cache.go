@@ -274,8 +274,8 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 // (see patch) that counts each item in place and appends a new scope's item
 // with the entry, and mode 6 applies it if the log is still the copy. A patch
 // costs Redis what an append costs, a SETRANGE more per item counted in
-// place, where writing the log whole (a swap of the copy for the new log, or
-// the script's) costs it the log's bytes again: BenchmarkLifetime/lifetime/
+// place, where writing the log whole (a swap of the copy for the new log)
+// costs it the log's bytes again: BenchmarkLifetime/lifetime/
 // warm/cache made 0.67 of the decisions/s of /none/warm/cache with patches
 // against 0.55 with swaps (medians of 5 alternated rounds; /cold/cache 0.84
 // and 0.83, its users mostly new logs).

@@ -8,11 +8,13 @@
 --           15.. one pair per tag (see capping.Member); a tally item's: its field (8 bytes: a digest of a
 --           tally cap's scope and window), the sends counted (I4), until when it is kept (i8 ms), then for a
 --           rolling cap the times of the last tallyTimes of them (i8 ms each, oldest first)
--- marks and tally items first, then the entries oldest first, as a log written whole packs them (a worker's
--- patch, modePatch, appends new tally items after the entries: an item may lie anywhere, and counts in no
--- window). A tally cap (flagTally) is counted from its item, not the entries: a lifetime count, or a long
--- window's last sends, in a few bytes per scope; the log is kept until its last item's keep (plus the
--- retention's slack), and written whole (SET PX) when this script counts an item. A log costs a call one
+-- marks and tally items first, then the entries oldest first, as a log written whole packs them (a patch, the
+-- worker's (modePatch) or this script's (patchLog), appends new tally items after the entries: an item may lie
+-- anywhere, and counts in no window). A tally cap (flagTally) is counted from its item, not the entries: a
+-- lifetime count, or a long window's last sends, in a few bytes per scope; the log is kept until its last
+-- item's keep (plus the retention's slack). A send that counts items is recorded by a patch (each item the log
+-- holds written in place, the new ones appended with the entry), or with the log written whole (SET PX) when
+-- an item changes its length (a rolling cap's times) or the log must be written whole anyway. A log costs a call one
 -- GET, one struct.unpack per entry (no string made unless a step needs the members) and, when it records,
 -- one APPEND of the entry (or one SET
 -- PX of the whole log with a new TTL, once the TTL left is below the retention: the header says so without a
@@ -247,6 +249,12 @@ end
 
 -- tallyItems returns the tally items of tally (field -> member; nil: none) packed as the log packs them, by
 -- field: the same tally is the same bytes whichever decision wrote it.
+local function fieldLess(x, y) -- as numbers: string order is the server's locale's (strcoll)
+  local x1, x2 = struct.unpack('>I4I4', x)
+  local y1, y2 = struct.unpack('>I4I4', y)
+  return x1 < y1 or (x1 == y1 and x2 < y2)
+end
+
 local function tallyItems(tally)
   if not tally then
     return ''
@@ -255,11 +263,7 @@ local function tallyItems(tally)
   for field in pairs(tally) do
     fields[#fields + 1] = field
   end
-  table.sort(fields, function(x, y) -- as numbers: string order is the server's locale's (strcoll)
-    local x1, x2 = struct.unpack('>I4I4', x)
-    local y1, y2 = struct.unpack('>I4I4', y)
-    return x1 < y1 or (x1 == y1 and x2 < y2)
-  end)
+  table.sort(fields, fieldLess)
   local parts = {}
   for i, field in ipairs(fields) do
     parts[i] = struct.pack(entryhead, 0, #tally[field]) .. tally[field]
@@ -309,6 +313,61 @@ local function save(key, now, ttl, retention, log, expires, rewrite, marks, tall
   return value
 end
 
+-- patchLog records an entry (packed) after the n entries of log, counting the tally items of updates
+-- (field -> the item after the send) as modePatch writes a worker's patch: an item the log holds (its member
+-- at tpos[field]) written in place, the new ones (by field) and the entry appended in one APPEND, and a new
+-- header and TTL (now + ttl) only when the log's header no longer covers the retention or the items' keep
+-- (tkeep, the latest). It writes nothing and returns nil when a counted item changes its length (a rolling
+-- cap's times): save then writes the log whole. Otherwise it returns the log after it when whole is set (for
+-- the caller's near cache), else true.
+local function patchLog(key, log, now, ttl, retention, expires, tkeep, tally, tpos, updates, entry, whole)
+  local edits, fresh = {}, {}
+  for field in pairs(updates) do
+    local at = tpos and tpos[field]
+    if at then
+      if #tally[field] ~= struct.unpack('>I2', log, at - 2) then
+        return nil
+      end
+      edits[#edits + 1] = at
+    else
+      fresh[#fresh + 1] = field
+    end
+    tkeep = math.max(tkeep, struct.unpack('>i8', tally[field], 13))
+  end
+  table.sort(edits)
+  local parts = {}
+  for i, at in ipairs(edits) do
+    parts[i] = tally[string.sub(log, at, at + 7)]
+    redis.call('SETRANGE', key, at - 1, parts[i])
+  end
+  table.sort(fresh, fieldLess)
+  local tail = {}
+  for i, field in ipairs(fresh) do
+    tail[i] = struct.pack(entryhead, 0, #tally[field]) .. tally[field]
+  end
+  tail[#tail + 1] = entry
+  tail = table.concat(tail)
+  redis.call('APPEND', key, tail)
+  local header = nil
+  if expires - now < retention or expires < tkeep then
+    header = struct.pack('>i8', now + ttl)
+    redis.call('SETRANGE', key, 0, header)
+    redis.call('PEXPIRE', key, ttl)
+  end
+  if not whole then
+    return true
+  end
+  local out, p = { header or string.sub(log, 1, 8) }, 9
+  for i, at in ipairs(edits) do
+    out[#out + 1] = string.sub(log, p, at - 1)
+    out[#out + 1] = parts[i]
+    p = at + #parts[i]
+  end
+  out[#out + 1] = string.sub(log, p)
+  out[#out + 1] = tail
+  return table.concat(out)
+end
+
 -- list returns the members of the n entries of log whose members start at starts[1..n].
 local function list(log, starts, n)
   local members = {}
@@ -343,7 +402,7 @@ local function readLog(key, record, now, retention)
   local log, zset = load(key)
   local scores, starts, n = {}, {}, 0
   local marks, refused, stale = nil, nil, 0
-  local tally, tkeep = nil, 0
+  local tally, tkeep, tpos = nil, 0, nil
   local from, gap = nil, false
   local horizon = now - retention
   local pos, size, expires = 9, #log, 0 -- none in an empty log
@@ -360,8 +419,8 @@ local function readLog(key, record, now, retention)
       local t = string.sub(log, at, nxt - 1)
       local keep = struct.unpack('>i8', t, 13)
       if not record or keep >= now then
-        tally = tally or {}
-        tally[string.sub(t, 1, 8)] = t
+        tally, tpos = tally or {}, tpos or {}
+        tally[string.sub(t, 1, 8)], tpos[string.sub(t, 1, 8)] = t, at
         tkeep = math.max(tkeep, keep)
       else
         stale = stale + 1
@@ -388,7 +447,7 @@ local function readLog(key, record, now, retention)
     end
     pos = nxt
   end
-  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep
+  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep, tpos
 end
 
 -- duplicateOf returns the score of the kept entry whose member is member (found as bytes in log, then checked
@@ -678,7 +737,7 @@ end
 -- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
 local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
   local record = mode ~= modeLook
-  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep =
+  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep, tpos =
     readLog(key, record, now, retention)
 
   -- ttl is the key's TTL after a write: the retention, or until its last tally item's keep if later, plus a
@@ -742,17 +801,22 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
       j = j - 1
     end
     entry = struct.pack(entryhead, now, #member) .. member
-    if updates then -- the tally items of the caps that count it, in the log written whole
+    if updates then -- the tally items of the caps that count it: patched in, or in the log written whole
       tally = tally or {}
       for field, u in pairs(updates) do
         tally[field] = counted(tally[field], field, u[1], u[2], now)
         ttl = math.max(ttl, u[1] - now + slack)
       end
+      if not zset and stale == 0 and j == n + 1 and #log >= 8 then
+        written = patchLog(key, log, now, ttl, retention, expires, tkeep, tally, tpos, updates, entry, maxlog > 0)
+      end
     end
-    written = save(key, now, ttl, retention, log, expires, zset or stale > 0 or updates ~= nil, marks, tally, starts, n,
-      from, gap, entry, false, j)
-    if not written then -- appended
-      written = log .. entry
+    if not written then
+      written = save(key, now, ttl, retention, log, expires, zset or stale > 0 or updates ~= nil, marks, tally, starts,
+        n, from, gap, entry, false, j)
+      if not written then -- appended
+        written = log .. entry
+      end
     end
     n, added = n + 1, j
   elseif record and status == statusDuplicate then

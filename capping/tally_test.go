@@ -236,9 +236,10 @@ func TestLifetimeCapOfALongLog(t *testing.T) {
 // recorded by patches (a campaign's first send appends its item after the
 // entries, the next ones count it in place), some after jumps of the clock
 // past the log's TTL. Each decision, each count and the tally in Redis are
-// the model's; a worker without the cache, which reads and rewrites the log
-// whole, decides the next sends the same, and the cache then goes on from
-// the rewritten log.
+// the model's; a worker without the cache decides the next sends the same,
+// patching the log as the cache does until its entries age out (then it
+// writes the log whole, items first), and the cache then goes on from the
+// rewritten log.
 func TestTallyPatchedInPlace(t *testing.T) {
 	var prefix string
 	e := newEnv(t, func(c *capping.Config) { c.NearCache = 1000; prefix = c.KeyPrefix })
@@ -303,12 +304,17 @@ func TestTallyPatchedInPlace(t *testing.T) {
 		t.Fatalf("the log's header says it expires at %d, before its last item's keep", exp)
 	}
 	send(script, "b") // capped: the script reads the patched log
-	send(script, "d") // allowed: written whole, its items first
+	send(script, "d") // allowed: the script patches the log too, its new item after the entries
+	if !itemAfterEntry(mustGet(t, e, user)) {
+		t.Fatal("the script wrote the log whole to count a send, where a patch would do")
+	}
+	e.clock.Add(3 * 24 * time.Hour) // every entry ages out: the script writes the log whole, items first
+	send(script, "e")
 	if itemAfterEntry(mustGet(t, e, user)) {
 		t.Fatal("the script wrote the log whole with an item after an entry")
 	}
 	before := e.lim.Stats().CopyAppends
-	for _, c := range []string{"c", "d", "e", "d", "a"} {
+	for _, c := range []string{"c", "d", "e", "f", "a"} {
 		send(e.lim, c)
 	}
 	if s := e.lim.Stats(); s.CopyAppends == before {
