@@ -313,37 +313,37 @@ local function save(key, now, ttl, retention, log, expires, rewrite, marks, tall
   return value
 end
 
--- patchLog records an entry (packed) after the n entries of log, counting the tally items of updates
--- (field -> the item after the send) as modePatch writes a worker's patch: an item the log holds (its member
--- at tpos[field]) written in place, the new ones (by field) and the entry appended in one APPEND, and a new
+-- patchLog records an entry (packed) after the n entries of log, with the tally items the send changed
+-- (changed: field -> the item's member after the send) as modePatch writes a worker's patch: an item the log
+-- holds (its member at where[field]) written in place, the new ones (by field) and the entry appended in one APPEND, and a new
 -- header and TTL (now + ttl) only when the log's header no longer covers the retention or the items' keep
 -- (tkeep, the latest). It writes nothing and returns nil when a counted item changes its length (a rolling
 -- cap's times): save then writes the log whole. Otherwise it returns the log after it when whole is set (for
 -- the caller's near cache), else true.
-local function patchLog(key, log, now, ttl, retention, expires, tkeep, tally, tpos, updates, entry, whole)
+local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, where, entry, whole)
   local edits, fresh = {}, {}
-  for field in pairs(updates) do
-    local at = tpos and tpos[field]
+  for field, t in pairs(changed) do
+    local at = where[field]
     if at then
-      if #tally[field] ~= struct.unpack('>I2', log, at - 2) then
+      if #t ~= struct.unpack('>I2', log, at - 2) then
         return nil
       end
       edits[#edits + 1] = at
     else
       fresh[#fresh + 1] = field
     end
-    tkeep = math.max(tkeep, struct.unpack('>i8', tally[field], 13))
+    tkeep = math.max(tkeep, struct.unpack('>i8', t, 13))
   end
   table.sort(edits)
   local parts = {}
   for i, at in ipairs(edits) do
-    parts[i] = tally[string.sub(log, at, at + 7)]
+    parts[i] = changed[string.sub(log, at, at + 7)]
     redis.call('SETRANGE', key, at - 1, parts[i])
   end
   table.sort(fresh, fieldLess)
   local tail = {}
   for i, field in ipairs(fresh) do
-    tail[i] = struct.pack(entryhead, 0, #tally[field]) .. tally[field]
+    tail[i] = struct.pack(entryhead, 0, #changed[field]) .. changed[field]
   end
   tail[#tail + 1] = entry
   tail = table.concat(tail)
@@ -397,12 +397,14 @@ end
 -- log (the members are made into strings only when a step needs them: a scoped cap, preferences, the near
 -- cache's copy; see list, so that reading an entry costs one struct.unpack and no string), and their number;
 -- the kept marks as packed (nil: none) and the refusals by member; how many items aged out; where the first
--- kept entry starts and whether an item left out follows it; and the header's expiry (see save).
+-- kept entry starts and whether an item left out follows it; the header's expiry (see save); and the kept
+-- tally items' member starts (nil: none; read by itemOf and tallyOf, no string made for an item no cap counts)
+-- with their latest keep.
 local function readLog(key, record, now, retention)
   local log, zset = load(key)
   local scores, starts, n = {}, {}, 0
   local marks, refused, stale = nil, nil, 0
-  local tally, tkeep, tpos = nil, 0, nil
+  local items, tkeep = nil, 0
   local from, gap = nil, false
   local horizon = now - retention
   local pos, size, expires = 9, #log, 0 -- none in an empty log
@@ -416,11 +418,10 @@ local function readLog(key, record, now, retention)
       error('data string too short') -- as struct.unpack says it: see run
     end
     if s == 0 then -- a tally item: kept until its keep
-      local t = string.sub(log, at, nxt - 1)
-      local keep = struct.unpack('>i8', t, 13)
+      local keep = struct.unpack('>i8', log, at + 12)
       if not record or keep >= now then
-        tally, tpos = tally or {}, tpos or {}
-        tally[string.sub(t, 1, 8)], tpos[string.sub(t, 1, 8)] = t, at
+        items = items or {}
+        items[#items + 1] = at
         tkeep = math.max(tkeep, keep)
       else
         stale = stale + 1
@@ -447,7 +448,43 @@ local function readLog(key, record, now, retention)
     end
     pos = nxt
   end
-  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep, tpos
+  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep
+end
+
+-- itemOf returns the member of log's tally item of field (items: the kept items' member starts, nil: none)
+-- and where it starts, or nil: the field's bytes found in the log (string.find), then checked to start an
+-- item. No string is made for the log's other items.
+local function itemOf(log, items, field)
+  if not items then
+    return nil, nil
+  end
+  local p = string.find(log, field, 1, true)
+  while p do
+    for i = 1, #items do
+      if items[i] == p then
+        return string.sub(log, p, p + struct.unpack('>I2', log, p - 2) - 1), p
+      end
+    end
+    p = string.find(log, field, p + 1, true)
+  end
+  return nil, nil
+end
+
+-- tallyOf returns log's kept tally items (their member starts in items) by field, with the members of changed
+-- (field -> member) in place of theirs, or nil if there are none: what the log holds after a send that
+-- changed them, for the log written whole or sent to the near cache.
+local function tallyOf(log, items, changed)
+  local tally = nil
+  for i = 1, items and #items or 0 do
+    local at = items[i]
+    tally = tally or {}
+    tally[string.sub(log, at, at + 7)] = string.sub(log, at, at + struct.unpack('>I2', log, at - 2) - 1)
+  end
+  for field, t in pairs(changed or {}) do
+    tally = tally or {}
+    tally[field] = t
+  end
+  return tally
 end
 
 -- duplicateOf returns the score of the kept entry whose member is member (found as bytes in log, then checked
@@ -530,7 +567,7 @@ end
 -- retry_at (hit), retry_at, whether a limit of 0 refused it (never), the counts and their number, full0 and
 -- full1, an arbitrated cap at its last slot (last) with when a slot frees after it is taken (last_at), and the
 -- members if it listed them.
-local function capCounts(packed, first, member, log, scores, starts, n, now, status, tally)
+local function capCounts(packed, first, member, log, scores, starts, n, now, status, items)
   local members = nil
   local updates = nil
   local counts, ncaps, full0, full1 = {}, 0, false, false
@@ -551,7 +588,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
     -- counts from the newest entry back (a tally cap: its field's sends in the tally)
     local count = 0
     if field then
-      count = tallied(tally and tally[field], since, reset)
+      count = tallied(itemOf(log, items, field), since, reset)
       if applies then
         updates = updates or {}
         local u = updates[field] or { 0, reset > 0 }
@@ -587,7 +624,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
       status = statusCapped
       local at = -reset
       if field and reset > 0 then
-        at = (select(2, tallied(tally and tally[field], since, reset, count - limit + 1)) or 0) + reset
+        at = (select(2, tallied(itemOf(log, items, field), since, reset, count - limit + 1)) or 0) + reset
       elseif reset > 0 then -- none only with a limit of 0, which never passes
         at = (kth(members, scores, n, count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
       end
@@ -737,7 +774,7 @@ end
 -- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
 local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
   local record = mode ~= modeLook
-  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, tally, tkeep, tpos =
+  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep =
     readLog(key, record, now, retention)
 
   -- ttl is the key's TTL after a write: the retention, or until its last tally item's keep if later, plus a
@@ -758,8 +795,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if mode == modeMark then
     if status == statusAllowed then
       local m = string.char(#member) .. member .. named
-      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, tally, starts, n, from, gap,
-        struct.pack(entryhead, -now, #m) .. m, true)
+      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, tallyOf(log, items), starts, n, from,
+        gap, struct.pack(entryhead, -now, #m) .. m, true)
       return struct.pack('>BI2i8', statusAllowed, 0, 0)
     end
     return struct.pack('>BI2i8', statusDuplicate, 0, recorded)
@@ -767,7 +804,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
 
   local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates
   status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates =
-    capCounts(packed, first, member, log, scores, starts, n, now, status, tally)
+    capCounts(packed, first, member, log, scores, starts, n, now, status, items)
   if status == statusDuplicate then
     retry_at = recorded
   end
@@ -793,8 +830,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     retry_at = now
   end
-  local added, entry, written = nil, nil, nil -- the recorded entry's place among the kept entries, the entry
-  -- packed, and the log after it, whole
+  local added, entry, written, changed = nil, nil, nil, nil -- the recorded entry's place among the kept entries,
+  -- the entry packed, the log after it, whole, and the tally items it changed (field -> member)
   if record and status == statusAllowed then
     local j = n + 1 -- the entry's place: after every entry at or before now (modeExact may go back in time)
     while j > 1 and scores[j - 1] > now do
@@ -802,18 +839,22 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     entry = struct.pack(entryhead, now, #member) .. member
     if updates then -- the tally items of the caps that count it: patched in, or in the log written whole
-      tally = tally or {}
+      local where = {} -- field -> its item's member start in the log (none: a new item)
+      changed = {}
       for field, u in pairs(updates) do
-        tally[field] = counted(tally[field], field, u[1], u[2], now)
+        local t
+        t, where[field] = itemOf(log, items, field)
+        changed[field] = counted(t, field, u[1], u[2], now)
         ttl = math.max(ttl, u[1] - now + slack)
       end
       if not zset and stale == 0 and j == n + 1 and #log >= 8 then
-        written = patchLog(key, log, now, ttl, retention, expires, tkeep, tally, tpos, updates, entry, maxlog > 0)
+        written = patchLog(key, log, now, ttl, retention, expires, tkeep, changed, where, entry, maxlog > 0)
       end
     end
     if not written then
-      written = save(key, now, ttl, retention, log, expires, zset or stale > 0 or updates ~= nil, marks, tally, starts,
-        n, from, gap, entry, false, j)
+      local rewrite = zset or stale > 0 or updates ~= nil
+      written = save(key, now, ttl, retention, log, expires, rewrite, marks, rewrite and tallyOf(log, items, changed),
+        starts, n, from, gap, entry, false, j)
       if not written then -- appended
         written = log .. entry
       end
@@ -844,9 +885,9 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
     if status == statusCapped or (status == statusAllowed and full1) or (status ~= statusAllowed and full0) then
       if added then
-        return reply .. tallyItems(tally) .. entries(log, starts, n - 1, from, gap, entry, added)
+        return reply .. tallyItems(tallyOf(log, items, changed)) .. entries(log, starts, n - 1, from, gap, entry, added)
       end
-      return reply .. tallyItems(tally) .. entries(log, starts, n, from, gap)
+      return reply .. tallyItems(tallyOf(log, items)) .. entries(log, starts, n, from, gap)
     end
   end
   return reply

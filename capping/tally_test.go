@@ -345,3 +345,47 @@ func itemAfterEntry(raw string) bool {
 	}
 	return false
 }
+
+// TestNearCacheCopiesTheTallyThatFillsACap: the send that takes a lifetime
+// cap's last slot, decided by the script on a log with a mark (so not a whole
+// copy), leaves the near cache the log's tally items with that send counted:
+// the campaign's next send is capped from the copy, with no request to Redis,
+// as Redis caps it.
+func TestNearCacheCopiesTheTallyThatFillsACap(t *testing.T) {
+	e := newEnv(t, func(c *capping.Config) { c.NearCache = 100 })
+	const user = 12
+	week := 8 * 24 * time.Hour
+	if d := e.decide(t, capping.Request{UserID: user, JobID: "refused", Channel: "email", DuplicateOnly: true, Refused: "budget", Retention: week})[0]; d.Duplicate {
+		t.Fatalf("the refused send: %+v, want it marked", d)
+	}
+	twice := capping.Cap{Name: "twice-ever", Limit: 2, Tally: true, Keep: e.clock.Now().Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign("welcome")}
+	send := func() capping.Decision {
+		t.Helper()
+		r := job(user, "email", daily3, twice)
+		r.Campaign = "welcome"
+		e.clock.Add(time.Minute)
+		return e.decide(t, r)[0]
+	}
+	if d := send(); !d.Allowed {
+		t.Fatalf("first send: %+v, want allowed", d)
+	}
+	before := e.lim.Stats()
+	if d := send(); !d.Allowed || d.Counts[1] != 1 {
+		t.Fatalf("second send: %+v, want allowed over a count of 1 (the last slot)", d)
+	}
+	if st := e.lim.Stats(); st.CacheEntries != 1 || st.Requests != before.Requests+1 {
+		t.Fatalf("after the last slot: %d copies, %d requests sent, want 1 copy, 1 request", st.CacheEntries, st.Requests-before.Requests)
+	}
+	d := send()
+	if st := e.lim.Stats(); st.CacheHits != before.CacheHits+1 || st.Requests != before.Requests+1 {
+		t.Fatalf("the third send went to Redis (%d hits, %d requests since): the copy does not count the send that filled the cap",
+			st.CacheHits-before.CacheHits, st.Requests-before.Requests)
+	}
+	if d.Allowed || d.Cap != "twice-ever" || d.Counts[1] != 2 || !d.RetryAt.IsZero() {
+		t.Fatalf("the third send from the copy: %+v, want capped for good by twice-ever over a count of 2", d)
+	}
+	tally, err := capping.ReadTally(context.Background(), e.rdb, e.lim.Key(0, user))
+	if err != nil || len(tally) != 1 || tally[0].Count != 2 {
+		t.Fatalf("the tally in Redis: %+v (%v), want one count of 2", tally, err)
+	}
+}
