@@ -247,14 +247,15 @@ local function entries(log, starts, n, from, gap, entry, j)
   return table.concat(parts)
 end
 
--- tallyItems returns the tally items of tally (field -> member; nil: none) packed as the log packs them, by
--- field: the same tally is the same bytes whichever decision wrote it.
-local function fieldLess(x, y) -- as numbers: string order is the server's locale's (strcoll)
+-- fieldLess orders tally fields as numbers: string order is the server's locale's (strcoll).
+local function fieldLess(x, y)
   local x1, x2 = struct.unpack('>I4I4', x)
   local y1, y2 = struct.unpack('>I4I4', y)
   return x1 < y1 or (x1 == y1 and x2 < y2)
 end
 
+-- tallyItems returns the tally items of tally (field -> member; nil: none) packed as the log packs them, by
+-- field: the same tally is the same bytes whichever decision wrote it.
 local function tallyItems(tally)
   if not tally then
     return ''
@@ -315,9 +316,9 @@ end
 
 -- patchLog records an entry (packed) after the n entries of log, with the tally items the send changed
 -- (changed: field -> the item's member after the send) as modePatch writes a worker's patch: an item the log
--- holds (its member at where[field]) written in place, the new ones (by field) and the entry appended in one APPEND, and a new
--- header and TTL (now + ttl) only when the log's header no longer covers the retention or the items' keep
--- (tkeep, the latest). It writes nothing and returns nil when a counted item changes its length (a rolling
+-- holds (its member at where[field]) written in place, the new ones (by field) and the entry appended in one
+-- APPEND, and a new header and TTL (now + ttl) only when the log's header no longer covers the retention or the
+-- items' keep (tkeep, the latest). It writes nothing and returns nil when a counted item changes its length (a rolling
 -- cap's times): save then writes the log whole. Otherwise it returns the log after it when whole is set (for
 -- the caller's near cache), else true.
 local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, where, entry, whole)
