@@ -246,6 +246,59 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 	t.Logf("spread: %v", spread)
 }
 
+// TestDeepPromisesDeliverEveryWindow: under demand at three times the limit
+// with a max_hold of ten windows, every refused send is promised a token up to
+// ten windows ahead, and from the second window on every token goes to a held
+// send that comes back for it. Each promised token is counted back a window and
+// two buckets after its time (a bucket of slack for a late claim), so in that
+// steady state a window of a second gets 48 of 50 (96%), the floor README
+// states; every window gets at least 95% and none more than the limit.
+func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "deep", Limit: 50, Window: time.Second, Spread: true}
+	width := time.Second / Buckets
+	var windows, claims []int
+	var held heldWants
+	for bucket := 0; bucket < 40*Buckets; bucket++ {
+		n := 1 + bucket%2 // 150 a second for 30 s
+		if bucket >= 30*Buckets {
+			n = 0
+		}
+		fresh := wants(spec, "deep", n)
+		for i := range fresh {
+			fresh[i].Until = c.Now().Add(10 * time.Second)
+		}
+		ws := append(held.due(c.Now()), fresh...)
+		gs, err := b.Take(context.Background(), ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held.refused(ws, gs)
+		if bucket%Buckets == 0 {
+			windows, claims = append(windows, 0), append(claims, 0)
+		}
+		for _, g := range gs {
+			if g.OK {
+				windows[len(windows)-1]++
+			}
+			if g.Claimed {
+				claims[len(claims)-1]++
+			}
+		}
+		c.Add(width)
+	}
+	// The last window is when the held sends run out.
+	whole, claimed := windows[1:len(windows)-1], claims[1:len(claims)-1]
+	if least := (95*spec.Limit + 99) / 100; slices.Min(whole) < least || slices.Max(whole) > spec.Limit {
+		t.Errorf("sends per window %v, want %d to %d in each", windows, least, spec.Limit)
+	}
+	if !slices.Equal(whole, claimed) {
+		t.Errorf("claims per window %v, want every token of a window after the first to a held send (%v)", claims, windows)
+	}
+	t.Logf("sends per window: %v", windows)
+}
+
 // heldWants plays the delay tiers: a refused want promised a token (its
 // RetryAt before its Until) comes back then to claim it.
 type heldWants struct {
