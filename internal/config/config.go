@@ -61,6 +61,11 @@ type Config struct {
 	noFiles bool   // Validate does not read the workspaces' rules files (Reload)
 }
 
+// DefaultMaxHeartbeat is the longest kafka.heartbeat_interval when the file
+// does not set it: a rebalance stops the members that learned of it first for
+// up to a heartbeat, and a budget's window of a second should not fall inside.
+const DefaultMaxHeartbeat = 500 * time.Millisecond
+
 // DefaultMaxClockSkew is max_clock_skew when the file does not set it.
 const DefaultMaxClockSkew = time.Second
 
@@ -73,9 +78,16 @@ type Kafka struct {
 	// RebalanceTimeout: how long a rebalance waits for the members to rejoin;
 	// one that has not by then (killed, and not yet expired by SessionTimeout)
 	// is dropped, and the others go on. Every member of the group stops reading
-	// while a rebalance lasts. Defaults to half of SessionTimeout; at least a
-	// fifth of it (two heartbeats).
+	// while a rebalance lasts. Defaults to half of SessionTimeout; at least two
+	// heartbeats (HeartbeatInterval).
 	RebalanceTimeout Duration `yaml:"rebalance_timeout"`
+	// HeartbeatInterval: how often a member tells its group it is alive, and so
+	// how soon it learns that a rebalance has begun (kafka-go learns it from a
+	// heartbeat's answer alone). The members that learn first stop reading until
+	// the last has rejoined, so a rebalance among live members stops reading for
+	// up to this long. Defaults to a tenth of SessionTimeout, at most 500ms; at
+	// most a third of SessionTimeout.
+	HeartbeatInterval Duration `yaml:"heartbeat_interval"`
 	// MaxBatchBytes bounds a record batch the worker produces, and so its largest
 	// output; it must stay below the broker's message.max.bytes (Kafka's default
 	// is 1048588). 0 = consumer.DefaultMaxOutputBytes.
@@ -403,6 +415,7 @@ func (c *Config) defaults() {
 	set(&c.Kafka.Topics.DelayPrefix, DefaultTopics.DelayPrefix)
 	setD(&c.Kafka.SessionTimeout, 30*time.Second)
 	setD(&c.Kafka.RebalanceTimeout, time.Duration(c.Kafka.SessionTimeout)/2)
+	setD(&c.Kafka.HeartbeatInterval, min(time.Duration(c.Kafka.SessionTimeout)/10, DefaultMaxHeartbeat))
 	setD(&c.Redis.DialTimeout, time.Second)
 	setD(&c.Redis.ReadTimeout, time.Second)
 	setD(&c.Redis.WriteTimeout, time.Second)
@@ -473,14 +486,18 @@ func (c *Config) Validate() error {
 		field string
 		d     Duration
 	}{{"max_clock_skew", c.MaxClockSkew}, {"shutdown_timeout", c.ShutdownTimeout}, {"clock_check_interval", c.ClockCheckInterval},
-		{"kafka.session_timeout", c.Kafka.SessionTimeout}, {"kafka.rebalance_timeout", c.Kafka.RebalanceTimeout}, {"rules.reload_interval", c.Rules.ReloadInterval},
+		{"kafka.session_timeout", c.Kafka.SessionTimeout}, {"kafka.rebalance_timeout", c.Kafka.RebalanceTimeout},
+		{"kafka.heartbeat_interval", c.Kafka.HeartbeatInterval}, {"rules.reload_interval", c.Rules.ReloadInterval},
 		{"redis.dial_timeout", c.Redis.DialTimeout}, {"redis.read_timeout", c.Redis.ReadTimeout}, {"redis.write_timeout", c.Redis.WriteTimeout}} {
 		if f.d < 0 {
 			bad(f.field, "%v is negative", time.Duration(f.d))
 		}
 	}
-	if r, hb := time.Duration(c.Kafka.RebalanceTimeout), time.Duration(c.Kafka.SessionTimeout)/10; r >= 0 && r < 2*hb {
-		bad("kafka.rebalance_timeout", "%v is under two heartbeats (%v: a tenth of kafka.session_timeout each): a live member could not rejoin in time", r, 2*hb)
+	if hb, st := time.Duration(c.Kafka.HeartbeatInterval), time.Duration(c.Kafka.SessionTimeout); hb >= 0 && 3*hb > st {
+		bad("kafka.heartbeat_interval", "%v is over a third of kafka.session_timeout (%v): two heartbeats lost would expire a live member", hb, st)
+	}
+	if r, hb := time.Duration(c.Kafka.RebalanceTimeout), time.Duration(c.Kafka.HeartbeatInterval); r >= 0 && r < 2*hb {
+		bad("kafka.rebalance_timeout", "%v is under two heartbeats (%v: kafka.heartbeat_interval each): a live member could not rejoin in time", r, 2*hb)
 	}
 	if c.MetricsAddr != "off" {
 		if _, port, err := net.SplitHostPort(c.MetricsAddr); err != nil {

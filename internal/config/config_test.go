@@ -64,27 +64,29 @@ func TestEnvironmentOverridesAndSecrets(t *testing.T) {
 	}
 }
 
-// TestRebalanceTimeout: half the session timeout unless set.
-func TestRebalanceTimeout(t *testing.T) {
+// TestGroupTimeouts: the rebalance timeout is half the session timeout, and
+// the heartbeat interval a tenth of it, at most 500ms, unless set.
+func TestGroupTimeouts(t *testing.T) {
 	base, _ := os.ReadFile("../../config.example.yaml")
-	without := strings.Replace(string(base), "  rebalance_timeout: 15s", "", 1)
+	without := strings.Replace(strings.Replace(string(base), "  rebalance_timeout: 15s", "", 1), "  heartbeat_interval: 500ms", "", 1)
 	for _, tt := range []struct {
-		name string
-		yaml string
-		env  map[string]string
-		want time.Duration
+		name                 string
+		yaml                 string
+		env                  map[string]string
+		rebalance, heartbeat time.Duration
 	}{
-		{"the example's", string(base), nil, 15 * time.Second},
-		{"default: half the session timeout", without, map[string]string{"CAPPER_KAFKA_SESSION_TIMEOUT": "6s"}, 3 * time.Second},
-		{"set", without, map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "20s"}, 20 * time.Second},
+		{"the example's", string(base), nil, 15 * time.Second, 500 * time.Millisecond},
+		{"defaults", without, nil, 15 * time.Second, 500 * time.Millisecond},
+		{"defaults of a short session timeout", without, map[string]string{"CAPPER_KAFKA_SESSION_TIMEOUT": "3s"}, 1500 * time.Millisecond, 300 * time.Millisecond},
+		{"set", without, map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "20s", "CAPPER_KAFKA_HEARTBEAT_INTERVAL": "2s"}, 20 * time.Second, 2 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c, err := config.Parse([]byte(tt.yaml), env(tt.env))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := time.Duration(c.Kafka.RebalanceTimeout); got != tt.want {
-				t.Errorf("rebalance timeout %v, want %v", got, tt.want)
+			if r, hb := time.Duration(c.Kafka.RebalanceTimeout), time.Duration(c.Kafka.HeartbeatInterval); r != tt.rebalance || hb != tt.heartbeat {
+				t.Errorf("rebalance timeout %v and heartbeat interval %v, want %v and %v", r, hb, tt.rebalance, tt.heartbeat)
 			}
 		})
 	}
@@ -114,7 +116,8 @@ func TestValidationNamesTheField(t *testing.T) {
 		{"delay topic is the input", map[string]string{"CAPPER_KAFKA_TOPICS_INPUT": "sends.delay.1s"}, "", "kafka.topics.delay_prefix"},
 		{"negative shutdown timeout", nil, "kafka: {brokers: [x]}\nredis: {addrs: [y]}\nsegments: {source: /tmp}\nshutdown_timeout: -5s\nrules: {default_caps: [{window: 24h, limit: 1}]}\n", "shutdown_timeout (CAPPER_SHUTDOWN_TIMEOUT): -5s is negative"},
 		{"metrics address without a port", map[string]string{"CAPPER_METRICS_ADDR": "localhost"}, "", "metrics_addr (CAPPER_METRICS_ADDR): \"localhost\" is not host:port"},
-		{"rebalance faster than a member can rejoin", map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "5s"}, "", "kafka.rebalance_timeout (CAPPER_KAFKA_REBALANCE_TIMEOUT): 5s is under two heartbeats (6s"},
+		{"rebalance faster than a member can rejoin", map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "5s", "CAPPER_KAFKA_HEARTBEAT_INTERVAL": "3s"}, "", "kafka.rebalance_timeout (CAPPER_KAFKA_REBALANCE_TIMEOUT): 5s is under two heartbeats (6s"},
+		{"heartbeats too rare to keep a session", map[string]string{"CAPPER_KAFKA_HEARTBEAT_INTERVAL": "11s"}, "", "kafka.heartbeat_interval (CAPPER_KAFKA_HEARTBEAT_INTERVAL): 11s is over a third of kafka.session_timeout (30s)"},
 		{"metrics address with a bad port", map[string]string{"CAPPER_METRICS_ADDR": "localhost:http9"}, "", "the port \"http9\" is not a number"},
 		// A value the YAML cannot hold: its field and its line, as every other error.
 		{"duration without a unit", nil, "kafka:\n  brokers: [x]\n  session_timeout: 30\n", "kafka.session_timeout (CAPPER_KAFKA_SESSION_TIMEOUT), line 3: invalid duration \"30\""},

@@ -273,7 +273,7 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 		StartOffset:       kafka.FirstOffset,
 		SessionTimeout:    time.Duration(c.SessionTimeout),
 		RebalanceTimeout:  time.Duration(c.RebalanceTimeout),
-		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
+		HeartbeatInterval: time.Duration(c.HeartbeatInterval),
 		QueueCapacity:     queue,
 		GroupBalancers:    []kafka.GroupBalancer{balancer, kafka.RoundRobinGroupBalancer{}},
 		Logger:            kafkaLogger(logger, slog.LevelDebug),
@@ -317,7 +317,7 @@ func newCacheReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, l
 		Brokers: c.Brokers, GroupID: fmt.Sprintf("%s-cache.%d-%d", group, os.Getpid(), time.Now().UnixNano()),
 		Topic: topic, Dialer: dialer, MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 500 * time.Millisecond,
 		StartOffset: kafka.LastOffset, SessionTimeout: time.Duration(c.SessionTimeout), RebalanceTimeout: time.Duration(c.RebalanceTimeout),
-		HeartbeatInterval: time.Duration(c.SessionTimeout) / 10,
+		HeartbeatInterval: time.Duration(c.HeartbeatInterval),
 		Logger:            kafkaLogger(logger, slog.LevelDebug), ErrorLogger: kafkaLogger(logger, slog.LevelWarn),
 	})
 }
