@@ -22,6 +22,9 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 ROUNDS=${ROUNDS:-3}
 
+# killed_at reads demo.sh's output on stdin and prints when it SIGKILLed a worker (Unix seconds; "" if none).
+killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }
+
 if [[ ${1:-delivery} == delivery ]]; then
   # A freed token waits for the next decision that asks for it (the input's batch wait, a tier's release lag,
   # half a bucket), which a window of a second feels most (docs/design.md, "What the decision's wait costs").
@@ -53,14 +56,14 @@ if [[ ${1:-delivery} == delivery ]]; then
       echo "$out" >&2; echo "bench-budget: the run with $3 replicas failed" >&2; exit 1
     fi
     echo "$out" | grep -E '^(  (decisions|holds|budget|checks)|worker:)' | sed "s/^/  [${w} s, $3 replicas] /" >&2
-    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "${4:--1}" "$SESSION" "$w" <<'PY'
+    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(killed_at <<<"$out")" "$SESSION" "$w" <<'PY'
 import json, statistics, sys
 b = json.loads(sys.argv[1])["budgets"][0]
-kill, session, window = float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+session, window = float(sys.argv[3]), float(sys.argv[4])
+# the SIGKILL, in seconds from the first allowed send (whole window i covers [(i+1)*window, (i+2)*window))
+kill = float(sys.argv[2]) - b["first_ns"] / 1e9 if sys.argv[2] else -1
 w = [100 * n / b["limit"] for n in b["whole_windows"]]
 print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
-# whole window i covers [(i+1)*window, (i+2)*window) from the first allowed send, which the demand (and the
-# kill's clock, started just before the load generator) begins with
 grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
 out = [x for x, g in zip(w, grace) if not g]
 ing = [x for x, g in zip(w, grace) if g]
@@ -131,9 +134,9 @@ if [[ $1 == burst ]]; then
         runs=$(for n in $runs; do if [[ " $ROWS " == *" $n "* ]]; then echo "$n"; fi; done | xargs)
       fi
       for n in $runs; do
-        jobs=$((BURST * limit)) kill_at=-1 env=()
+        jobs=$((BURST * limit)) env=()
         if [[ $n == 3k ]]; then
-          jobs=$((KILL_BURST * limit)) kill_at=$KILL_AT
+          jobs=$((KILL_BURST * limit))
           env=(DEMO_KILL_AFTER="$KILL_AT" DEMO_RESTART_AFTER="$RESTART_AFTER" CAPPER_KAFKA_SESSION_TIMEOUT="${SESSION}s")
         fi
         if [[ $n == 3c ]]; then
@@ -144,15 +147,15 @@ if [[ $1 == burst ]]; then
         if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi
         grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-budget: the burst run failed" >&2; exit 1; }
         echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $n] /" >&2
-        python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$kill_at" "$SESSION" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
+        python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$(killed_at <<<"$out")" "$SESSION" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
 import json, statistics, sys
 r = json.loads(sys.argv[1])
 b = r["budgets"][0]
-window, kill, session = float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+window, session = float(sys.argv[3]), float(sys.argv[5])
+# the SIGKILL, in seconds from the first allowed send (whole window i covers [(i+1)*window, (i+2)*window))
+kill = float(sys.argv[4]) - b["first_ns"] / 1e9 if sys.argv[4] else -1
 w = [100 * n / b["limit"] for n in b["whole_windows"]] or [0]
 print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
-# whole window i covers [(i+1)*window, (i+2)*window) from the first allowed send, which the burst (and the
-# kill's clock, started just before the load generator) begins with
 grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
 out = [x for x, g in zip(w, grace) if not g] or [0]
 ing = [x for x, g in zip(w, grace) if g]

@@ -548,7 +548,7 @@ func (c *Checker) budgets(jobs []uint32) {
 	for _, key := range keys {
 		ts, window := byKey[key], int64(windows[key])
 		slices.Sort(ts)
-		d := BudgetDelivery{Budget: key, Limit: spec[key], Window: windows[key]}
+		d := BudgetDelivery{Budget: key, Limit: spec[key], Window: windows[key], First: ts[0]}
 		reported := false
 		for i, j := 0, 0; i < len(ts); i++ {
 			for j < len(ts) && ts[j]-ts[i] < window {

@@ -102,6 +102,9 @@ type BudgetDelivery struct {
 	Limit  int           `json:"limit"`
 	Window time.Duration `json:"window_ns"`
 	Whole  []int         `json:"whole_windows"`
+	// First is when its first allowed send was decided (Unix ns): window i
+	// of Whole starts (i+1) windows after it.
+	First int64 `json:"first_ns"`
 	// MaxAny is the most allowed sends in any window of its length (sliding).
 	MaxAny int `json:"max_any"`
 }
