@@ -306,7 +306,8 @@ reply[1] = math.max(0, granted - #fresh)
 -- less those promised. A token promised at a bucket is taken from then until it comes back, so a bucket may
 -- promise only what every bucket until then can spare (the least pool over that span: a token that comes
 -- back early must not go to a new want while a later promise counts on it, but for the last `early` buckets).
--- With a burst, a bucket promises at most a bucket's share of the limit. A want whose bucket is not before its
+-- With a burst, promises keep the limit's pace: a bucket promises at most a bucket's share of the limit, and
+-- below one a bucket, none within buckets/limit buckets of another. A want whose bucket is not before its
 -- until is told it but promised nothing (it will not come back), and the next want is promised that token.
 local j = granted + 1
 if j <= #fresh then
@@ -318,13 +319,15 @@ if j <= #fresh then
   -- Buckets after its own that a promised token comes back: a window and a bucket after it is claimed, within
   -- a bucket of its time (that bucket is the slack a late claim needs). One claimed later comes back later,
   -- and the claim promised it next follows it. The round is 2% longer than the window, so while every token
-  -- goes to a held send the tokens go round in lumps that drift two buckets a round, and a whole window that a
-  -- lump straddles gets 96% of the limit. A round of a window and a bucket (tried) lifted such windows to
-  -- 98%, but left no slack: after a SIGKILL, 1.85 to 2.11 hold records per job (1.03 to 1.33 with it).
-  -- Promises on a fixed grid of the limit's pace (bucket i of the window: floor((i + 1) * limit / buckets) -
-  -- floor(i * limit / buckets), tried) spread the lumps, but below a limit of one per bucket a token back
-  -- between the grid's slots waited for the next: 5 per second promised every 20th bucket, 18 buckets after
-  -- the tokens came back.
+  -- goes to a held send, a window gets 98% of the limit when the promises keep the limit's pace. Promised a
+  -- bucket's share each bucket (one, for 50 a second), the tokens went round in lumps (50 in half a window)
+  -- that drifted two buckets a round, and a whole window that a lump straddled got 96%, at times 94%. A round
+  -- of a window and a bucket (tried) lifted such windows to 98%, but left no slack: after a SIGKILL, 1.85 to
+  -- 2.11 hold records per job (1.03 to 1.33 with it). Promises on a fixed grid of the limit's pace (bucket i
+  -- of the window: floor((i + 1) * limit / buckets) - floor(i * limit / buckets), tried) spread the lumps,
+  -- but a token back between the grid's slots waited for the next: 5 per second promised every 20th bucket,
+  -- 18 buckets after the tokens came back. The pace here is relative: a promise keeps its distance from the
+  -- promises around it, not from a grid.
   local ret = buckets + 2
   local net, K = {}, 0 -- by bucket index from first: tokens that come back, less those promised
   local function add(t, c)
@@ -368,6 +371,20 @@ if j <= #fresh then
     end
     least[k] = pools[dq[head]]
   end
+  -- Below a limit of one a bucket, a spread budget's promises keep the limit's pace: none within `gap`
+  -- buckets of another (`near`: the buckets a promise holds back).
+  local gap, near = 1, {}
+  if per > 0 and limit < buckets then
+    gap = math.floor(buckets / limit)
+    for t, c in pairs(promised) do
+      if c > 0 and t >= first - (gap - 1) * width then
+        local k = (t - first) / width
+        for d = 1 - gap, gap - 1 do
+          near[k + d] = true
+        end
+      end
+    end
+  end
   local assigned, back = 0, {} -- new promises, and those coming back by bucket index
   for k = 0, horizon - 1 do
     if j > #fresh then
@@ -379,6 +396,9 @@ if j <= #fresh then
     local x = (least[k] or pool) - assigned
     if per > 0 then
       x = math.min(x, per - p)
+    end
+    if near[k] then
+      x = 0
     end
     local took = 0
     while j <= #fresh and x > 0 do
@@ -392,6 +412,11 @@ if j <= #fresh then
       j = j + 1
     end
     if took > 0 then
+      if gap > 1 then
+        for d = 1, gap - 1 do
+          near[k + d] = true
+        end
+      end
       promised[t], changed[t] = p + took, true
       assigned = assigned + took
       back[k + ret] = (back[k + ret] or 0) + took

@@ -248,18 +248,21 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 
 // TestDeepPromisesDeliverEveryWindow: under demand at three times the limit
 // with a max_hold of ten windows, every refused send is promised a token up to
-// ten windows ahead, and from the second window on every token goes to a held
-// send that comes back for it. Each promised token is counted back a window and
-// two buckets after its time (a bucket of slack for a late claim), so in that
-// steady state a window of a second gets 48 of 50 (96%), the floor README
-// states; every window gets at least 95% and none more than the limit.
+// ten windows ahead, and every held send that comes back finds its token (or
+// follows it, when a new send took it within 100 ms of its return). Each
+// promised token is counted back a window and two buckets after its time (a
+// bucket of slack for a late claim), and the promises keep the limit's pace,
+// so in that steady state a window of a second gets 49 of 50 (98%); every
+// window gets at least 95% and none more than the limit. Promised in lumps
+// (a token each bucket), a window that a lump straddled got 48, at times 47.
 func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "deep", Limit: 50, Window: time.Second, Spread: true}
 	width := time.Second / Buckets
-	var windows, claims []int
+	var windows []int
 	var held heldWants
+	missed, followed := 0, 0
 	for bucket := 0; bucket < 40*Buckets; bucket++ {
 		n := 1 + bucket%2 // 150 a second for 30 s
 		if bucket >= 30*Buckets {
@@ -276,27 +279,32 @@ func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 		}
 		held.refused(ws, gs)
 		if bucket%Buckets == 0 {
-			windows, claims = append(windows, 0), append(claims, 0)
+			windows = append(windows, 0)
 		}
-		for _, g := range gs {
+		for i, g := range gs {
 			if g.OK {
 				windows[len(windows)-1]++
 			}
-			if g.Claimed {
-				claims[len(claims)-1]++
+			// A token is taken from a promise due at most `early` (100 ms)
+			// before it comes back: that claim follows it, no further.
+			if p := ws[i].Promised; !p.IsZero() && !g.Claimed {
+				followed++
+				if g.OK || g.RetryAt.Sub(p) > 100*time.Millisecond {
+					missed++
+				}
 			}
 		}
 		c.Add(width)
 	}
 	// The last window is when the held sends run out.
-	whole, claimed := windows[1:len(windows)-1], claims[1:len(claims)-1]
+	whole := windows[1 : len(windows)-1]
 	if least := (95*spec.Limit + 99) / 100; slices.Min(whole) < least || slices.Max(whole) > spec.Limit {
 		t.Errorf("sends per window %v, want %d to %d in each", windows, least, spec.Limit)
 	}
-	if !slices.Equal(whole, claimed) {
-		t.Errorf("claims per window %v, want every token of a window after the first to a held send (%v)", claims, windows)
+	if missed > 0 {
+		t.Errorf("%d held sends came back on time to find their token missing and not back within 100 ms, want 0", missed)
 	}
-	t.Logf("sends per window: %v", windows)
+	t.Logf("sends per window: %v; %d held sends, %d of them told to follow their token", windows, held.promised, followed)
 }
 
 // heldWants plays the delay tiers: a refused want promised a token (its
