@@ -371,19 +371,27 @@ if j <= #fresh then
     end
     least[k] = pools[dq[head]]
   end
-  -- Below a limit of one a bucket, a spread budget's promises keep the limit's pace: none within `gap`
-  -- buckets of another (`near`: the buckets a promise holds back).
-  local gap, near = 1, {}
+  -- Below a limit of one a bucket, a spread budget's promises keep the limit's pace: none less than `gap`
+  -- buckets from another. `others` are the bucket indexes of the promises made before, in order; `o` the
+  -- first of them not more than `gap` buckets behind the walk; `last` the walk's own last promise.
+  local gap, others, o, last = 1, {}, 1, -horizon
   if per > 0 and limit < buckets then
     gap = math.floor(buckets / limit)
     for t, c in pairs(promised) do
-      if c > 0 and t >= first - (gap - 1) * width then
-        local k = (t - first) / width
-        for d = 1 - gap, gap - 1 do
-          near[k + d] = true
-        end
+      if c > 0 and t > first - gap * width then
+        others[#others + 1] = (t - first) / width
       end
     end
+    table.sort(others)
+  end
+  local function near(k) -- a promise at k would be less than gap buckets from another
+    if gap == 1 then
+      return false
+    end
+    while others[o] and others[o] <= k - gap do
+      o = o + 1
+    end
+    return k - last < gap or (others[o] ~= nil and others[o] < k + gap)
   end
   local assigned, back = 0, {} -- new promises, and those coming back by bucket index
   for k = 0, horizon - 1 do
@@ -397,7 +405,7 @@ if j <= #fresh then
     if per > 0 then
       x = math.min(x, per - p)
     end
-    if near[k] then
+    if x > 0 and near(k) then
       x = 0
     end
     local took = 0
@@ -412,11 +420,7 @@ if j <= #fresh then
       j = j + 1
     end
     if took > 0 then
-      if gap > 1 then
-        for d = 1, gap - 1 do
-          near[k + d] = true
-        end
-      end
+      last = k
       promised[t], changed[t] = p + took, true
       assigned = assigned + took
       back[k + ret] = (back[k + ret] or 0) + took

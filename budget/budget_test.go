@@ -154,6 +154,39 @@ func TestRefusedJobsComeBackWithTheTokens(t *testing.T) {
 	}
 }
 
+// TestPromisesKeepTheLimitsPace: below a limit of one a bucket, a spread
+// budget promises the tokens that come back together one every
+// buckets/limit buckets, the limit's pace, not one a bucket: 5 a second
+// taken at once are promised 200 ms apart. Promised in a lump, they would
+// go round in one, and a window that a lump straddled would get fewer.
+func TestPromisesKeepTheLimitsPace(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "pace", Limit: 5, Window: time.Second, Spread: true}
+	gs, err := b.Take(context.Background(), wants(spec, "pace", 15)) // 5 granted (idle: the whole limit), 10 refused
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at []int64
+	for _, g := range gs {
+		if !g.OK {
+			at = append(at, g.RetryAt.UnixMilli()-1_800_000_000_000)
+		}
+	}
+	// The five tokens come back at 1,010 ms (a window and a bucket); the
+	// promises after them, a window and two buckets after those.
+	w := int64(time.Second / Buckets / time.Millisecond)
+	var want []int64
+	for round := range int64(2) {
+		for i := range int64(5) {
+			want = append(want, 1000+w+round*(1000+2*w)+i*200)
+		}
+	}
+	if granted(gs) != 5 || !slices.Equal(at, want) {
+		t.Errorf("%d granted, refused told %v ms; want 5 and %v", granted(gs), at, want)
+	}
+}
+
 // TestNoTokenPromisedToAJobThatCannotWait: a refused job that cannot wait
 // until a token comes back for it (Until: its max_hold, its expiry) is told
 // when, but the token is not promised to it (it will be capped, not come
