@@ -10,21 +10,21 @@ import (
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-// TestBudgetDeliversItsLimit: an SMS budget of 600 per 30 s under three
-// times the demand, sustained for 120 s and coming a tenth of a second's
+// TestBudgetDeliversItsLimit: an SMS budget of 200 per 10 s under three
+// times the demand, sustained for 40 s and coming a tenth of a second's
 // share at a time: every whole window after the first forwards at least 95%
-// of the limit less what the worker's stalls cost it, and no 30 s more than
+// of the limit less what the worker's stalls cost it, and no 10 s more than
 // the limit by decision time (which follows the token: the limit holds by
-// token time; a fortieth, 15, more allow for decisions a bucket or two after
+// token time; a fortieth, 5, more allow for decisions a bucket or two after
 // their tokens on a busy machine). Counted, not timed: at the limit's pace a
-// token comes back a window and a bucket (300 ms) after its bucket started,
+// token comes back a window and a bucket (100 ms) after its bucket started,
 // so a window gets about 99% of the limit. A stall (no decision of any kind,
 // allowed or held, for more than a bucket) shifts the flow of tokens later,
 // and the window its time comes round in loses what the stall would have
 // sent: measured from the decision stamps and allowed for, so the check
 // holds on a busy machine and is whole on an idle one. With the demand in
 // whole-second batches the windows got 96-97% under load (a fresh-clone CI
-// run: 564 of 600), the tokens accrued between batches taken in lumps; a
+// run, with 600 per 30 s: 564 of 600), the tokens accrued between batches taken in lumps; a
 // tenth of a second, as make bench-budget's loadgen --rate paces it: 99%.
 // With one replica and with three, the budget spread over its window (the
 // default): three replicas with the whole limit free to go at once once
@@ -43,14 +43,14 @@ rules:
       caps: [{name: daily, window: 24h, limit: 100}]
   default_caps: [{name: daily, window: 24h, limit: 100}]
   budgets:
-    - {name: sms, channel: sms, limit: 600, window: 30s, max_hold: 1h}
+    - {name: sms, channel: sms, limit: 200, window: 10s, max_hold: 1h}
 `)
 			var ws []*worker
 			for range replicas {
 				ws = append(ws, start(s, true))
 			}
 			s.WaitGroupMembers(t, replicas, 60*time.Second)
-			const rate, secs, limit, window = 60, 120, 600, 30 * time.Second // three times the budget's 20 per second
+			const rate, secs, limit, window = 60, 40, 200, 10 * time.Second // three times the budget's 20 per second
 			var jobs []testenv.JobSpec
 			begin := time.Now()
 			const step = 100 * time.Millisecond // the demand comes a tenth of a second's share at a time, as make bench-budget's
