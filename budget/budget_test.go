@@ -256,11 +256,7 @@ func TestSpreadDeliversEveryWindow(t *testing.T) {
 			for i := range ws {
 				ws[i].Until = c.Now().Add(time.Second) // a max_hold of a window
 			}
-			gs, err := b.Take(context.Background(), ws)
-			if err != nil {
-				t.Fatal(err)
-			}
-			held.refused(ws, gs)
+			gs := held.take(t, b, ws)
 			if bucket%Buckets == 0 {
 				windows = append(windows, 0)
 			}
@@ -306,11 +302,7 @@ func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 			fresh[i].Until = c.Now().Add(10 * time.Second)
 		}
 		ws := append(held.due(c.Now()), fresh...)
-		gs, err := b.Take(context.Background(), ws)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held.refused(ws, gs)
+		gs := held.take(t, b, ws)
 		if bucket%Buckets == 0 {
 			windows = append(windows, 0)
 		}
@@ -346,6 +338,17 @@ type heldWants struct {
 	wants    []Want
 	promised int // refused wants promised a token (held)
 	told     int // refused wants told a time past their Until (capped)
+}
+
+// take asks b for ws and holds the refused ones.
+func (h *heldWants) take(t *testing.T, b *Budgets, ws []Want) []Grant {
+	t.Helper()
+	gs, err := b.Take(context.Background(), ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.refused(ws, gs)
+	return gs
 }
 
 // refused holds the refused wants of gs.
