@@ -327,9 +327,11 @@ func splitLog(raw string) (header int64, items, tally []string) {
 		return 0, nil, nil
 	}
 	header = int64(binary.BigEndian.Uint64([]byte(raw[:8])))
-	for p := 8; p+10 <= len(raw); {
-		score := int64(binary.BigEndian.Uint64([]byte(raw[p:])))
-		next := p + 10 + int(binary.BigEndian.Uint16([]byte(raw[p+8:])))
+	for p := 8; p < len(raw); {
+		_, score, next, ok := capping.NextEntry(raw, p)
+		if !ok {
+			panic(fmt.Sprintf("a log truncated at byte %d of %d: %x", p, len(raw), raw))
+		}
 		if score == 0 {
 			tally = append(tally, raw[p:next])
 		} else {
@@ -345,7 +347,8 @@ func splitLog(raw string) (header int64, items, tally []string) {
 func maxKeep(tally []string) int64 {
 	k := int64(0)
 	for _, t := range tally {
-		k = max(k, int64(binary.BigEndian.Uint64([]byte(t[10+12:]))))
+		m, _, _, _ := capping.NextEntry(t, 0)
+		k = max(k, int64(binary.BigEndian.Uint64([]byte(m[12:]))))
 	}
 	return k
 }

@@ -1,13 +1,15 @@
 #!lua flags=allow-cross-slot-keys
 -- decide.lua: check sends against their users' caps and, for each send that every cap passes, record it.
 -- Sliding log: one string per user: 8 bytes (i8) of the worker's ms until which the key's TTL was last set, then
--- the entries packed one after the other (struct: '>i8I2' then the member):
+-- the entries packed one after the other (struct: '>i8I2' then the member; a tally item '>BB' then the member):
 --   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time; a
---           tally item 0
---   member  its length (I2), then the send's digests: bytes 1-8 job id, 9-10 channel, 11-14 campaign,
---           15.. one pair per tag (see capping.Member); a tally item's: its field (8 bytes: a digest of a
---           tally cap's scope and window), the sends counted (I4), until when it is kept (i8 ms), then for a
---           rolling cap the times of the last tallyTimes of them (i8 ms each, oldest first)
+--           tally item has instead one byte, tallyhead (1), where an entry's score starts with 0 and a mark's
+--           with 255
+--   member  its length (I2; a tally item's B), then the send's digests: bytes 1-8 job id, 9-10 channel, 11-14
+--           campaign, 15.. one pair per tag (see capping.Member); a tally item's: its field (8 bytes: a digest
+--           of a tally cap's scope and window), the sends counted (I4), until when it is kept (i8 ms), then
+--           for a rolling cap the times of the last tallyTimes of them (i8 ms each, oldest first): 22 bytes
+--           with its head for a count, at most 150 for a rolling cap's
 -- marks and tally items first, then the entries oldest first, as a log written whole packs them (a patch, the
 -- worker's (modePatch) or this script's (patchLog), appends new tally items after the entries: an item may lie
 -- anywhere, and counts in no window). A tally cap (flagTally) is counted from its item, not the entries: a
@@ -158,6 +160,9 @@ local replyWritten = '='
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8BI2c0I2c0Bc0' -- one cap's: since, limit, reset, flags, channels, tags, campaign
 local entryhead = '>i8I2' -- an entry's score and member length, before the member
+local itemhead = '>BB' -- a tally item's head (tallyhead) and member length, before the member
+local tallyhead = 1 -- a tally item's first byte (an entry's is 0, a mark's 255: the first of its score)
+local itemscore = 2 ^ 56 -- an item's first 8 bytes, read as an entry's score, are at least this
 local tallyfmt = '>c8i8' -- a tally cap's, after its campaign: its field in the tally, until when to keep it
 local tallyTimes = 16 -- the most send times a count keeps (capping.MaxTallyTimes)
 
@@ -267,7 +272,7 @@ local function tallyItems(tally)
   table.sort(fields, fieldLess)
   local parts = {}
   for i, field in ipairs(fields) do
-    parts[i] = struct.pack(entryhead, 0, #tally[field]) .. tally[field]
+    parts[i] = struct.pack(itemhead, tallyhead, #tally[field]) .. tally[field]
   end
   return table.concat(parts)
 end
@@ -326,7 +331,7 @@ local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, 
   for field, t in pairs(changed) do
     local at = where[field]
     if at then
-      if #t ~= struct.unpack('>I2', log, at - 2) then
+      if #t ~= string.byte(log, at - 1) then
         return nil
       end
       edits[#edits + 1] = at
@@ -344,7 +349,7 @@ local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, 
   table.sort(fresh, fieldLess)
   local tail = {}
   for i, field in ipairs(fresh) do
-    tail[i] = struct.pack(entryhead, 0, #changed[field]) .. changed[field]
+    tail[i] = struct.pack(itemhead, tallyhead, #changed[field]) .. changed[field]
   end
   tail[#tail + 1] = entry
   tail = table.concat(tail)
@@ -414,11 +419,14 @@ local function readLog(key, record, now, retention)
   end
   while pos <= size do
     local s, len, at = struct.unpack(entryhead, log, pos)
+    if s >= itemscore then -- a tally item (its first byte tallyhead)
+      len, at = string.byte(log, pos + 1), pos + 2
+    end
     local nxt = at + len
     if nxt > size + 1 then
       error('data string too short') -- as struct.unpack says it: see run
     end
-    if s == 0 then -- a tally item: kept until its keep
+    if s >= itemscore then -- a tally item: kept until its keep
       local keep = struct.unpack('>i8', log, at + 12)
       if not record or keep >= now then
         items = items or {}
@@ -463,7 +471,7 @@ local function itemOf(log, items, field)
   while p do
     for i = 1, #items do
       if items[i] == p then
-        return string.sub(log, p, p + struct.unpack('>I2', log, p - 2) - 1), p
+        return string.sub(log, p, p + string.byte(log, p - 1) - 1), p
       end
     end
     p = string.find(log, field, p + 1, true)
@@ -479,7 +487,7 @@ local function tallyOf(log, items, changed)
   for i = 1, items and #items or 0 do
     local at = items[i]
     tally = tally or {}
-    tally[string.sub(log, at, at + 7)] = string.sub(log, at, at + struct.unpack('>I2', log, at - 2) - 1)
+    tally[string.sub(log, at, at + 7)] = string.sub(log, at, at + string.byte(log, at - 1) - 1)
   end
   for field, t in pairs(changed or {}) do
     tally = tally or {}

@@ -9,3 +9,8 @@ func EvalOf(call []any) []any {
 	c[0], c[1] = evalHead[0], evalHead[1]
 	return c
 }
+
+// NextEntry is nextEntry: the entry or tally item (score 0) at log[p:].
+func NextEntry(log string, p int) (member string, score int64, next int, ok bool) {
+	return nextEntry(log, p)
+}

@@ -22,7 +22,12 @@ if not log then
 end
 local kept, n, pos = {string.sub(log, 1, 8)}, 0, 9 -- the header (see decide.lua) stays
 while pos <= #log do
-  local s, m, nxt = struct.unpack('>i8I2c0', log, pos)
+  local s, m, nxt
+  if string.byte(log, pos) == 1 then -- a tally item (see decide.lua): never removed
+    s, m, nxt = 0, struct.unpack('>Bc0', log, pos + 1)
+  else
+    s, m, nxt = struct.unpack('>i8I2c0', log, pos)
+  end
   if s > 0 and string.sub(m, 1, 8) == ARGV[1] then -- an entry of the job (a mark, a tally item is never removed)
     n = n + 1
   else

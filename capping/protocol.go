@@ -480,10 +480,18 @@ func countEntries(log string) int {
 }
 
 // nextEntry reads the entry at log[p:], packed as decide.lua packs a log's
-// entries (score int64, member length uint16, member; big-endian), and
-// returns it and where the next one starts; ok is false if log ends within
-// it.
+// entries (score int64, member length uint16, member; big-endian) or its
+// tally items (tallyHead, member length uint8, member: read with score 0),
+// and returns it and where the next one starts; ok is false if log ends
+// within it.
 func nextEntry(log string, p int) (member string, score int64, next int, ok bool) {
+	if len(log)-p >= 2 && log[p] == tallyHead {
+		next = p + 2 + int(log[p+1])
+		if next > len(log) {
+			return "", 0, p, false
+		}
+		return log[p+2 : next], 0, next, true
+	}
 	if len(log)-p < 10 {
 		return "", 0, p, false
 	}
@@ -494,12 +502,22 @@ func nextEntry(log string, p int) (member string, score int64, next int, ok bool
 	return log[p+10 : next], int64(be64(log, p)), next, true
 }
 
+// tallyHead is a tally item's first byte in a log. An entry's first is its
+// score's: 0 for a send's time, 0xff for a mark's (minus a time).
+const tallyHead = 1
+
 // appendEntry appends an entry packed as decide.lua packs a log's (see
 // nextEntry, which reads it back).
 func appendEntry(b []byte, score int64, member string) []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(score))
 	b = binary.BigEndian.AppendUint16(b, uint16(len(member)))
 	return append(b, member...)
+}
+
+// appendItem appends a tally item of member (at most 255 bytes; see
+// MaxTallyTimes) packed as decide.lua packs a log's.
+func appendItem(b []byte, member string) []byte {
+	return append(append(b, tallyHead, byte(len(member))), member...)
 }
 
 func be16(s string, i int) uint16 { return uint16(s[i])<<8 | uint16(s[i+1]) }

@@ -101,8 +101,7 @@ func appendTally(b []byte, a *reqArgs) ([]byte, int64) {
 		if c.Window > 0 {
 			n += 8
 		}
-		b = binary.BigEndian.AppendUint64(b, 0)
-		b = binary.BigEndian.AppendUint16(b, uint16(n))
+		b = append(b, tallyHead, byte(n))
 		k := c.Keep.UnixMilli() // the latest of the caps of its field
 		for j := i + 1; j < len(a.caps); j++ {
 			if sharesField(a.caps[j:j+1], c) {
@@ -136,7 +135,7 @@ func tallyLenOf(a *reqArgs) int {
 	n := 0
 	for i := range a.caps {
 		if c := &a.caps[i]; c.Tally && !sharesField(a.caps[:i], c) {
-			n += 10 + 20
+			n += 2 + 20
 			if c.Window > 0 {
 				n += 8
 			}
@@ -247,7 +246,7 @@ func patch(raw string, a *reqArgs) (arg, after string) {
 			return "", ""
 		}
 		if score == 0 && len(m) >= 20 {
-			have = append(have, item{p + 10, be64(m, 0), m})
+			have = append(have, item{next - len(m), be64(m, 0), m})
 			tkeep = max(tkeep, int64(be64(m, 12)))
 		}
 		p = next
@@ -289,7 +288,7 @@ func patch(raw string, a *reqArgs) (arg, after string) {
 			edits++
 			plen += 6 + len(it.m)
 		} else {
-			tail += 10 + len(it.m)
+			tail += 2 + len(it.m)
 		}
 	}
 	plen += tail
@@ -312,8 +311,8 @@ func patch(raw string, a *reqArgs) (arg, after string) {
 	}
 	for _, it := range counts {
 		if it.at < 0 {
-			b = appendEntry(b, 0, it.m)
-			w = appendEntry(w, 0, it.m)
+			b = appendItem(b, it.m)
+			w = appendItem(w, it.m)
 		}
 	}
 	w = appendEntry(w, a.now, a.member)

@@ -3,6 +3,7 @@ package capping_test
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"testing"
 	"time"
 
@@ -310,8 +311,16 @@ func TestTallyPatchedInPlace(t *testing.T) {
 	}
 	e.clock.Add(3 * 24 * time.Hour) // every entry ages out: the script writes the log whole, items first
 	send(script, "e")
-	if itemAfterEntry(mustGet(t, e, user)) {
+	raw = mustGet(t, e, user)
+	if itemAfterEntry(raw) {
 		t.Fatal("the script wrote the log whole with an item after an entry")
+	}
+	for p := 8; p < len(raw); { // a count's item is 22 bytes (contract.md)
+		_, score, next, _ := capping.NextEntry(raw, p)
+		if score == 0 && next-p != 22 {
+			t.Fatalf("a tally item of %d bytes in %x, want 22", next-p, raw)
+		}
+		p = next
 	}
 	before := e.lim.Stats().CopyAppends
 	for _, c := range []string{"c", "d", "e", "f", "a"} {
@@ -334,14 +343,16 @@ func mustGet(t *testing.T, e *env, user uint32) string {
 // itemAfterEntry reports whether a log (its value) holds a tally item after an entry.
 func itemAfterEntry(raw string) bool {
 	entry := false
-	for p := 8; p+10 <= len(raw); {
-		score := int64(binary.BigEndian.Uint64([]byte(raw[p:])))
-		n := int(binary.BigEndian.Uint16([]byte(raw[p+8:])))
+	for p := 8; p < len(raw); {
+		_, score, next, ok := capping.NextEntry(raw, p)
+		if !ok {
+			panic(fmt.Sprintf("a log truncated at byte %d of %d: %x", p, len(raw), raw))
+		}
 		if score == 0 && entry {
 			return true
 		}
 		entry = entry || score != 0
-		p += 10 + n
+		p = next
 	}
 	return false
 }
