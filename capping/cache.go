@@ -237,7 +237,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 		switch {
 		case a.tally: // its tally items change: a patch, never a plain append
 			if appendable(log, h, r, a) {
-				if a.patch, a.patched = patch(raw, a); a.patch != "" {
+				if a.patch, a.patched = patch(raw, log, a); a.patch != "" {
 					a.expect = raw
 					*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the patch: see run
 				}

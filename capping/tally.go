@@ -230,8 +230,10 @@ func tallyKth(t string, since, k int64) int64 {
 // appended; a new header and TTL when the send's keeps or the retention
 // outlast the log's), and the log after it. It returns "", "" when a counted
 // item would change its length (a rolling cap's times, until MaxTallyTimes
-// of them): the script decides that send and writes the log whole.
-func patch(raw string, a *reqArgs) (arg, after string) {
+// of them): the script decides that send and writes the log whole. log is
+// raw read by the cache (cacheShard.items: its members are raw's bytes, its
+// tally items first), so that an item's place in raw is its member's address.
+func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 	type item struct {
 		at    int // where its member starts in raw (-1: a new item)
 		field uint64
@@ -240,16 +242,17 @@ func patch(raw string, a *reqArgs) (arg, after string) {
 	var found [cacheMaxLog]item // the copy's tally items (a copy holds at most cacheMaxLog items)
 	have := found[:0]
 	tkeep := int64(0) // the latest keep of the log's items after the patch
-	for p := 8; p < len(raw); {
-		m, score, next, ok := nextEntry(raw, p)
-		if !ok || len(have) == len(found) {
+	base := uintptr(unsafe.Pointer(unsafe.StringData(raw)))
+	for _, it := range log {
+		if it.score != 0 {
+			break // the entries, after every item
+		}
+		m, at := it.member, int(uintptr(unsafe.Pointer(unsafe.StringData(it.member)))-base)
+		if len(m) < 20 || at < 10 || at+len(m) > len(raw) { // (not raw's: cannot happen)
 			return "", ""
 		}
-		if score == 0 && len(m) >= 20 {
-			have = append(have, item{next - len(m), be64(m, 0), m})
-			tkeep = max(tkeep, int64(be64(m, 12)))
-		}
-		p = next
+		have = append(have, item{at, be64(m, 0), m})
+		tkeep = max(tkeep, int64(be64(m, 12)))
 	}
 	var buf [maxCaps]item // the items the send counts
 	counts := buf[:0]
