@@ -342,6 +342,43 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
 	})
+	// A returning user's copy, whole (as Redis holds it: what a worker keeps
+	// of the logs it wrote): 40 sends of the last day and 20 tally items,
+	// each lookup capped after reading all of them.
+	w := newNearCache(n)
+	const users = 50_000
+	for u := uint32(1); u <= users; u++ {
+		r, a, _ := blocked(u, fmt.Sprint("j", u), now)
+		raw := binary.BigEndian.AppendUint64(nil, uint64(now.Add(Daily).UnixMilli()))
+		for k := range 20 {
+			m := binary.BigEndian.AppendUint64(nil, uint64(k+1))
+			m = binary.BigEndian.AppendUint32(m, 1)
+			m = binary.BigEndian.AppendUint64(m, uint64(now.Add(400*Daily).UnixMilli()))
+			raw = appendItem(raw, string(m))
+		}
+		for k := range 40 {
+			raw = appendEntry(raw, now.Add(time.Duration(k-40)*time.Minute).UnixMilli(), Member(fmt.Sprint("s", k), "email", "c", nil))
+		}
+		w.install(r, a, w.gen.Load(), string(raw[8:]), string(raw), 0)
+	}
+	for k := range reqs {
+		for i := range reqs[k] {
+			r, _, _ := blocked(uint32(1+rng.IntN(users)), fmt.Sprint("k", i), now)
+			reqs[k][i] = *r
+		}
+		args[k] = newArgs(reqs[k], now, 0, nil, nil)
+	}
+	b.Run("whole-long", func(b *testing.B) {
+		k := 0
+		for b.Loop() {
+			k = (k + 1) % batches
+			w.decideAll(reqs[k], args[k], idx, decs, hit, order, slots, nil)
+			if !hit[0] || decs[0].Allowed {
+				b.Fatalf("%+v: not capped by the copy", decs[0])
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/lookup")
+	})
 }
 
 // TestNearCacheInstallHintGoneStale: a hint of a slot that another user's
