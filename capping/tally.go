@@ -258,8 +258,11 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 	counts := buf[:0]
 	for i := range a.caps {
 		c := &a.caps[i]
+		if !c.Tally || !c.appliesTo(a.member) {
+			continue
+		}
 		f := c.tallyField()
-		if !c.Tally || !c.appliesTo(a.member) || slices.ContainsFunc(counts, func(it item) bool { return it.field == f }) {
+		if slices.ContainsFunc(counts, func(it item) bool { return it.field == f }) {
 			continue
 		}
 		keep := c.Keep.UnixMilli() // the latest of the caps of its field that apply
