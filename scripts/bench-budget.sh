@@ -25,6 +25,21 @@ ROUNDS=${ROUNDS:-3}
 # killed_at reads demo.sh's output on stdin and prints when it SIGKILLed a worker (Unix seconds; "" if none).
 killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }
 
+# windows.py splits one run's whole windows (percent of the limit) into those outside a SIGKILL's grace and
+# those in it, for the rows of both modes: windows(budget, killed, window, session) -> (all, out, in the grace).
+cat >"$work/windows.py" <<'PY'
+import sys
+
+def windows(b, killed, window, session):
+    # the SIGKILL (killed_at's output, "" if none), in seconds from the first allowed send: whole window i
+    # covers [(i+1)*window, (i+2)*window) from it; its grace is from the kill to a session timeout and a window on
+    kill = float(killed) - b["first_ns"] / 1e9 if killed else -1
+    w = [100 * n / b["limit"] for n in b["whole_windows"]]
+    print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
+    grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
+    return w, [x for x, g in zip(w, grace) if not g], [x for x, g in zip(w, grace) if g]
+PY
+
 if [[ ${1:-delivery} == delivery ]]; then
   # A freed token waits for the next decision that asks for it (the input's batch wait, a tier's release lag,
   # half a bucket), which a window of a second feels most (docs/design.md, "What the decision's wait costs").
@@ -56,17 +71,12 @@ if [[ ${1:-delivery} == delivery ]]; then
       echo "$out" >&2; echo "bench-budget: the run with $3 replicas failed" >&2; exit 1
     fi
     echo "$out" | grep -E '^(  (decisions|holds|budget|checks)|worker:)' | sed "s/^/  [${w} s, $3 replicas] /" >&2
-    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(killed_at <<<"$out")" "$SESSION" "$w" <<'PY'
+    python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(killed_at <<<"$out")" "$SESSION" "$w" "$work" <<'PY'
 import json, statistics, sys
+sys.path.insert(0, sys.argv[5])
+from windows import windows
 b = json.loads(sys.argv[1])["budgets"][0]
-session, window = float(sys.argv[3]), float(sys.argv[4])
-# the SIGKILL, in seconds from the first allowed send (whole window i covers [(i+1)*window, (i+2)*window))
-kill = float(sys.argv[2]) - b["first_ns"] / 1e9 if sys.argv[2] else -1
-w = [100 * n / b["limit"] for n in b["whole_windows"]]
-print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
-grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
-out = [x for x, g in zip(w, grace) if not g]
-ing = [x for x, g in zip(w, grace) if g]
+w, out, ing = windows(b, sys.argv[2], float(sys.argv[4]), float(sys.argv[3]))
 print("%.1f %.1f %.1f %d %d %d %.1f" % (statistics.median(w), min(out), max(w), b["max_any"], len(w), sum(x < 95 for x in out),
                                         min(ing) if ing else -1))
 PY
@@ -147,18 +157,14 @@ if [[ $1 == burst ]]; then
         if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi
         grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-budget: the burst run failed" >&2; exit 1; }
         echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $n] /" >&2
-        python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$(killed_at <<<"$out")" "$SESSION" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
+        python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$(killed_at <<<"$out")" "$SESSION" "$work" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
 import json, statistics, sys
+sys.path.insert(0, sys.argv[6])
+from windows import windows
 r = json.loads(sys.argv[1])
 b = r["budgets"][0]
-window, session = float(sys.argv[3]), float(sys.argv[5])
-# the SIGKILL, in seconds from the first allowed send (whole window i covers [(i+1)*window, (i+2)*window))
-kill = float(sys.argv[4]) - b["first_ns"] / 1e9 if sys.argv[4] else -1
-w = [100 * n / b["limit"] for n in b["whole_windows"]] or [0]
-print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
-grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
-out = [x for x, g in zip(w, grace) if not g] or [0]
-ing = [x for x, g in zip(w, grace) if g]
+w, out, ing = windows(b, sys.argv[4], float(sys.argv[3]), float(sys.argv[5]))
+w, out = w or [0], out or [0]
 print("%s %s %.1f %.1f %d %d %d %.2f %d %.1f" % (sys.argv[3], sys.argv[2], statistics.median(out), min(out), sum(x < 95 for x in out), b["max_any"], b["limit"], r["held"] / r["jobs"], len(b["whole_windows"]), min(ing) if ing else -1))
 PY
       done
