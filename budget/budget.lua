@@ -209,13 +209,28 @@ local function promise(i, t) -- want i is promised t
     byJob[G[i]] = t
   end
 end
+-- told answers want i for another copy of its job in this call (a delay tier's reader can hand one batch a
+-- message twice, around its group's rejoin): -2 if that copy claimed the job's token, the time it was promised
+-- (the copy is told it, promised nothing); false if none did. Without it each copy was promised a token, and
+-- the one no copy claims waited for nobody until it lapsed.
+local function told(i)
+  if G[i] == '' then
+    return false
+  end
+  local t = byJob[G[i]]
+  if t == false then
+    return -2
+  end
+  return t or false
+end
 
 local fresh = {} -- the wants without a token yet, in the order they are served: lapsed claims first
 local claimed = 0
 for i = 1, n do
   local p, u = P[i], U[i]
-  if G[i] ~= '' and byJob[G[i]] == false then -- another copy in this call claimed its job's token
-    reply[4 + i], skip[i] = -2, true
+  local other = told(i) -- another copy in this call claimed its job's token, or followed it
+  if other then
+    reply[4 + i], skip[i] = other, true
   end
   if skip[i] then -- answered
   elseif p > 0 and (promised[p] or 0) > 0 and used + claimed < limit then
@@ -296,7 +311,11 @@ if claimed + granted > 0 then
   redis.call('PEXPIRE', key, window + width)
 end
 for k = 1, math.min(granted, #fresh) do
-  reply[4 + fresh[k]] = 0
+  local i = fresh[k]
+  reply[4 + i] = 0
+  if G[i] ~= '' and byJob[G[i]] == nil then -- a copy of its job later in this call is answered Copy (-2)
+    byJob[G[i]] = false
+  end
 end
 reply[1] = math.max(0, granted - #fresh)
 
@@ -411,11 +430,16 @@ if j <= #fresh then
     local took = 0
     while j <= #fresh and x > 0 do
       local i = fresh[j]
-      reply[4 + i] = t
-      local u = U[i]
-      if u == 0 or t < u then
-        took, x = took + 1, x - 1
-        promise(i, t)
+      local other = told(i)
+      if other then
+        reply[4 + i] = other
+      else
+        reply[4 + i] = t
+        local u = U[i]
+        if u == 0 or t < u then
+          took, x = took + 1, x - 1
+          promise(i, t)
+        end
       end
       j = j + 1
     end

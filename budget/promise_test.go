@@ -294,6 +294,62 @@ func TestAJobIsPromisedOnce(t *testing.T) {
 	}
 }
 
+// TestCopiesInOneCallArePromisedOnce: a budget of 100 per second, used up.
+// One call holds two copies of job j1 (a delay tier's reader can hand a batch
+// a message twice around its group's rejoin), j2, and 97 unnamed wants: of
+// the 100 tokens that come back, j1 is promised one, so j3 asking next is
+// promised the last, and j4 one after them. At that time j1's first claim takes its
+// token and its second is answered Copy, and every other claim finds its
+// token. Before, each copy of j1 was promised a token: the one no copy
+// claimed waited for nobody until it lapsed, and a burst with a SIGKILL lost
+// 40 of the 50 tokens of a window of a second that way.
+func TestCopiesInOneCallArePromisedOnce(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	b, _ := newBudgets(t, c, true)
+	spec := &Spec{Name: "copies", Limit: 100, Window: time.Second}
+	ctx := context.Background()
+	w := time.Second / Buckets
+	take := func(ws ...Want) []Grant {
+		t.Helper()
+		gs, err := b.Take(ctx, ws)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return gs
+	}
+	if gs := take(wants(spec, "copies", 100)...); granted(gs) != 100 {
+		t.Fatalf("%d of 100 granted, want all", granted(gs))
+	}
+	back := c.Now().Add(time.Second + w) // the first bucket's 100 come back
+	named := func(job string) Want { return Want{Spec: spec, Key: "copies", Job: job} }
+	c.Add(10 * time.Millisecond)
+	gs := take(append([]Want{named("j1"), named("j2"), named("j1")}, wants(spec, "copies", 97)...)...)
+	for i, g := range gs {
+		if g.OK || !g.RetryAt.Equal(back) {
+			t.Fatalf("want %d (j1, j2, j1, then unnamed) told %+v, want refused until %v", i, g, back)
+		}
+	}
+	if g := take(named("j3"))[0]; g.OK || !g.RetryAt.Equal(back) {
+		t.Errorf("j3 told %+v, want %v: the last of the 100 tokens back then (j1 promised one)", g, back)
+	}
+	if g := take(named("j4"))[0]; g.OK || !g.RetryAt.After(back) {
+		t.Errorf("j4 told %+v, want a time after %v: the 100 tokens back then are promised", g, back)
+	}
+	c.Set(back.Add(time.Millisecond))
+	claim := func(w Want) Want { w.Promised = back; return w }
+	claims := []Want{claim(named("j1")), claim(named("j1")), claim(named("j2")), claim(named("j3"))}
+	for _, w := range wants(spec, "copies", 97) {
+		claims = append(claims, claim(w))
+	}
+	gs = take(claims...)
+	if !gs[0].OK || !gs[0].Claimed || gs[1].OK || !gs[1].Copy {
+		t.Errorf("j1's claims: %+v, %+v; want its token, then Copy", gs[0], gs[1])
+	}
+	if n := granted(gs[2:]); n != 99 {
+		t.Errorf("%d of the claims of j2, j3 and the 97 unnamed found their token, want 99", n)
+	}
+}
+
 // TestLateClaimsKeepTheBound: on a fixed clock, a budget of 100 per second
 // under three times that demand for 10 s; of the held sends, most come back
 // at their time, a fifth up to 400 ms late and a tenth 500 to 950 ms late (a
