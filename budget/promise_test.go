@@ -348,6 +348,35 @@ func TestCopiesInOneCallArePromisedOnce(t *testing.T) {
 	if n := granted(gs[2:]); n != 99 {
 		t.Errorf("%d of the claims of j2, j3 and the 97 unnamed found their token, want 99", n)
 	}
+
+	// A new copy of a job beside its claim in one call, the window with room
+	// again: the claim takes the job's token, the copy is answered Copy and
+	// takes none.
+	c.Add(time.Second + 2*w)
+	if gs := take(wants(spec, "copies", 100)...); granted(gs) == 0 {
+		t.Fatal("no token granted a window later")
+	}
+	j6 := take(named("j6"))[0]
+	if j6.OK {
+		t.Fatalf("j6: %+v, want refused (the window is full)", j6)
+	}
+	c.Set(j6.RetryAt.Add(time.Millisecond))
+	held := named("j6")
+	held.Promised = j6.RetryAt
+	if gs := take(named("j6"), held); gs[0].OK || !gs[0].Copy || !gs[1].OK || !gs[1].Claimed {
+		t.Errorf("j6's new copy, then its claim, in one call: %+v, %+v; want Copy, then the job's token", gs[0], gs[1])
+	}
+
+	// Two new copies of a job in one call with room for one: the first takes
+	// it, the second is answered Copy (before, it was promised a token).
+	last := &Spec{Name: "copies-last", Limit: 100, Window: time.Second}
+	if gs := take(wants(last, "copies-last", 99)...); granted(gs) != 99 {
+		t.Fatalf("%d of 99 granted, want all", granted(gs))
+	}
+	j7 := Want{Spec: last, Key: "copies-last", Job: "j7"}
+	if gs := take(j7, j7); !gs[0].OK || gs[1].OK || !gs[1].Copy {
+		t.Errorf("two new copies of j7 with room for one: %+v, %+v; want a token, then Copy", gs[0], gs[1])
+	}
 }
 
 // TestLateClaimsKeepTheBound: on a fixed clock, a budget of 100 per second
