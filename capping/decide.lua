@@ -62,7 +62,7 @@
 --                 what modeRecord would write; its TTL from the header's expiry), reply '='; otherwise the
 --                 request is decided as in modeRecord
 --   i8 retention  ms: entries this old are evicted, the key expires at least this long after a write
---   I2 maxlog     most log entries to return (0: never) when, after this decision, a cap that blocks is
+--   I2 maxlog     most log entries and tally items to return (0: never) when, after this decision, a cap that blocks is
 --                 full (its count has reached its limit): the caller's near cache keeps that copy of the log
 --   i8 window     arbitration window (ms), 0: none; with a window, KEYS[2] is the user's candidates
 --   B  priority   the send's (0..100), which wins an arbitration
@@ -882,7 +882,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- The whole log for the caller's near cache, when it is header and kept entries alone (no marks, nothing
   -- aged out, a string): the cache then knows it byte for byte, decides the user's next sends from it and
   -- records an allowed one by modeAppend (see the header). statusWhole added says so.
-  if record and maxlog > 0 and n <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
+  local copied = n + (items and #items or 0) -- a copy's entries and tally items: at most maxlog
+  if record and maxlog > 0 and copied <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
     return answer(status + statusWhole, hit, retry_at, counts, ncaps) .. (written or log)
   end
   local reply = answer(status, hit, retry_at, counts, ncaps)
@@ -891,7 +892,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- capped, and the cache can tell so without a call until the log changes. Its tally items, then its kept
   -- entries, as the log packs them: one string, where member and score pairs cost a Lua string each and two
   -- reply elements.
-  if record and maxlog > 0 and n <= maxlog and not has_prefs then -- a user with preferences is never cached
+  if record and maxlog > 0 and copied <= maxlog and not has_prefs then -- a user with preferences is never cached
     if status == statusCapped or (status == statusAllowed and full1) or (status ~= statusAllowed and full0) then
       if added then
         return reply .. tallyItems(tallyOf(log, items, changed)) .. entries(log, starts, n - 1, from, gap, entry, added)

@@ -589,7 +589,7 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 // measure. The members and the packed values are binary, so no text tool
 // (redis-benchmark) can send them.
 func ScriptCall(keys []string, reqs []Request, now time.Time) ([]any, error) {
-	return callOfScript(keys, reqs, nil, now)
+	return callOfScript(keys, reqs, nil, now, 0)
 }
 
 // CopyCall is ScriptCall for sends the near cache decided allowed from its
@@ -599,10 +599,12 @@ func CopyCall(keys []string, reqs []Request, logs []string, now time.Time) ([]an
 	if len(logs) != len(reqs) {
 		return nil, fmt.Errorf("capping: %d logs for %d requests", len(logs), len(reqs))
 	}
-	return callOfScript(keys, reqs, logs, now)
+	return callOfScript(keys, reqs, logs, now, 0)
 }
 
-func callOfScript(keys []string, reqs []Request, logs []string, now time.Time) ([]any, error) {
+// callOfScript packs maxLog as the most entries and tally items of a copy
+// of the log to reply with (the near cache's: cacheMaxLog; 0: none).
+func callOfScript(keys []string, reqs []Request, logs []string, now time.Time, maxLog int) ([]any, error) {
 	if len(keys) != len(reqs) {
 		return nil, fmt.Errorf("capping: %d keys for %d requests", len(keys), len(reqs))
 	}
@@ -620,7 +622,7 @@ func callOfScript(keys []string, reqs []Request, logs []string, now time.Time) (
 		if logs != nil {
 			args[i].expect = logs[i]
 		}
-		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, 0, "")
+		pack(make([]byte, 0, packedLen(&args[i])), &reqs[i], &args[i], true, maxLog, "")
 	}
 	v := callArgs(false, reqs, args, idx)
 	for i, x := range v { // the values themselves: args and reqs are this call's

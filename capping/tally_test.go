@@ -400,3 +400,47 @@ func TestNearCacheCopiesTheTallyThatFillsACap(t *testing.T) {
 		t.Fatalf("the tally in Redis: %+v (%v), want one count of 2", tally, err)
 	}
 }
+
+// TestNoCopyOfALogPastTheCacheLimit: a user sent 70 campaigns under a
+// per-campaign lifetime cap, a day apart, has 70 tally items and one entry.
+// Asked for a copy as a Limiter with a near cache asks, the script answers the
+// next send's decision alone: the near cache keeps no copy of more than 64
+// entries and items together, and the script sent this one whole, 1.5 KB,
+// with every decision of the user.
+func TestNoCopyOfALogPastTheCacheLimit(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	const user = 31
+	keep := e.clock.Now().Add(400 * 24 * time.Hour)
+	send := func(k int) capping.Request {
+		campaign := fmt.Sprint("weekly-", k)
+		r := job(user, "email", daily3, capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)})
+		r.Campaign = campaign
+		return r
+	}
+	for k := range 70 {
+		if d := e.decide(t, send(k))[0]; !d.Allowed {
+			t.Fatalf("campaign %d: %+v, want allowed", k, d)
+		}
+		e.clock.Add(25 * time.Hour)
+	}
+	e.clock.Add(-24 * time.Hour) // the last send's entry in the day's window: nothing aged out
+	call, err := capping.CachedCall([]string{e.lim.Key(0, user)}, []capping.Request{send(70)}, e.clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := e.rdb.Do(ctx, call...).Slice()
+	if err != nil || len(v) != 1 {
+		t.Fatalf("the call: %v, %v", v, err)
+	}
+	r, ok := v[0].(string)
+	if !ok || len(r) == 0 {
+		t.Fatalf("the 71st campaign's reply: %v, want a decision", v[0])
+	}
+	if len(r) != 19 || r[0] != 1 { // status 1, cap, retry_at, two counts (decide.lua)
+		t.Errorf("the 71st campaign's reply: %d bytes, status %d; want its decision alone (allowed, two counts), no copy of the log", len(r), r[0])
+	}
+	if n := len(mustGet(t, e, user)); n < 70*22 {
+		t.Fatalf("the log is %d bytes, want its 70 tally items at least", n)
+	}
+}
