@@ -25,7 +25,6 @@ import (
 	"github.com/capper-dev/capper/budget"
 	"github.com/capper-dev/capper/capping"
 	"github.com/capper-dev/capper/hold"
-	"github.com/capper-dev/capper/internal/backoff"
 	"github.com/capper-dev/capper/jobs"
 	"github.com/capper-dev/capper/rules"
 )
@@ -226,7 +225,7 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 			return fmt.Errorf("consumer: stopped waiting for budget tokens (batch left uncommitted): %w", ctx.Err())
 		}
 	}
-	grants = w.followClaims(ctx, wants, grants, owners)
+	w.followClaims(es, wants, grants, owners)
 	for j, g := range grants {
 		t := &es[owners[j]].facts.tokens
 		t.taken = true
@@ -271,77 +270,41 @@ func jobName(e *entry) string {
 	return hex.EncodeToString(b[:])
 }
 
-// followWait is the longest a delay tier's worker waits, in place, for the
-// token a claim found missing (followClaims), and the time it keeps for the
-// batch's decisions after the wait.
-const (
-	followWait   = time.Second
-	followMargin = 100 * time.Millisecond
-)
+// followWait is the farthest a claim that found its token missing may be
+// promised again and still move on to that time rather than be held again
+// (followClaims).
+const followWait = time.Second
 
-// followClaims claims again, in place, the tokens that held sends came back
-// for and found missing, when they are promised again within followWait. A
-// token claimed late comes back late (a rebalance stops every tier's reader
-// for a second or so, and the sends due meanwhile claim theirs when it
-// ends), so the send promised it next finds it missing and is promised the
-// next token back, which is that one, a few hundred milliseconds later
-// (budget.lua). Held again, each such send would cost a hold record, and the
-// shift would reach every send of the backlog in turn; waiting for it here
-// costs the tier's other releases that wait, once, and the schedule follows.
-// Only a send of one budget waits (its tokens of other budgets would lapse
-// meanwhile), at most three times, and never so long that a token the batch
-// was granted could no longer be used: a send is dated back within its
-// tokens' bucket by at most TokenGrace (lapseTokens), and its decision needs
-// followMargin more. A failed call leaves the grants as they were: those
-// sends are held until the token promised to them.
-func (w *Worker) followClaims(ctx context.Context, wants []budget.Want, grants []budget.Grant, owners []int) []budget.Grant {
+// followClaims marks the held sends that came back for their promised token,
+// found it missing and were promised the next token back within followWait:
+// they move on to that time as jobs not due yet (route: Moved, no hold
+// record, their hold count unchanged) and claim it then. A token claimed
+// late comes back late (a rebalance stops every tier's reader for a second
+// or so, and the sends due meanwhile claim theirs when it ends), so the send
+// promised it next finds it missing and is promised the next token back,
+// which is that one, a few hundred milliseconds later (budget.lua). Held
+// again, each such send would cost a hold record, and the shift would reach
+// every send of the backlog in turn. Waiting for it in the tier's worker
+// stops the tier's other releases with it: in a burst after a SIGKILL, the
+// sends due in the 0.8 s of such a wait came out together after it, in the
+// next window of a second, and the window of the wait got 11 of 50.
+// Only a send of one budget moves (its tokens of other budgets would lapse
+// meanwhile); one promised later, or not before its until, is held.
+func (w *Worker) followClaims(es []entry, wants []budget.Want, grants []budget.Grant, owners []int) {
 	if w.cfg.Tier == "" {
-		return grants
+		return
 	}
-	for range 3 {
-		now := w.cfg.Clock()
-		var again []int
-		var until, latest time.Time // latest: the end of the wait the batch's granted tokens allow (zero: none)
-		for j, g := range grants {
-			wt := wants[j]
-			if g.OK && !g.Until.IsZero() {
-				if d := tokenDate(g.Until).Add(w.cfg.TokenGrace - followMargin); latest.IsZero() || d.Before(latest) {
-					latest = d
-				}
-			}
-			switch {
-			case g.OK, g.Copy, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
-				continue // granted, another copy's, not a claim, promised too late, or not promised at all
-			case j > 0 && owners[j-1] == owners[j], j+1 < len(owners) && owners[j+1] == owners[j]:
-				continue // a send of several budgets
-			}
-			again = append(again, j)
-			if g.RetryAt.After(until) {
-				until = g.RetryAt
-			}
+	now := w.cfg.Clock()
+	for j, g := range grants {
+		wt := wants[j]
+		switch {
+		case g.OK, g.Copy, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
+			continue // granted, another copy's, not a claim, promised too late, or not promised at all
+		case j > 0 && owners[j-1] == owners[j], j+1 < len(owners) && owners[j+1] == owners[j]:
+			continue // a send of several budgets
 		}
-		if len(again) == 0 || !latest.IsZero() && until.After(latest) || !backoff.Sleep(ctx, until.Sub(now)+time.Millisecond) {
-			return grants
-		}
-		retry := make([]budget.Want, len(again))
-		for k, j := range again {
-			retry[k] = wants[j]
-			retry[k].Promised = grants[j].RetryAt
-		}
-		got, err := w.cfg.Budgets.Take(ctx, retry)
-		if err != nil {
-			for k, g := range got {
-				if g.OK {
-					w.cfg.Budgets.Return(retry[k], 1)
-				}
-			}
-			return grants
-		}
-		for k, j := range again {
-			wants[j], grants[j] = retry[k], got[k]
-		}
+		es[owners[j]].facts.tokens.follow = true
 	}
-	return grants
 }
 
 // holdsTokens reports whether e took the tokens of its plan.

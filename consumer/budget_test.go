@@ -355,33 +355,32 @@ func TestDuplicateGivesItsClaimBack(t *testing.T) {
 	}
 }
 
-// TestMissedClaimWaitsForItsToken: a held job that comes back to find the
+// TestMissedClaimMovesToItsToken: a held job that comes back to find the
 // token promised to it missing, and is promised the next one back within
-// consumer's follow wait, waits for it in place and claims it (no hold
-// record); one promised beyond that wait, a job of two budgets, and one
-// whose batch holds a token that the wait would make too old to date a
-// decision in (TokenGrace), are held again until their new promise.
-func TestMissedClaimWaitsForItsToken(t *testing.T) {
+// consumer's follow wait, moves on to that time on the shortest tier (no
+// hold record, its hold count and since unchanged, its due time the new
+// promise), and a job granted a token in the same batch is decided at once;
+// one promised beyond that wait, and a job of two budgets, are held again
+// until their new promise.
+func TestMissedClaimMovesToItsToken(t *testing.T) {
 	oneBudget := holdRules(t, rules.Config{
 		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: intp(10)}},
 		Budgets: []rules.Budget{{Name: "sms", Limit: intp(5), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "sms"},
 			MaxHold: rules.Duration(time.Hour)}},
 	})
 	due := t0.Add(-3 * time.Millisecond)
+	since := t0.Add(-time.Minute)
 	for _, c := range []struct {
-		name     string
-		rules    *rules.Rules
-		follow   time.Duration // the next token back, from the clock
-		other    bool          // a job granted a token (its bucket ends in 10 ms) shares the batch
-		grace    time.Duration // TokenGrace
-		want     string        // the claiming job's output topic
-		promised []time.Time   // its claims of "sms", in order
+		name   string
+		rules  *rules.Rules
+		follow time.Duration // the next token back, from the clock
+		other  bool          // a job granted a token shares the batch
+		want   string        // the claiming job's output topic
 	}{
-		{"promised again soon", oneBudget, 40 * time.Millisecond, false, 0, "allowed", []time.Time{due, t0.Add(40 * time.Millisecond)}},
-		{"promised again later", oneBudget, 5 * time.Second, false, 0, "held", []time.Time{due}},
-		{"two budgets", budgetRules(t), 40 * time.Millisecond, false, 0, "held", []time.Time{due}},
-		{"a granted token in the batch, no grace", oneBudget, 40 * time.Millisecond, true, 0, "held", []time.Time{due}},
-		{"a granted token in the batch, within its grace", oneBudget, 40 * time.Millisecond, true, time.Second, "allowed", []time.Time{due, t0.Add(40 * time.Millisecond)}},
+		{"promised again soon", oneBudget, 40 * time.Millisecond, false, "delay.1s"},
+		{"promised again soon, a granted token in the batch", oneBudget, 40 * time.Millisecond, true, "delay.1s"},
+		{"promised again later", oneBudget, 5 * time.Second, false, "held"},
+		{"two budgets", budgetRules(t), 40 * time.Millisecond, false, "held"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -396,25 +395,26 @@ func TestMissedClaimWaitsForItsToken(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				claims = append(claims, w.Promised)
-				if w.Promised.Equal(due) { // the token is not back yet: promised the next one
-					return budget.Grant{RetryAt: t0.Add(c.follow)}, nil
-				}
-				return budget.Grant{OK: true, Until: t0.Add(time.Second), Claimed: true}, nil
+				return budget.Grant{RetryAt: t0.Add(c.follow)}, nil // the token is not back yet: promised the next one
 			}}
 			d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
 				return capping.Decision{Allowed: true, At: r.At}, nil
 			}}
-			batch := []kafka.Message{tierMessage("claim", 1, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "sms"})}
+			batch := []kafka.Message{tierMessage("claim", 1, hold.State{Since: since, Due: due, Wake: due, Count: 1, Reason: "sms"})}
 			batch[0].Value = smsJob("claim", 1).Value
 			if c.other { // held by a cap: it asks for a new token
-				batch = append(batch, tierMessage("other", 2, hold.State{Since: t0.Add(-time.Minute), Due: due, Wake: due, Count: 1, Reason: "daily"}))
+				batch = append(batch, tierMessage("other", 2, hold.State{Since: since, Due: due, Wake: due, Count: 1, Reason: "daily"}))
 				batch[1].Value = smsJob("other", 2).Value
 			}
 			h := start(t, consumer.Config{Rules: c.rules, Budgets: b, Decider: d, Wheel: wheel(t), Tier: "10s", Clock: func() time.Time { return t0 },
-				TokenGrace: c.grace, BatchSize: len(batch)})
+				BatchSize: len(batch)})
 			h.send(batch...)
+			n := len(batch)
+			if c.want == "held" {
+				n++ // its hold record and its message on the tier
+			}
 			var topics []string
-			for _, o := range h.waitOutputs(t, len(batch)) { // a batch's outputs are written together
+			for _, o := range h.waitOutputs(t, n) { // a batch's outputs are written together
 				if o.Key != nil && string(o.Key) != string(batch[0].Key) {
 					if c.other && o.Topic != "allowed" {
 						t.Errorf("the job granted a token went to %s, want allowed", o.Topic)
@@ -422,17 +422,29 @@ func TestMissedClaimWaitsForItsToken(t *testing.T) {
 					continue
 				}
 				topics = append(topics, o.Topic)
-				if o.Topic == "held" && header(o, output.HeaderDueAt) != output.FormatTime(t0.Add(c.follow)) {
-					t.Errorf("held again until %s, want its new promise %s", header(o, output.HeaderDueAt), output.FormatTime(t0.Add(c.follow)))
+				if o.Topic == "held" || o.Topic == "delay.1s" {
+					if got := header(o, output.HeaderDueAt); got != output.FormatTime(t0.Add(c.follow)) {
+						t.Errorf("%s until %s, want its new promise %s", o.Topic, got, output.FormatTime(t0.Add(c.follow)))
+					}
+				}
+				if o.Topic == "delay.1s" {
+					count := 1 // moved: its hold goes on
+					if c.want == "held" {
+						count = 2
+					}
+					s, ok, err := hold.ParseState(o.Headers)
+					if !ok || err != nil || s.Count != count || !s.Since.Equal(since) || s.Reason != "sms" {
+						t.Errorf("on the tier with %+v (%v), want hold count %d, since %v, reason sms", s, err, count, since)
+					}
 				}
 			}
-			if !slices.Contains(topics, c.want) || c.want == "allowed" && len(topics) != 1 {
+			if !slices.Contains(topics, c.want) || c.want != "held" && len(topics) != 1 {
 				t.Errorf("the claiming job's outputs went to %v, want %s", topics, c.want)
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if !slices.EqualFunc(claims, c.promised, time.Time.Equal) {
-				t.Errorf("claims of sms promised at %v, want %v", claims, c.promised)
+			if len(claims) != 1 || !claims[0].Equal(due) {
+				t.Errorf("claims of sms promised at %v, want one, at %v", claims, due)
 			}
 		})
 	}

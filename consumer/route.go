@@ -56,8 +56,9 @@ type grant struct {
 	retryAt time.Time // when a token of short is expected back
 	until   time.Time // when the first of the tokens' buckets ends (budget.Grant.Until); zero: none held
 	claimed bool      // a token is the one promised to the job when it was held (budget.Grant.Claimed)
-	promise time.Time // the promise it claimed: its hold's due time, or the time it was promised again (followClaims)
+	promise time.Time // the promise it claimed: its hold's due time
 	copy    bool      // another copy of the job claimed its token (budget.Grant.Copy): short names the budget
+	follow  bool      // its promised token was missing, the next is promised to it shortly: it moves on to it (followClaims)
 }
 
 // answer is what Redis answered to the job's request.
@@ -145,7 +146,10 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	case f.tokens.short != "":
 		b := f.tokens.short
 		o := holdOrRefuse(f, p.OnShort(b), f.tokens.retryAt, b, "budget", wheel, now)
-		if o.Kind == Held {
+		if o.Kind == Held && f.tokens.follow { // on to its new promise, as a job not due yet: no new hold
+			o.Kind, o.Cap, o.HeldBy, o.Hold.Count = Moved, "", "", f.arrived.Count
+		}
+		if o.Kind == Held || o.Kind == Moved {
 			return o
 		}
 		refusal = Outcome{Kind: Capped, Cap: b, Reason: o.Reason, RetryAt: f.tokens.retryAt}
