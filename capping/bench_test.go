@@ -371,3 +371,79 @@ func BenchmarkTallyMemory(b *testing.B) {
 	b.ReportMetric(eight, "bytes/scope")
 	b.ReportMetric(one, "bytes/user-of-1-scope")
 }
+
+// BenchmarkManyScopes measures what a user's many tally scopes cost the
+// decisions of that user: each of 256 users is first sent one send of each of
+// S campaigns under a lifetime cap per campaign (S tally items in their logs;
+// those sends 30 days old, out of the caps' windows), then sends of random
+// campaigns are decided for them with benchCaps only (none: the sends match
+// no tally cap) and with a lifetime cap of their campaign (lifetime), every
+// decision a script call and with the near cache. Each row adds its sends to
+// the same 256 logs, so run it with a fixed count (-benchtime 100x) and
+// compare a row with the same row of scopes=0.
+func BenchmarkManyScopes(b *testing.B) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
+	defer rdb.Close()
+	ctx := context.Background()
+	const users = 256
+	keep := time.Now().Add(400 * 24 * time.Hour)
+	once := func(campaign string) capping.Cap {
+		return capping.Cap{Name: "once", Limit: 1 << 30, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)}
+	}
+	var seq atomic.Int64
+	for _, scopes := range []int{0, 60, 200, 500} {
+		b.Run(fmt.Sprintf("scopes=%d", scopes), func(b *testing.B) {
+			prefix := testenv.Unique("benchscopes")
+			defer deletePrefix(b, rdb, prefix)
+			past, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: func() time.Time { return time.Now().Add(-30 * 24 * time.Hour) }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs := make([]capping.Request, users)
+			for k := range scopes { // one batch per campaign: each user's sends in campaign order
+				campaign := fmt.Sprint("old-", k)
+				for u := range reqs {
+					reqs[u] = capping.Request{UserID: uint32(u), JobID: fmt.Sprint("old", k, "-", u), Channel: "email", Campaign: campaign,
+						Caps: append([]capping.Cap{once(campaign)}, benchCaps...)}
+				}
+				if _, err := past.Decide(ctx, reqs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			script, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cached, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, NearCache: 100_000})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, row := range []struct {
+				name     string
+				lifetime bool
+				lim      *capping.Limiter
+			}{{"none/script", false, script}, {"lifetime/script", true, script}, {"none/cache", false, cached}, {"lifetime/cache", true, cached}} {
+				b.Run(row.name, func(b *testing.B) {
+					b.RunParallel(func(pb *testing.PB) {
+						rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 11))
+						reqs := make([]capping.Request, 64)
+						for pb.Next() {
+							for i := range reqs {
+								campaign := fmt.Sprint("new-", rng.IntN(40))
+								caps := benchCaps
+								if row.lifetime {
+									caps = append([]capping.Cap{once(campaign)}, benchCaps...)
+								}
+								reqs[i] = capping.Request{UserID: uint32(rng.IntN(users)), JobID: fmt.Sprint("j", seq.Add(1)), Channel: "email", Campaign: campaign, Caps: caps}
+							}
+							if _, err := row.lim.Decide(ctx, reqs); err != nil {
+								b.Fatal(err)
+							}
+						}
+					})
+					b.ReportMetric(float64(b.N*64)/b.Elapsed().Seconds(), "decisions/s")
+				})
+			}
+		})
+	}
+}
