@@ -562,10 +562,10 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	// A held send claiming two buckets or more after its time (this test's
 	// goroutines are late when the machine is busy) brings its token back
 	// later than promised: the send promised it next finds it missing and
-	// follows it to the next token back, which may be promised already, and
-	// so on while the budget is short (TestALateClaimCostsAFewOthers: 850
-	// missed for 800 late on a fixed clock; here on a busy machine up to
-	// 2,050 for 1,400). On an idle machine none is late, and every claim
+	// follows it to the first token back not promised already, and so on
+	// while the budget is short (TestALateClaimCostsAFewOthers: 800 missed
+	// for 800 late on a fixed clock; here on a busy machine up to 2,050 for
+	// 1,400). On an idle machine none is late, and every claim
 	// finds its token.
 	if claims == 0 || claims-found > 2*late {
 		t.Errorf("%d of %d held sends that came back in time found the token promised to them; want all but at most two per late claim (%d late)", found, claims, late)

@@ -91,10 +91,11 @@ func TestPromisesAreSharedByReplicas(t *testing.T) {
 // second under five times that demand; every held send comes back at its
 // time but those due over ten buckets, which come back 30 buckets late (a
 // delay tier's reader lagging) and so bring their tokens back late. The send
-// promised such a token next finds it missing and follows it to the next
-// token back, which may be promised already: a late claim costs a miss or
-// two (850 for 800 late claims here), far from a chain that goes on, and no
-// window gets more than the limit. A claim that follows without being
+// promised such a token next finds it missing and follows it to the first
+// token back that is not promised already: a late claim costs a miss or two
+// (800 for 800 late claims here; 850 when every follower of a call went to
+// the oldest bucket's return), far from a chain that goes on, and no window
+// gets more than the limit. A claim that follows without being
 // counted against the token it follows (a walk to a token no one was
 // promised) was tried: one miss per late claim exactly, but when a promise
 // was broken no token was in sight until its time, and the burst bench's
