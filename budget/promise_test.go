@@ -205,6 +205,16 @@ func TestUnclaimKeepsThePromiseAgain(t *testing.T) {
 	}
 }
 
+// mustTake is b.Take of ws, failing t on an error.
+func mustTake(t *testing.T, b *Budgets, ws ...Want) []Grant {
+	t.Helper()
+	gs, err := b.Take(context.Background(), ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gs
+}
+
 // TestAJobIsPromisedOnce: a budget of 100 per second, used up. Job j1 is
 // refused and promised the first token back; a copy of it decided again (its
 // input redelivered after a rebalance) is told the same time and promised
@@ -224,14 +234,7 @@ func TestAJobIsPromisedOnce(t *testing.T) {
 	}
 	back := c.Now().Add(time.Second + w) // the first bucket's 100 come back
 	named := func(job string) Want { return Want{Spec: spec, Key: "once", Job: job} }
-	take := func(ws ...Want) []Grant {
-		t.Helper()
-		gs, err := b.Take(ctx, ws)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return gs
-	}
+	take := func(ws ...Want) []Grant { t.Helper(); return mustTake(t, b, ws...) }
 	c.Add(10 * time.Millisecond)
 	first := take(named("j1"))[0]
 	again := take(named("j1"), named("j2"))
@@ -308,16 +311,8 @@ func TestCopiesInOneCallArePromisedOnce(t *testing.T) {
 	c := testclock.At(time.UnixMilli(1_800_000_000_000))
 	b, _ := newBudgets(t, c, true)
 	spec := &Spec{Name: "copies", Limit: 100, Window: time.Second}
-	ctx := context.Background()
 	w := time.Second / Buckets
-	take := func(ws ...Want) []Grant {
-		t.Helper()
-		gs, err := b.Take(ctx, ws)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return gs
-	}
+	take := func(ws ...Want) []Grant { t.Helper(); return mustTake(t, b, ws...) }
 	if gs := take(wants(spec, "copies", 100)...); granted(gs) != 100 {
 		t.Fatalf("%d of 100 granted, want all", granted(gs))
 	}
