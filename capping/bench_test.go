@@ -325,7 +325,9 @@ func BenchmarkLifetime(b *testing.B) {
 // BenchmarkTallyMemory sends each of 1,000 users one send of each of 8
 // campaigns, with a lifetime cap per campaign and without, and reports what
 // the tally adds to MEMORY USAGE of their logs: bytes per scope (the 8
-// scopes' items), and for a user with one scope.
+// scopes' items), and for a user with one scope; and for 200 users of 40
+// campaigns, whose tallies are in tally keys of their own (spillAt), what
+// the log's spill item and the tally key add per scope.
 func BenchmarkTallyMemory(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
 	defer rdb.Close()
@@ -338,9 +340,9 @@ func BenchmarkTallyMemory(b *testing.B) {
 	}
 	const users = 1000
 	daily := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 100}
-	usage := func(scopes int, lifetime bool, base uint32) float64 { // mean MEMORY USAGE of the users' logs
+	usage := func(scopes int, lifetime bool, base uint32, users uint32) float64 { // mean MEMORY USAGE of the users' logs and tally keys
 		var sum int64
-		for u := range uint32(users) {
+		for u := range users {
 			user := base - u // a 10-digit id: the longest key
 			keep := time.Now().Add(400 * 24 * time.Hour)
 			var reqs []capping.Request
@@ -358,18 +360,20 @@ func BenchmarkTallyMemory(b *testing.B) {
 					b.Fatalf("%+v %v", d, err)
 				}
 			}
-			sum += rdb.MemoryUsage(ctx, lim.Key(0, user)).Val()
+			sum += rdb.MemoryUsage(ctx, lim.Key(0, user)).Val() + rdb.MemoryUsage(ctx, lim.Key(0, user)+":t").Val()
 		}
-		return float64(sum) / users
+		return float64(sum) / float64(users)
 	}
-	var one, eight float64
+	var one, eight, forty float64
 	for n := range b.N {
-		base := uint32(4_000_000_000 - n*4*users)
-		eight = (usage(8, true, base) - usage(8, false, base-users)) / 8
-		one = usage(1, true, base-2*users) - usage(1, false, base-3*users)
+		base := uint32(4_000_000_000 - n*5*users)
+		eight = (usage(8, true, base, users) - usage(8, false, base-users, users)) / 8
+		one = usage(1, true, base-2*users, users) - usage(1, false, base-3*users, users)
+		forty = (usage(40, true, base-4*users, users/5) - usage(40, false, base-4*users-users/5, users/5)) / 40
 	}
 	b.ReportMetric(eight, "bytes/scope")
 	b.ReportMetric(one, "bytes/user-of-1-scope")
+	b.ReportMetric(forty, "bytes/scope-of-40")
 }
 
 // BenchmarkManyScopes measures what a user's many tally scopes cost the

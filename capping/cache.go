@@ -230,6 +230,9 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 	}
 	e.flags |= entryRef
 	log := sh.items(e, buf)
+	if a.tally && spilled(log) { // its tally caps count from the tally key, which the copy lacks
+		return false
+	}
 	var head [3 + maxCaps]int64
 	h := evaluate(log, a.caps, a, head[:3+len(a.caps)])
 	if h[0] == 1 && e.is(entryWhole) {

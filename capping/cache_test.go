@@ -61,7 +61,8 @@ func capSets(day time.Time, campaign string) [][]capping.Cap {
 // without: the copies are exact either way within one process. Half the
 // sends read the users' preferences, which some users have and which change
 // mid-stream (on both prefixes; SetPreference drops the copy, as the
-// daemon's preferences-cache group does).
+// daemon's preferences-cache group does). Hot users' tally caps count more
+// campaigns than a log holds items, so their tallies move to tally keys.
 func TestNearCacheDecidesAsRedis(t *testing.T) {
 	rdb := testenv.ClusterClient(t)
 	clk := testclock.At(base)
@@ -155,6 +156,7 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 	// order, the same tally items, and a header (the TTL set) that outlasts
 	// them (a patch counts items in place and appends new ones after the
 	// entries, and sets a new TTL only when the log's no longer covers them).
+	spilled := 0
 	for u := uint32(1); u <= users; u++ {
 		a, errA := rdb.Get(ctx, cached.Key(0, u)).Result()
 		b, errB := rdb.Get(ctx, plain.Key(0, u)).Result()
@@ -167,6 +169,18 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 		if !same || (errA == nil) != (errB == nil) {
 			t.Errorf("user %d's log: %x (%v) with the cache, %x (%v) by the script alone", u, a, errA, b, errB)
 		}
+		// A tally key is written by the script alone, on both paths.
+		ka, errA := rdb.Get(ctx, cached.Key(0, u)+":t").Result()
+		kb, errB := rdb.Get(ctx, plain.Key(0, u)+":t").Result()
+		if ka != kb || (errA == nil) != (errB == nil) {
+			t.Errorf("user %d's tally key: %x (%v) with the cache, %x (%v) by the script alone", u, ka, errA, kb, errB)
+		}
+		if errB == nil {
+			spilled++
+		}
+	}
+	if spilled == 0 && !testing.Short() { // the short stream's users count fewer campaigns
+		t.Errorf("no user's tally moved to a tally key: the stream does not exercise it")
 	}
 	if cs.Requests+cs.CacheHits != plain.Stats().Requests {
 		t.Fatalf("%d requests to Redis + %d cache hits, want the %d requests without the cache", cs.Requests, cs.CacheHits, plain.Stats().Requests)
@@ -200,6 +214,9 @@ func (s *stream) batch(b int, now time.Time) []capping.Request {
 			u = uint32(1 + s.rng.IntN(5)) // hot users: several sends in a batch
 		}
 		campaign := fmt.Sprint("c", s.rng.IntN(3))
+		if u <= 5 && s.rng.IntN(4) == 0 { // one of many: a hot user's tally caps count past a log's few items (spillAt)
+			campaign = fmt.Sprint("c", 3+s.rng.IntN(40))
+		}
 		r := capping.Request{UserID: u, JobID: fmt.Sprintf("j%d-%d", b, i), Channel: streamChannels[s.rng.IntN(3)], Campaign: campaign,
 			Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour, Preferences: s.rng.IntN(2) == 0}
 		if s.rng.IntN(2) == 0 {

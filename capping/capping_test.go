@@ -289,6 +289,9 @@ func TestPeekRecordsNothing(t *testing.T) {
 // scriptOnly sends every decision to the script (no new logs by SET NX).
 func scriptOnly(c *capping.Config) { c.ScriptOnly = true }
 
+// nearCache gives a Limiter the near cache the worker runs with.
+func nearCache(c *capping.Config) { c.NearCache = 1000 }
+
 func TestOneCallPerNode(t *testing.T) {
 	e := newEnv(t, scriptOnly)
 	ctx := context.Background()

@@ -14,7 +14,8 @@
 -- worker's (modePatch) or this script's (patchLog), appends new tally items after the entries: an item may lie
 -- anywhere, and counts in no window). A tally cap (flagTally) is counted from its item, not the entries: a
 -- lifetime count, or a long window's last sends, in a few bytes per scope; the log is kept until its last
--- item's keep (plus the retention's slack). A send that counts items is recorded by a patch (each item the log
+-- item's keep (plus the retention's slack); past spillAt items, in the user's tally key (see spilledField), read
+-- only by requests with a tally cap. A send that counts items is recorded by a patch (each item the log
 -- holds written in place, the new ones appended with the entry), or with the log written whole (SET PX) when
 -- an item changes its length (a rolling cap's times) or the log must be written whole anyway. A log costs a call one
 -- GET, one struct.unpack per entry (no string made unless a step needs the members) and, when it records,
@@ -156,6 +157,7 @@ local flagArbitrated = 2
 local flagApplies = 4
 local flagTally = 8
 local replyWritten = '='
+local spillAt = 16
 
 local headfmt = '>i8Bi8I2i8BB' -- a request's values: now, mode, retention, maxlog, window, priority, prefs
 local capfmt = '>i8i4i8BI2c0I2c0Bc0' -- one cap's: since, limit, reset, flags, channels, tags, campaign
@@ -165,6 +167,14 @@ local tallyhead = 1 -- a tally item's first byte (an entry's is 0, a mark's 255:
 local itemscore = 2 ^ 56 -- an item's first 8 bytes, read as an entry's score, are at least this
 local tallyfmt = '>c8i8' -- a tally cap's, after its campaign: its field in the tally, until when to keep it
 local tallyTimes = 16 -- the most send times a count keeps (capping.MaxTallyTimes)
+-- A log holds at most spillAt tally items (a send that would add more moves them), so that a user's many counted
+-- scopes cost only the sends that count one: the walk of a log reads its every item on every decision. Past it,
+-- the items are in the user's tally key (the log's key and ':t', the same slot): items packed as in a log, no
+-- header, with the TTL of the log. The log holds one item instead, of the field spilledField (count 0, kept until
+-- the latest keep of the tally key's items, so the log outlives them), which says so: a request with a tally cap
+-- reads the tally key (GET) and writes it (SETRANGE and APPEND in place, SET PX whole when an item changes its
+-- length or items lapsed), the others never touch it.
+local spilledField = '\255\255\255\255\255\255\255\255'
 
 -- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
 -- capper's log, converted here: the next write replaces it with the string).
@@ -405,12 +415,12 @@ end
 -- the kept marks as packed (nil: none) and the refusals by member; how many items aged out; where the first
 -- kept entry starts and whether an item left out follows it; the header's expiry (see save); and the kept
 -- tally items' member starts (nil: none; read by itemOf and tallyOf, no string made for an item no cap counts)
--- with their latest keep.
+-- with their latest keep; and where the spill item's member starts (nil: none; the tally is in the tally key).
 local function readLog(key, record, now, retention)
   local log, zset = load(key)
   local scores, starts, n = {}, {}, 0
   local marks, refused, stale = nil, nil, 0
-  local items, tkeep = nil, 0
+  local items, tkeep, spill = nil, 0, nil
   local from, gap = nil, false
   local horizon = now - retention
   local pos, size, expires = 9, #log, 0 -- none in an empty log
@@ -432,6 +442,9 @@ local function readLog(key, record, now, retention)
         items = items or {}
         items[#items + 1] = at
         tkeep = math.max(tkeep, keep)
+        if string.byte(log, at) == 255 and string.sub(log, at, at + 7) == spilledField then
+          spill = at
+        end
       else
         stale = stale + 1
       end
@@ -457,21 +470,48 @@ local function readLog(key, record, now, retention)
     end
     pos = nxt
   end
-  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep
+  return log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep, spill
 end
 
--- itemOf returns the member of log's tally item of field (items: the kept items' member starts, nil: none)
--- and where it starts, or nil: the field's bytes found in the log (string.find), then checked to start an
--- item. No string is made for the log's other items.
-local function itemOf(log, items, field)
+-- readSpilled reads a spilled log's tally key (see spilledField): its value and its items' member starts, lapsed
+-- ones too (itemOf tells them; one string.byte an item: a user's tally key may hold hundreds).
+local function readSpilled(tkey)
+  local t = redis.call('GET', tkey) or ''
+  local items, k, pos, size = {}, 0, 1, #t
+  while pos <= size do
+    k = k + 1
+    items[k] = pos + 2
+    pos = pos + 2 + (string.byte(t, pos + 1) or size)
+  end
+  if pos ~= size + 1 then
+    error('data string too short') -- as struct.unpack says it: see run
+  end
+  return t, items
+end
+
+-- itemOf returns the member of log's tally item of field (items: the items' member starts, in order; nil:
+-- none) and where it starts; or nil and where it starts if it lapsed (kept until before now), nil and nil if
+-- there is none: the field's bytes found in the log (string.find), then checked to start an item (a binary
+-- search of items). No string is made for the log's other items.
+local function itemOf(log, items, field, now)
   if not items then
     return nil, nil
   end
   local p = string.find(log, field, 1, true)
   while p do
-    for i = 1, #items do
-      if items[i] == p then
+    local lo, hi = 1, #items
+    while lo <= hi do
+      local mid = math.floor((lo + hi) / 2)
+      local at = items[mid]
+      if at == p then
+        if struct.unpack('>i8', log, p + 12) < now then
+          return nil, p
+        end
         return string.sub(log, p, p + string.byte(log, p - 1) - 1), p
+      elseif at < p then
+        lo = mid + 1
+      else
+        hi = mid - 1
       end
     end
     p = string.find(log, field, p + 1, true)
@@ -494,6 +534,49 @@ local function tallyOf(log, items, changed)
     tally[field] = t
   end
   return tally
+end
+
+-- saveSpilled writes the tally items a send changed (changed: field -> the item's member after the send; where:
+-- field -> its member's start in tlog, the tally key's value read with its items' starts, titems; nil: a new
+-- item) to the tally key tkey: each in place and the new ones appended, or, when an item changes its length,
+-- the key written whole without the items that lapsed (kept until before now); its TTL ttl from now, as the
+-- log's.
+local function saveSpilled(tkey, tlog, titems, changed, where, now, ttl)
+  local whole = false
+  for field, t in pairs(changed) do
+    whole = whole or (where[field] and #t ~= string.byte(tlog, where[field] - 1))
+  end
+  if whole then
+    local kept = {}
+    for _, at in ipairs(titems) do
+      if struct.unpack('>i8', tlog, at + 12) >= now then
+        kept[#kept + 1] = at
+      end
+    end
+    redis.call('SET', tkey, tallyItems(tallyOf(tlog, kept, changed)), 'PX', ttl)
+    return
+  end
+  local fresh = {}
+  for field, t in pairs(changed) do
+    if where[field] then
+      redis.call('SETRANGE', tkey, where[field] - 1, t)
+    else
+      fresh[#fresh + 1] = field
+    end
+  end
+  if #fresh > 0 then
+    table.sort(fresh, fieldLess)
+    for i, field in ipairs(fresh) do
+      fresh[i] = struct.pack(itemhead, tallyhead, #changed[field]) .. changed[field]
+    end
+    redis.call('APPEND', tkey, table.concat(fresh))
+  end
+  redis.call('PEXPIRE', tkey, ttl)
+end
+
+-- spillItem returns a spilled log's item (its member) with keep as its keep: see spilledField.
+local function spillItem(keep)
+  return spilledField .. struct.pack('>I4i8', 0, keep)
 end
 
 -- duplicateOf returns the score of the kept entry whose member is member (found as bytes in log, then checked
@@ -572,11 +655,14 @@ end
 -- the send by them (status: statusAllowed, or statusDuplicate found before). Per cap, in plain locals (a table
 -- per cap costs more than the counting): its count goes into counts, and whether a blocking cap is full after
 -- the decision into two flags, one for an allowed send (it counts where it applies) and one for any other
--- (full0, full1: see the near cache's log in cacheReply). It returns the status, the 1-based cap that decides
--- retry_at (hit), retry_at, whether a limit of 0 refused it (never), the counts and their number, full0 and
--- full1, an arbitrated cap at its last slot (last) with when a slot frees after it is taken (last_at), and the
--- members if it listed them.
-local function capCounts(packed, first, member, log, scores, starts, n, now, status, items)
+-- (full0, full1: see the near cache's log in cacheReply). A tally cap counts from the log's items, or from the
+-- tally key's when tkey names it (a spilled log: read at the first tally cap). It returns the status, the
+-- 1-based cap that decides retry_at (hit), retry_at, whether a limit of 0 refused it (never), the counts and
+-- their number, full0 and full1, an arbitrated cap at its last slot (last) with when a slot frees after it is
+-- taken (last_at), the members if it listed them, the tally items of the caps that count the send (field ->
+-- {keep, timed}), and the tally the caps read: its string and its items' starts (see readSpilled).
+local function capCounts(packed, first, member, log, scores, starts, n, now, status, items, tkey)
+  local tlog, titems = log, items
   local members = nil
   local updates = nil
   local counts, ncaps, full0, full1 = {}, 0, false, false
@@ -596,8 +682,12 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
     -- count the entries of its scope in its window; the log is oldest first, so a cap of every send
     -- counts from the newest entry back (a tally cap: its field's sends in the tally)
     local count = 0
+    if field and tkey then
+      tlog, titems = readSpilled(tkey)
+      tkey = nil
+    end
     if field then
-      count = tallied(itemOf(log, items, field), since, reset)
+      count = tallied(itemOf(tlog, titems, field, now), since, reset)
       if applies then
         updates = updates or {}
         local u = updates[field] or { 0, reset > 0 }
@@ -633,7 +723,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
       status = statusCapped
       local at = -reset
       if field and reset > 0 then
-        at = (select(2, tallied(itemOf(log, items, field), since, reset, count - limit + 1)) or 0) + reset
+        at = (select(2, tallied(itemOf(tlog, titems, field, now), since, reset, count - limit + 1)) or 0) + reset
       elseif reset > 0 then -- none only with a limit of 0, which never passes
         at = (kth(members, scores, n, count - limit + 1, since, scoped, channels, tags, campaign) or 0) + reset
       end
@@ -648,7 +738,7 @@ local function capCounts(packed, first, member, log, scores, starts, n, now, sta
   if never then
     retry_at = 0
   end
-  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates
+  return status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates, tlog, titems
 end
 
 -- preference applies the user's preferences (see KEYS[n], read as the HGETALL p) to a send the rules' caps
@@ -783,7 +873,7 @@ end
 -- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
 local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
   local record = mode ~= modeLook
-  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep =
+  local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep, spill =
     readLog(key, record, now, retention)
 
   -- ttl is the key's TTL after a write: the retention, or until its last tally item's keep if later, plus a
@@ -811,9 +901,9 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     return struct.pack('>BI2i8', statusDuplicate, 0, recorded)
   end
 
-  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates
-  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates =
-    capCounts(packed, first, member, log, scores, starts, n, now, status, items)
+  local hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates, tlog, titems
+  status, hit, retry_at, never, counts, ncaps, full0, full1, last, last_at, members, updates, tlog, titems =
+    capCounts(packed, first, member, log, scores, starts, n, now, status, items, spill and key .. ':t')
   if status == statusDuplicate then
     retry_at = recorded
   end
@@ -839,31 +929,49 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     end
     retry_at = now
   end
-  local added, entry, written, changed = nil, nil, nil, nil -- the recorded entry's place among the kept entries,
-  -- the entry packed, the log after it, whole, and the tally items it changed (field -> member)
+  -- the recorded entry's place among the kept entries, the entry packed, the log after it, whole, the log's tally
+  -- items it changed (field -> member), and the log's tally whole when the send spilled it (field -> member)
+  local added, entry, written, logged, ltally = nil, nil, nil, nil, nil
   if record and status == statusAllowed then
     local j = n + 1 -- the entry's place: after every entry at or before now (modeExact may go back in time)
     while j > 1 and scores[j - 1] > now do
       j = j - 1
     end
     entry = struct.pack(entryhead, now, #member) .. member
+    local lwhere = nil -- field -> the log's item's member start (none: a new item)
     if updates then -- the tally items of the caps that count it: patched in, or in the log written whole
-      local where = {} -- field -> its item's member start in the log (none: a new item)
-      changed = {}
+      local where, changed = {}, {} -- field -> its item's member start in the tally (none: a new item); its member
+      local fresh, keep = 0, 0 -- new items; the latest keep of the items counted
       for field, u in pairs(updates) do
         local t
-        t, where[field] = itemOf(log, items, field)
+        t, where[field] = itemOf(tlog, titems, field, now)
         changed[field] = counted(t, field, u[1], u[2], now)
         ttl = math.max(ttl, u[1] - now + slack)
+        fresh, keep = fresh + (where[field] and 0 or 1), math.max(keep, u[1])
       end
-      if not zset and stale == 0 and j == n + 1 and #log >= 8 then
-        written = patchLog(key, log, now, ttl, retention, expires, tkeep, changed, where, entry, maxlog > 0)
+      logged, lwhere = changed, where
+      if spill then -- the tally key counts them; the spill item's keep follows the latest
+        saveSpilled(key .. ':t', tlog, titems, changed, where, now, ttl)
+        logged, lwhere = {}, {}
+        if keep > struct.unpack('>i8', log, spill + 12) then
+          logged[spilledField], lwhere[spilledField] = spillItem(keep), spill
+        end
+      elseif (items and #items or 0) + fresh > spillAt then -- past spillAt: the items move to the tally key
+        local tally = tallyOf(log, items, changed)
+        for _, t in pairs(tally) do
+          keep = math.max(keep, struct.unpack('>i8', t, 13))
+        end
+        redis.call('SET', key .. ':t', tallyItems(tally), 'PX', ttl)
+        ltally = { [spilledField] = spillItem(keep) }
+      end
+      if not ltally and not zset and stale == 0 and j == n + 1 and #log >= 8 then
+        written = patchLog(key, log, now, ttl, retention, expires, tkeep, logged, lwhere, entry, maxlog > 0)
       end
     end
     if not written then
       local rewrite = zset or stale > 0 or updates ~= nil
-      written = save(key, now, ttl, retention, log, expires, rewrite, marks, rewrite and tallyOf(log, items, changed),
-        starts, n, from, gap, entry, false, j)
+      written = save(key, now, ttl, retention, log, expires, rewrite, marks,
+        rewrite and (ltally or tallyOf(log, items, logged)), starts, n, from, gap, entry, false, j)
       if not written then -- appended
         written = log .. entry
       end
@@ -882,7 +990,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   -- The whole log for the caller's near cache, when it is header and kept entries alone (no marks, nothing
   -- aged out, a string): the cache then knows it byte for byte, decides the user's next sends from it and
   -- records an allowed one by modeAppend (see the header). statusWhole added says so.
-  local copied = n + (items and #items or 0) -- a copy's entries and tally items: at most maxlog
+  local copied = n + (ltally and 1 or items and #items or 0) -- a copy's entries and tally items: at most maxlog
   if record and maxlog > 0 and copied <= maxlog and not has_prefs and not zset and not marks and stale == 0 then
     return answer(status + statusWhole, hit, retry_at, counts, ncaps) .. (written or log)
   end
@@ -895,7 +1003,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if record and maxlog > 0 and copied <= maxlog and not has_prefs then -- a user with preferences is never cached
     if status == statusCapped or (status == statusAllowed and full1) or (status ~= statusAllowed and full0) then
       if added then
-        return reply .. tallyItems(tallyOf(log, items, changed)) .. entries(log, starts, n - 1, from, gap, entry, added)
+        return reply .. tallyItems(ltally or tallyOf(log, items, logged)) ..
+          entries(log, starts, n - 1, from, gap, entry, added)
       end
       return reply .. tallyItems(tallyOf(log, items)) .. entries(log, starts, n, from, gap)
     end

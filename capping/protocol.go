@@ -72,7 +72,17 @@ const (
 	// replyWritten is a request's whole reply in modeAppend and modeNewLog
 	// when the log was written as the worker asked.
 	replyWritten = "="
+
+	// spillAt is the most tally items a log holds: a send that would add
+	// more moves them to the user's tally key (see spilledField).
+	spillAt = 16
 )
+
+// spilledField is the field of a spilled log's one tally item: its tally is in
+// the user's tally key (the log's key and ":t"), read by the script only for
+// a request with a tally cap. The near cache decides no such request from a
+// copy that holds it.
+const spilledField = ^uint64(0)
 
 // Offsets of a member's parts (see Member).
 const (

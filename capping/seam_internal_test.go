@@ -13,9 +13,9 @@ import (
 )
 
 // seamPrefixes name the constants of the seam between protocol.go and
-// decide.lua: the modes of a request, the statuses of a reply, a cap's flags
-// and the reply of a written request.
-var seamPrefixes = []string{"mode", "status", "flag", "reply"}
+// decide.lua: the modes of a request, the statuses of a reply, a cap's flags,
+// the reply of a written request and the most tally items a log holds.
+var seamPrefixes = []string{"mode", "status", "flag", "reply", "spill"}
 
 func isSeamName(name string) bool {
 	for _, p := range seamPrefixes {

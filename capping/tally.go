@@ -19,7 +19,11 @@ import (
 // The script counts a tally cap from its item and writes the item of an
 // allowed send in the same step as its entry; it drops items kept until
 // before now when it writes, and the log is kept until its last item's keep.
-// A log with no tally item costs a decision nothing more.
+// A log with no tally item costs a decision nothing more. A log holds at most
+// spillAt items: past them, the user's tally is in a key of its own, which
+// only a request with a tally cap reads (see spilledField), so that the many
+// counted scopes of a long-lived user do not slow the decisions that count
+// none.
 
 // TallyDedupe is how long the log keeps at least a send a tally counted,
 // whatever its other caps' windows: a redelivery of the job within it is
@@ -40,19 +44,28 @@ type TallyCount struct {
 }
 
 // ReadTally returns the tally of the user whose log is at key (see
-// Limiter.Key), sorted by field.
+// Limiter.Key), sorted by field: the log's tally items, or its tally key's
+// when the log holds more than a few (see spilledField).
 func ReadTally(ctx context.Context, c redis.Cmdable, key string) ([]TallyCount, error) {
 	v, err := c.Get(ctx, key).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("capping: read tally %s: %w", key, err)
 	}
-	return readTally(v)
+	out, err := readTally(v, 8)
+	if err != nil || !slices.ContainsFunc(out, func(t TallyCount) bool { return t.Field == spilledField }) {
+		return out, err
+	}
+	if v, err = c.Get(ctx, key+":t").Result(); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("capping: read tally %s:t: %w", key, err)
+	}
+	return readTally(v, 0)
 }
 
-// readTally returns the tally items of log (its value), sorted by field.
-func readTally(log string) ([]TallyCount, error) {
+// readTally returns the tally items of log (its value; its items start at
+// byte from), sorted by field.
+func readTally(log string, from int) ([]TallyCount, error) {
 	var out []TallyCount
-	for p := 8; p < len(log); {
+	for p := from; p < len(log); {
 		m, at, next, ok := nextEntry(log, p)
 		if !ok {
 			return nil, fmt.Errorf("capping: a log truncated at byte %d of %d", p, len(log))
@@ -182,6 +195,20 @@ func tallyFirst(log []logItem) {
 	copy(log[k:], entries)
 }
 
+// spilled reports whether log, a copy read by the near cache (its tally items
+// first), holds the spill item: its tally is in the user's tally key.
+func spilled(log []logItem) bool {
+	for _, it := range log {
+		if it.score != 0 {
+			return false
+		}
+		if len(it.member) >= 8 && be64(it.member, 0) == spilledField {
+			return true
+		}
+	}
+	return false
+}
+
 // tallyItem returns the member of the tally item of field among tally ("": none).
 func tallyItem(tally []logItem, field uint64) string {
 	for _, it := range tally {
@@ -282,6 +309,15 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		it.m = m
 		counts = append(counts, it)
 		tkeep = max(tkeep, int64(be64(m, 12)))
+	}
+	fresh := 0
+	for _, it := range counts {
+		if it.at < 0 {
+			fresh++
+		}
+	}
+	if len(have)+fresh > spillAt { // the script moves the log's items to the tally key
+		return "", ""
 	}
 	slices.SortFunc(counts, func(x, y item) int { return cmp.Compare(x.field, y.field) })
 	var expiry int64 // the header's new expiry (0: it stays): as the script's ttl

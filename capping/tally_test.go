@@ -19,10 +19,7 @@ import (
 // expires with its longest-kept field; a send that matches no tally cap
 // leaves no tally; the log keeps only the daily window's sends.
 func TestLifetimeTally(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		opt  func(*capping.Config)
-	}{{"near cache", func(*capping.Config) {}}, {"script only", scriptOnly}} {
+	for _, mode := range limiterModes {
 		t.Run(mode.name, func(t *testing.T) {
 			e := newEnv(t, mode.opt)
 			ctx := context.Background()
@@ -93,6 +90,14 @@ func TestLifetimeTally(t *testing.T) {
 		})
 	}
 }
+
+// limiterModes are the ways a Limiter decides: with the worker's near cache,
+// with new logs written by SET NX and the rest by the script (no cache), and
+// every decision by the script.
+var limiterModes = []struct {
+	name string
+	opt  func(*capping.Config)
+}{{"near cache", nearCache}, {"new logs", func(*capping.Config) {}}, {"script only", scriptOnly}}
 
 type TallyWant struct {
 	count int
@@ -401,31 +406,34 @@ func TestNearCacheCopiesTheTallyThatFillsACap(t *testing.T) {
 	}
 }
 
-// TestNoCopyOfALogPastTheCacheLimit: a user sent 70 campaigns under a
-// per-campaign lifetime cap, a day apart, has 70 tally items and one entry.
-// Asked for a copy as a Limiter with a near cache asks, the script answers the
-// next send's decision alone: the near cache keeps no copy of more than 64
-// entries and items together, and the script sent this one whole, 1.5 KB,
-// with every decision of the user.
+// TestNoCopyOfALogPastTheCacheLimit: a user sent 10 campaigns under a
+// per-campaign lifetime cap and 49 other sends, a minute apart, has 10 tally
+// items and 59 entries. Asked for a copy as a Limiter with a near cache asks,
+// the script answers the next send's decision alone: the near cache keeps no
+// copy of more than 64 entries and items together (the script counts both:
+// 60 entries alone would be copied).
 func TestNoCopyOfALogPastTheCacheLimit(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	const user = 31
 	keep := e.clock.Now().Add(400 * 24 * time.Hour)
+	day := capping.Cap{Name: "daily", Window: capping.Daily, Limit: 100}
 	send := func(k int) capping.Request {
+		if k >= 10 && k < 59 {
+			return job(user, "email", day)
+		}
 		campaign := fmt.Sprint("weekly-", k)
-		r := job(user, "email", daily3, capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)})
+		r := job(user, "email", day, capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(campaign)})
 		r.Campaign = campaign
 		return r
 	}
-	for k := range 70 {
+	for k := range 59 {
 		if d := e.decide(t, send(k))[0]; !d.Allowed {
-			t.Fatalf("campaign %d: %+v, want allowed", k, d)
+			t.Fatalf("send %d: %+v, want allowed", k, d)
 		}
-		e.clock.Add(25 * time.Hour)
+		e.clock.Add(time.Minute)
 	}
-	e.clock.Add(-24 * time.Hour) // the last send's entry in the day's window: nothing aged out
-	call, err := capping.CachedCall([]string{e.lim.Key(0, user)}, []capping.Request{send(70)}, e.clock.Now())
+	call, err := capping.CachedCall([]string{e.lim.Key(0, user)}, []capping.Request{send(59)}, e.clock.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,12 +443,152 @@ func TestNoCopyOfALogPastTheCacheLimit(t *testing.T) {
 	}
 	r, ok := v[0].(string)
 	if !ok || len(r) == 0 {
-		t.Fatalf("the 71st campaign's reply: %v, want a decision", v[0])
+		t.Fatalf("the 60th send's reply: %v, want a decision", v[0])
 	}
 	if len(r) != 19 || r[0] != 1 { // status 1, cap, retry_at, two counts (decide.lua)
-		t.Errorf("the 71st campaign's reply: %d bytes, status %d; want its decision alone (allowed, two counts), no copy of the log", len(r), r[0])
+		t.Errorf("the 60th send's reply: %d bytes, status %d; want its decision alone (allowed, two counts), no copy of the log", len(r), r[0])
 	}
-	if n := len(mustGet(t, e, user)); n < 70*22 {
-		t.Fatalf("the log is %d bytes, want its 70 tally items at least", n)
+	if n := testenv.LogLen(t, e.rdb, e.lim.Key(0, user)); n != 60 {
+		t.Fatalf("the log holds %d sends, want 60", n)
+	}
+}
+
+// TestManyScopesSpill: a user sent 40 campaigns under a lifetime cap of one
+// per campaign. Past 16 tally items the log moves them to the user's tally
+// key and keeps one item that says so; every count stays exact after it: a
+// campaign sent once is capped for good at a count of 1, a new one is allowed
+// once, a redelivery is its duplicate, a rolling tally cap counts its times,
+// and a send that counts no tally leaves the tally key as it was.
+func TestManyScopesSpill(t *testing.T) {
+	for _, mode := range limiterModes {
+		t.Run(mode.name, func(t *testing.T) {
+			e := newEnv(t, mode.opt)
+			ctx := context.Background()
+			const user = 61
+			key := e.lim.Key(0, user)
+			keep := e.clock.Now().Add(400 * 24 * time.Hour)
+			once := func(c string) capping.Cap {
+				return capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.NewScope(nil, nil).Campaign(c)}
+			}
+			send := func(c string) capping.Request {
+				r := job(user, "email", once(c))
+				r.Campaign = c
+				return r
+			}
+			items := func() int {
+				raw, err := e.rdb.Get(ctx, key).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := 0
+				for p := 8; p < len(raw); {
+					_, score, next, ok := capping.NextEntry(raw, p)
+					if !ok {
+						t.Fatalf("the log is cut at byte %d of %d", p, len(raw))
+					}
+					if score == 0 {
+						n++
+					}
+					p = next
+				}
+				return n
+			}
+			var sent []capping.Request
+			for i := range 40 {
+				r := send(fmt.Sprintf("c%d", i))
+				sent = append(sent, r)
+				if d := e.decide(t, r)[0]; !d.Allowed || d.Counts[0] != 0 {
+					t.Fatalf("campaign c%d's first send: %+v, want allowed over a count of 0", i, d)
+				}
+				want := i + 1
+				if i >= 16 {
+					want = 1 // the spill item alone
+				}
+				if n := items(); n != want {
+					t.Fatalf("after %d campaigns the log holds %d tally items, want %d", i+1, n, want)
+				}
+				e.clock.Add(time.Minute)
+			}
+			for range 2 { // the second time from the near cache's copy, when it has one
+				if d := e.decide(t, send("c5"))[0]; d.Allowed || d.Cap != "once" || !d.RetryAt.IsZero() || d.Counts[0] != 1 {
+					t.Fatalf("campaign c5 again: %+v, want capped for good by once at a count of 1", d)
+				}
+			}
+			if d := e.decide(t, sent[7])[0]; !d.Duplicate {
+				t.Fatalf("a redelivery of c7's send: %+v, want its duplicate", d)
+			}
+			if d := e.decide(t, send("c40"))[0]; !d.Allowed || d.Counts[0] != 0 {
+				t.Fatalf("a new campaign: %+v, want allowed over a count of 0", d)
+			}
+			for range 2 {
+				if d := e.decide(t, send("c40"))[0]; d.Allowed || d.Counts[0] != 1 {
+					t.Fatalf("the new campaign again: %+v, want capped at a count of 1", d)
+				}
+			}
+			surveyKeep := e.clock.Now().Add(100 * 24 * time.Hour)
+			survey := capping.Cap{Name: "survey", Limit: 2, Window: 90 * 24 * time.Hour, Tally: true, Keep: surveyKeep,
+				Scope: capping.NewScope(nil, []string{"survey"})}
+			first := e.clock.Now()
+			for i := range 3 {
+				r := job(user, "email", survey)
+				r.Tags = []string{"survey"}
+				d := e.decide(t, r)[0]
+				if i < 2 && (!d.Allowed || d.Counts[0] != i) {
+					t.Fatalf("survey %d: %+v, want allowed over a count of %d", i+1, d, i)
+				}
+				if i == 2 && (d.Allowed || !d.RetryAt.Equal(first.Add(90*24*time.Hour))) {
+					t.Fatalf("survey 3: %+v, want capped until 90 days after the first", d)
+				}
+				e.clock.Add(time.Hour)
+			}
+			tally, err := capping.ReadTally(ctx, e.rdb, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(tally) != 42 {
+				t.Fatalf("the tally holds %d fields, want 41 campaigns and the survey", len(tally))
+			}
+			for _, f := range tally {
+				want, until := 1, keep
+				if f.Field == survey.TallyField() {
+					want, until = 2, surveyKeep
+				}
+				if f.Count != want || !f.Keep.Equal(until) {
+					t.Errorf("tally field %+v, want a count of %d kept until %v", f, want, until)
+				}
+			}
+			before := e.rdb.Get(ctx, key+":t").Val()
+			if d := e.decide(t, job(user, "push", capping.Cap{Name: "daily", Window: capping.Daily, Limit: 100}))[0]; !d.Allowed {
+				t.Fatalf("a send without a tally cap: %+v", d)
+			}
+			if after := e.rdb.Get(ctx, key+":t").Val(); after != before {
+				t.Errorf("a send without a tally cap changed the tally key")
+			}
+			// Both keys outlive the tally's keep: TTLs set by writes up to 4 hours of the test's clock ago, with
+			// the retention's slack of an hour at most.
+			for _, k := range []string{key, key + ":t"} {
+				if ttl, left := e.rdb.PTTL(ctx, k).Val(), keep.Sub(e.clock.Now()); ttl < left || ttl > left+5*time.Hour {
+					t.Errorf("%s expires in %v, want the tally's keep, %v, and 5 hours at most", k, ttl, left)
+				}
+			}
+			// Past the survey's keep its count lapsed: a survey is allowed over a count of 0, and the tally key
+			// holds its new count (written whole: the survey's item is shorter, one time of a send for two).
+			e.clock.Add(101 * 24 * time.Hour)
+			survey.Keep = e.clock.Now().Add(100 * 24 * time.Hour)
+			r := job(user, "email", survey)
+			r.Tags = []string{"survey"}
+			if d := e.decide(t, r)[0]; !d.Allowed || d.Counts[0] != 0 {
+				t.Fatalf("a survey past its count's keep: %+v, want allowed over a count of 0", d)
+			}
+			tally, err = capping.ReadTally(ctx, e.rdb, key)
+			if err != nil || len(tally) != 42 {
+				t.Fatalf("the tally after it: %d fields (%v), want 42", len(tally), err)
+			}
+			for _, f := range tally {
+				if f.Field == survey.TallyField() && (f.Count != 1 || len(f.Times) != 1 || !f.Keep.Equal(survey.Keep)) {
+					t.Errorf("the survey's count after it: %+v, want 1, kept until %v", f, survey.Keep)
+				}
+			}
+		})
 	}
 }
