@@ -24,7 +24,7 @@ import (
 // as the secured stack's user capper, whose rules are exactly docs/security.md's ACL
 // line: script loading, decisions that record, age entries out and wait for
 // a replica, the EVAL fallback after the script cache was flushed, lifetime
-// caps counted through the near cache, and budgets taken, peeked at and given back, collapse keys kept and read,
+// caps counted through the near cache and in a tally key, and budgets taken, peeked at and given back, collapse keys kept and read,
 // the clock skew measured (TIME). Any command the line lacks fails
 // with NOPERM.
 func TestRedisACLCoversEveryCommand(t *testing.T) {
@@ -94,6 +94,24 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 	}
 	if s := life.Stats(); s.CopyAppends != 2 {
 		t.Fatalf("%d sends with a lifetime cap patched the near cache's copy, want 2 (%+v)", s.CopyAppends, s)
+	}
+	// A user's tally past a log's few items: moved to its tally key (SET PX), a new scope's item appended
+	// there (APPEND), a scope's counted in place (SETRANGE, PEXPIRE).
+	for i := range 19 {
+		campaign := fmt.Sprint("c", i%18)
+		once := capping.Cap{Name: "twice-ever", Limit: 2, Tally: true, Keep: time.Now().Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)}
+		ds, err := life.Decide(ctx, []capping.Request{{UserID: 13, JobID: fmt.Sprint("many-", i), Channel: "email", Campaign: campaign, Caps: []capping.Cap{once}}})
+		if err != nil || !ds[0].Allowed {
+			t.Fatalf("send %d with a lifetime cap as capper: %+v %v", i, ds, err)
+		}
+	}
+	tally, err := capping.ReadTally(ctx, rdb, life.Key(0, 13))
+	sum := 0
+	for _, c := range tally {
+		sum += c.Count
+	}
+	if err != nil || len(tally) != 18 || sum != 19 {
+		t.Fatalf("the tally of 18 campaigns as capper: %+v %v, want 18 counts of 19 sends", tally, err)
 	}
 
 	arb, at := arbitrateAs(t, ctx, rdb, prefix) // HSET, PEXPIRE, HGET, HGETALL, HDEL; arb's clock stays at
