@@ -172,8 +172,8 @@ local tallyTimes = 16 -- the most send times a count keeps (capping.MaxTallyTime
 -- the items are in the user's tally key (the log's key and ':t', the same slot): items packed as in a log, no
 -- header, with the TTL of the log. The log holds one item instead, of the field spilledField (count 0, kept until
 -- the latest keep of the tally key's items, so the log outlives them), which says so: a request with a tally cap
--- reads the tally key (GET) and writes it (SETRANGE and APPEND in place, SET PX whole when an item changes its
--- length or items lapsed), the others never touch it.
+-- reads the tally key (GET) and writes it (SETRANGE and APPEND in place; SET PX whole, lapsed items left out, when
+-- an item changes its length), the others never touch it.
 local spilledField = '\255\255\255\255\255\255\255\255'
 
 -- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
