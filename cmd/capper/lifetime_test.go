@@ -20,13 +20,17 @@ import (
 // retry-at); a count-only receipt of a campaign counts toward its cap; and
 // each user's tally holds one send per campaign, kept until the campaign's
 // end where its jobs say it (retain_until: campaign_end), else 400 days.
+// Users 600..699 got 13 other campaigns first: their tallies move to their
+// tally keys as the 4 campaigns come, and are counted there through the kill
+// and the failover.
 func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 	s := testenv.NewStack(t, 6, nil)
 	s.EditConfig("default_caps: [{name: daily, window: 24h, limit: 2}]",
 		"default_caps: [{name: daily, window: 24h, limit: 20}, {name: once, window: lifetime, limit: 1, per_campaign: true, retain_until: campaign_end}]\n  count_only_categories: [receipt]")
 	s.EditConfig("decide_timeout: 1s", "decide_timeout: 1s\n  min_replicas_acked: 1\n  replica_timeout: 300ms")
-	s.DefaultCap = 5 // the report's check: at most one send per campaign, 4 campaigns, and one receipt
+	s.DefaultCap = 17 // the report's check: at most one send per campaign, 4 campaigns and 13 others (below)
 	const users, campaigns, copies = 600, 4, 3
+	const others, spilled = 13, 600 // users from spilled on got 13 other campaigns first: 17 scopes
 	// Campaign w3 ends in 30 days (its jobs say so): its counts are kept until then; the others' 400 days.
 	ends := time.Now().Add(30 * 24 * time.Hour).Truncate(time.Millisecond)
 	var jobs []testenv.JobSpec
@@ -41,10 +45,16 @@ func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 			}
 		}
 	}
-	// Users 100..149 got a receipt of campaign w0 first: count-only, it takes w0's one send.
+	// First, users 100..149 got a receipt of campaign w0 (count-only, it takes w0's one send), and users from
+	// spilled on 13 other campaigns.
 	var receipts []testenv.JobSpec
 	for u := uint32(100); u < 150; u++ {
 		receipts = append(receipts, testenv.JobSpec{ID: fmt.Sprintf("receipt-%d", u), User: u, Channel: "email", Campaign: "w0", Category: "receipt"})
+	}
+	for u := uint32(spilled); u < 100+users; u++ {
+		for k := range others {
+			receipts = append(receipts, testenv.JobSpec{ID: fmt.Sprintf("other-%d-%d", u, k), User: u, Channel: "email", Campaign: fmt.Sprintf("x%d", k)})
+		}
 	}
 	s.Produce(receipts)
 	w1, w2 := start(s, true), start(s, true)
@@ -97,8 +107,12 @@ func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 		}
 	}
 	for u := uint32(100); u < 100+users; u++ {
-		for k := 0; k < campaigns; k++ {
-			p := pair{u, fmt.Sprintf("w%d", k)}
+		names := []string{"w0", "w1", "w2", "w3"}
+		for k := 0; u >= spilled && k < others; k++ {
+			names = append(names, fmt.Sprintf("x%d", k))
+		}
+		for k, campaign := range names {
+			p := pair{u, campaign}
 			if len(sent[p]) != 1 {
 				t.Errorf("user %d, campaign %s: %d distinct jobs sent, want exactly 1 (%v)", u, p.campaign, len(sent[p]), sent[p])
 			}
@@ -113,9 +127,16 @@ func TestLifetimeCapThroughKillAndFailover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(tally) != campaigns {
-			t.Errorf("user %d: a tally of %d items, want one per campaign", u, len(tally))
+		want, inKey := campaigns, int64(0)
+		if u >= spilled {
+			want, inKey = campaigns+others, 1
+		}
+		if len(tally) != want {
+			t.Errorf("user %d: a tally of %d items, want one per campaign (%d)", u, len(tally), want)
 			continue
+		}
+		if n := rdb.Exists(context.Background(), fmt.Sprintf("%s:{%d}:t", s.Prefix, u)).Val(); n != inKey {
+			t.Errorf("user %d: %d tally keys, want %d (a tally of %d scopes)", u, n, inKey, want)
 		}
 		kept := 0
 		for _, c := range tally {
