@@ -257,7 +257,8 @@ func tallyKth(t string, since, k int64) int64 {
 // appended; a new header and TTL when the send's keeps or the retention
 // outlast the log's), and the log after it. It returns "", "" when a counted
 // item would change its length (a rolling cap's times, until MaxTallyTimes
-// of them): the script decides that send and writes the log whole. log is
+// of them), or the log would hold more than spillAt items: the script
+// decides that send, and writes the log whole or moves its items. log is
 // raw read by the cache (cacheShard.items: its members are raw's bytes, its
 // tally items first), so that an item's place in raw is its member's address.
 func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
