@@ -337,7 +337,7 @@ end
 -- cap's times): save then writes the log whole. Otherwise it returns the log after it when whole is set (for
 -- the caller's near cache), else true.
 local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, where, entry, whole)
-  local edits, fresh = {}, {}
+  local edits, fresh = {}, nil -- fresh: the new items, field -> member
   for field, t in pairs(changed) do
     local at = where[field]
     if at then
@@ -346,7 +346,8 @@ local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, 
       end
       edits[#edits + 1] = at
     else
-      fresh[#fresh + 1] = field
+      fresh = fresh or {}
+      fresh[field] = t
     end
     tkeep = math.max(tkeep, struct.unpack('>i8', t, 13))
   end
@@ -356,13 +357,7 @@ local function patchLog(key, log, now, ttl, retention, expires, tkeep, changed, 
     parts[i] = changed[string.sub(log, at, at + 7)]
     redis.call('SETRANGE', key, at - 1, parts[i])
   end
-  table.sort(fresh, fieldLess)
-  local tail = {}
-  for i, field in ipairs(fresh) do
-    tail[i] = struct.pack(itemhead, tallyhead, #changed[field]) .. changed[field]
-  end
-  tail[#tail + 1] = entry
-  tail = table.concat(tail)
+  local tail = tallyItems(fresh) .. entry
   redis.call('APPEND', key, tail)
   local header = nil
   if expires - now < retention or expires < tkeep then
@@ -556,20 +551,17 @@ local function saveSpilled(tkey, tlog, titems, changed, where, now, ttl)
     redis.call('SET', tkey, tallyItems(tallyOf(tlog, kept, changed)), 'PX', ttl)
     return
   end
-  local fresh = {}
+  local fresh = nil -- the new items, field -> member
   for field, t in pairs(changed) do
     if where[field] then
       redis.call('SETRANGE', tkey, where[field] - 1, t)
     else
-      fresh[#fresh + 1] = field
+      fresh = fresh or {}
+      fresh[field] = t
     end
   end
-  if #fresh > 0 then
-    table.sort(fresh, fieldLess)
-    for i, field in ipairs(fresh) do
-      fresh[i] = struct.pack(itemhead, tallyhead, #changed[field]) .. changed[field]
-    end
-    redis.call('APPEND', tkey, table.concat(fresh))
+  if fresh then
+    redis.call('APPEND', tkey, tallyItems(fresh))
   end
   redis.call('PEXPIRE', tkey, ttl)
 end

@@ -311,15 +311,6 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		counts = append(counts, it)
 		tkeep = max(tkeep, int64(be64(m, 12)))
 	}
-	fresh := 0
-	for _, it := range counts {
-		if it.at < 0 {
-			fresh++
-		}
-	}
-	if len(have)+fresh > spillAt { // the script moves the log's items to the tally key
-		return "", ""
-	}
 	slices.SortFunc(counts, func(x, y item) int { return cmp.Compare(x.field, y.field) })
 	var expiry int64 // the header's new expiry (0: it stays): as the script's ttl
 	if h := int64(be64(raw, 0)); h-a.now < a.retention || h < tkeep {
@@ -333,6 +324,9 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		} else {
 			tail += 2 + len(it.m)
 		}
+	}
+	if len(have)+len(counts)-edits > spillAt { // the script moves the log's items to the tally key
+		return "", ""
 	}
 	plen += tail
 	nw := len(raw) + tail + 10 + len(a.member)
