@@ -453,6 +453,20 @@ func TestNoCopyOfALogPastTheCacheLimit(t *testing.T) {
 	}
 }
 
+// oncePerCampaign returns a lifetime cap of one send of a campaign, kept
+// until keep, and a send of user's under it.
+func oncePerCampaign(user uint32, keep time.Time) (once func(campaign string) capping.Cap, send func(campaign string) capping.Request) {
+	once = func(c string) capping.Cap {
+		return capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.NewScope(nil, nil).Campaign(c)}
+	}
+	send = func(c string) capping.Request {
+		r := job(user, "email", once(c))
+		r.Campaign = c
+		return r
+	}
+	return once, send
+}
+
 // TestManyScopesSpill: a user sent 40 campaigns under a lifetime cap of one
 // per campaign. Past 16 tally items the log moves them to the user's tally
 // key and keeps one item that says so; every count stays exact after it: a
@@ -467,14 +481,7 @@ func TestManyScopesSpill(t *testing.T) {
 			const user = 61
 			key := e.lim.Key(0, user)
 			keep := e.clock.Now().Add(400 * 24 * time.Hour)
-			once := func(c string) capping.Cap {
-				return capping.Cap{Name: "once", Limit: 1, Tally: true, Keep: keep, Scope: capping.NewScope(nil, nil).Campaign(c)}
-			}
-			send := func(c string) capping.Request {
-				r := job(user, "email", once(c))
-				r.Campaign = c
-				return r
-			}
+			_, send := oncePerCampaign(user, keep)
 			items := func() int {
 				raw, err := e.rdb.Get(ctx, key).Result()
 				if err != nil {
@@ -587,6 +594,64 @@ func TestManyScopesSpill(t *testing.T) {
 			for _, f := range tally {
 				if f.Field == survey.TallyField() && (f.Count != 1 || len(f.Times) != 1 || !f.Keep.Equal(survey.Keep)) {
 					t.Errorf("the survey's count after it: %+v, want 1, kept until %v", f, survey.Keep)
+				}
+			}
+		})
+	}
+}
+
+// TestTallyKeyItemsByTheirFrame: a spilled user's tally key is searched for a
+// field's bytes, not walked item by item; bytes that match the field inside
+// another item (here a long-window count's send time) are not its item. The
+// campaign never sent is allowed over a count of 0, its new item appended,
+// and the other item is left as it was.
+func TestTallyKeyItemsByTheirFrame(t *testing.T) {
+	for _, mode := range limiterModes {
+		t.Run(mode.name, func(t *testing.T) {
+			e := newEnv(t, mode.opt)
+			ctx := context.Background()
+			const user = 62
+			key := e.lim.Key(0, user)
+			keep := e.clock.Now().Add(400 * 24 * time.Hour)
+			once, send := oncePerCampaign(user, keep)
+			for i := range 17 { // past spillAt: the tally moves to the tally key
+				if d := e.decide(t, send(fmt.Sprintf("c%d", i)))[0]; !d.Allowed {
+					t.Fatalf("campaign c%d's first send: %+v", i, d)
+				}
+			}
+			if n := e.rdb.Exists(ctx, key+":t").Val(); n != 1 {
+				t.Fatalf("no tally key after 17 campaigns")
+			}
+			// The tally key holds one item: another field's count of 1 with two send times, the second of which
+			// is c20's field's 8 bytes (the first ends in two zero bytes: no item's head).
+			target := once("c20").TallyField()
+			keepMs := uint64(keep.UnixMilli())
+			other := binary.BigEndian.AppendUint64(nil, 0x7a7a7a7a7a7a7a7a)
+			other = binary.BigEndian.AppendUint32(other, 1)
+			other = binary.BigEndian.AppendUint64(other, keepMs)
+			other = binary.BigEndian.AppendUint64(other, uint64(e.clock.Now().UnixMilli())&^0xffff)
+			other = binary.BigEndian.AppendUint64(other, target)
+			forged := append([]byte{1, byte(len(other))}, other...)
+			if err := e.rdb.Set(ctx, key+":t", forged, time.Hour).Err(); err != nil {
+				t.Fatal(err)
+			}
+			if d := e.decide(t, send("c20"))[0]; !d.Allowed || d.Counts[0] != 0 {
+				t.Fatalf("campaign c20, never sent: %+v, want allowed over a count of 0", d)
+			}
+			if d := e.decide(t, send("c20"))[0]; d.Allowed || d.Counts[0] != 1 {
+				t.Fatalf("campaign c20 again: %+v, want capped at a count of 1", d)
+			}
+			raw := e.rdb.Get(ctx, key+":t").Val()
+			if len(raw) < len(forged) || raw[:len(forged)] != string(forged) {
+				t.Fatalf("the other item changed: %x, want %x first", raw, forged)
+			}
+			tally, err := capping.ReadTally(ctx, e.rdb, key)
+			if err != nil || len(tally) != 2 {
+				t.Fatalf("the tally: %+v (%v), want the other field and c20's", tally, err)
+			}
+			for _, f := range tally {
+				if f.Field == target && (f.Count != 1 || !f.Keep.Equal(keep)) {
+					t.Errorf("c20's count: %+v, want 1 kept until %v", f, keep)
 				}
 			}
 		})
