@@ -170,11 +170,11 @@ local tallyTimes = 16 -- the most send times a count keeps (capping.MaxTallyTime
 -- A log holds at most spillAt tally items (a send that would add more moves them), so that a user's many counted
 -- scopes cost only the sends that count one: the walk of a log reads its every item on every decision. Past it,
 -- the items are in the user's tally key (the log's key and ':t', the same slot): items packed as in a log, no
--- header, with the TTL of the log. The log holds one item instead, of the field spilledField (count 0, kept until
--- the latest keep of the tally key's items, so the log outlives them), which says so: a request with a tally cap
--- reads the tally key (GET; an item found by its field's bytes and its frame, see framedAt) and writes it
--- (SETRANGE and APPEND in place; SET PX whole, lapsed items left out, when an item changes its length), the others
--- never touch it.
+-- header. The log holds one item instead, of the field spilledField (count 0, kept until the latest keep of the
+-- tally key's items and the retention's slack, so the log outlives them; raised, with the key's TTL, only when a
+-- send's keep passes it), which says so: a request with a tally cap reads the tally key (GET; an item found by
+-- its field's bytes and its frame, see framedAt) and writes it (SETRANGE and APPEND in place; SET PX whole, lapsed
+-- items left out, when an item changes its length), the others never touch it.
 local spilledField = '\255\255\255\255\255\255\255\255'
 
 -- load returns a user's log as a string (see the header) and whether the key holds a sorted set (an older
@@ -568,9 +568,10 @@ end
 -- saveSpilled writes the tally items a send changed (changed: field -> the item's member after the send; where:
 -- field -> its member's start in tlog, the tally key's value read with its items' starts, titems; nil: a new
 -- item) to the tally key tkey: each in place and the new ones appended, or, when an item changes its length,
--- the key written whole without the items that lapsed (kept until before now); its TTL ttl from now, as the
--- log's.
-local function saveSpilled(tkey, tlog, titems, changed, where, now, ttl)
+-- the key written whole without the items that lapsed (kept until before now). Its TTL is set to ttl from now
+-- (at least its items' keeps) when it is written whole or was missing, or when raise says the spill item's keep
+-- rose (else the TTL set with that keep still covers every item's).
+local function saveSpilled(tkey, tlog, titems, changed, where, now, ttl, raise)
   local whole = false
   for field, t in pairs(changed) do
     whole = whole or (where[field] and #t ~= string.byte(tlog, where[field] - 1))
@@ -597,7 +598,9 @@ local function saveSpilled(tkey, tlog, titems, changed, where, now, ttl)
   if fresh then
     redis.call('APPEND', tkey, tallyItems(fresh))
   end
-  redis.call('PEXPIRE', tkey, ttl)
+  if raise or tlog == '' then
+    redis.call('PEXPIRE', tkey, ttl)
+  end
 end
 
 -- spillItem returns a spilled log's item (its member) with keep as its keep: see spilledField.
@@ -976,11 +979,13 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
         fresh, keep = fresh + (where[field] and 0 or 1), math.max(keep, u[1])
       end
       logged, lwhere = changed, where
-      if spill then -- the tally key counts them; the spill item's keep follows the latest
-        saveSpilled(key .. ':t', tlog, titems, changed, where, now, ttl)
+      if spill then -- the tally key counts them; the spill item's keep follows the latest, a slack ahead (so the
+        -- next keeps of a rule's retain, a little later each, change neither key for a while)
+        local raise = keep > struct.unpack('>i8', log, spill + 12)
+        saveSpilled(key .. ':t', tlog, titems, changed, where, now, ttl, raise)
         logged, lwhere = {}, {}
-        if keep > struct.unpack('>i8', log, spill + 12) then
-          logged[spilledField], lwhere[spilledField] = spillItem(keep), spill
+        if raise then
+          logged[spilledField], lwhere[spilledField] = spillItem(keep + slack), spill
         end
       elseif (items and #items or 0) + fresh > spillAt then -- past spillAt: the items move to the tally key
         local tally = tallyOf(log, items, changed)
@@ -988,7 +993,7 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
           keep = math.max(keep, struct.unpack('>i8', t, 13))
         end
         redis.call('SET', key .. ':t', tallyItems(tally), 'PX', ttl)
-        ltally = { [spilledField] = spillItem(keep) }
+        ltally = { [spilledField] = spillItem(keep + slack) }
       end
       if not ltally and not zset and stale == 0 and j == n + 1 and #log >= 8 then
         written = patchLog(key, log, now, ttl, retention, expires, tkeep, logged, lwhere, entry, maxlog > 0)

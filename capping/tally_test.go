@@ -614,14 +614,7 @@ func TestTallyKeyItemsByTheirFrame(t *testing.T) {
 			key := e.lim.Key(0, user)
 			keep := e.clock.Now().Add(400 * 24 * time.Hour)
 			once, send := oncePerCampaign(user, keep)
-			for i := range 17 { // past spillAt: the tally moves to the tally key
-				if d := e.decide(t, send(fmt.Sprintf("c%d", i)))[0]; !d.Allowed {
-					t.Fatalf("campaign c%d's first send: %+v", i, d)
-				}
-			}
-			if n := e.rdb.Exists(ctx, key+":t").Val(); n != 1 {
-				t.Fatalf("no tally key after 17 campaigns")
-			}
+			spill(t, e, key, send)
 			// The tally key holds one item: another field's count of 1 with two send times, the second of which
 			// is c20's field's 8 bytes (the first ends in two zero bytes: no item's head).
 			target := once("c20").TallyField()
@@ -653,6 +646,59 @@ func TestTallyKeyItemsByTheirFrame(t *testing.T) {
 				if f.Field == target && (f.Count != 1 || !f.Keep.Equal(keep)) {
 					t.Errorf("c20's count: %+v, want 1 kept until %v", f, keep)
 				}
+			}
+		})
+	}
+}
+
+// spill sends a user's first sends of 17 campaigns, past spillAt: the user's
+// tally moves to the tally key (of the log at key).
+func spill(t *testing.T, e *env, key string, send func(campaign string) capping.Request) {
+	t.Helper()
+	for i := range 17 {
+		if d := e.decide(t, send(fmt.Sprintf("c%d", i)))[0]; !d.Allowed {
+			t.Fatalf("campaign c%d's first send: %+v", i, d)
+		}
+	}
+	if n := e.rdb.Exists(context.Background(), key+":t").Val(); n != 1 {
+		t.Fatalf("no tally key after 17 campaigns")
+	}
+}
+
+// TestTallyKeyTTL: a spilled user's tally key outlives its items' keeps. Its
+// TTL is set with the log's spill item, when a send's keep passes that
+// item's, not by every send; a tally key gone (deleted here, as when its
+// items lapsed) comes back with a TTL.
+func TestTallyKeyTTL(t *testing.T) {
+	for _, mode := range limiterModes {
+		t.Run(mode.name, func(t *testing.T) {
+			e := newEnv(t, mode.opt)
+			ctx := context.Background()
+			const user = 63
+			key := e.lim.Key(0, user)
+			keep := e.clock.Now().Add(400 * 24 * time.Hour)
+			_, send := oncePerCampaign(user, keep)
+			spill(t, e, key, send)
+			covers := func(what string, keep time.Time) {
+				t.Helper()
+				if ttl, left := e.rdb.PTTL(ctx, key+":t").Val(), keep.Sub(e.clock.Now()); ttl < left || ttl > left+5*time.Hour {
+					t.Errorf("%s: the tally key expires in %v, want its keep, %v, and 5 hours at most", what, ttl, left)
+				}
+			}
+			covers("spilled", keep)
+			if err := e.rdb.Del(ctx, key+":t").Err(); err != nil {
+				t.Fatal(err)
+			}
+			if d := e.decide(t, send("c20"))[0]; !d.Allowed || d.Counts[0] != 0 {
+				t.Fatalf("a new campaign with the tally key gone: %+v", d)
+			}
+			covers("written again", keep)
+			for i, later := range []time.Duration{time.Minute, 30 * 24 * time.Hour} {
+				_, sendLater := oncePerCampaign(user, keep.Add(later))
+				if d := e.decide(t, sendLater(fmt.Sprint("c", 21+i)))[0]; !d.Allowed {
+					t.Fatalf("a send kept %v later: %+v", later, d)
+				}
+				covers(fmt.Sprintf("a keep %v later", later), keep.Add(later))
 			}
 		})
 	}
