@@ -493,7 +493,11 @@ func (w *Worker) failOpen(e *entry, now time.Time) bool {
 
 // encode builds the batch's messages from its outcomes and counts them.
 func (w *Worker) encode(batch []kafka.Message, es []entry, spaces *Workspaces, start time.Time) *decided {
-	enc := newEncoder(w.cfg.Topics, w.cfg.Tier != "", w.cfg.MaxOutputBytes)
+	headers := 0
+	for i := range es {
+		headers += len(es[i].msg.Headers)
+	}
+	enc := newEncoder(w.cfg.Topics, w.cfg.Tier != "", w.cfg.MaxOutputBytes, len(es), headers)
 	d := &decided{batch: batch, outs: make([]kafka.Message, 0, len(es)), decisions: make(map[Kind]int, 5),
 		shadow: map[string]int{}, cappedBy: map[string]int{}, start: start}
 	for i := range es {
