@@ -240,14 +240,17 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 		switch {
 		case a.tally: // its tally items change: a patch, never a plain append
 			if appendable(log, h, r, a) {
-				if a.patch, a.patched = patch(raw, log, a); a.patch != "" {
+				var items int
+				if a.patch, a.patched, items = patch(raw, log, a); a.patch != "" {
 					a.expect = raw
 					*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the patch: see run
+					a.after = afterSend(e, h, a, items)
 				}
 			}
 		case int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a):
 			a.expect = raw
 			*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the append: see run
+			a.after = afterSend(e, h, a, 0)
 		}
 		return false
 	}
@@ -313,6 +316,46 @@ func appendable(log []logItem, head []int64, r *Request, a *reqArgs) bool {
 		}
 	}
 	return true
+}
+
+// copyAfter is what install needs of a whole copy after a send appended to
+// it (see afterSend): known says the rest holds.
+type copyAfter struct {
+	known   bool
+	n       int   // entries and items
+	latest  int64 // as cacheEntry's
+	nLatest int
+}
+
+// afterSend returns what the copy e (whose log evaluate allowed a's send
+// from, its counts in head) holds after the send is appended with items new
+// tally items: install then keeps it without reading it again. It is not
+// known when a blocking cap is full after the send (install finds until
+// when from the log), a rolling tally cap counts it (its times may drop
+// one), or the copy would outgrow the cache's limits.
+func afterSend(e *cacheEntry, head []int64, a *reqArgs, items int) copyAfter {
+	n := int(e.n) + 1 + items
+	if n > cacheMaxLog || len(a.member) > 255 {
+		return copyAfter{}
+	}
+	for i := range a.caps {
+		c := &a.caps[i]
+		if c.Shadow {
+			continue
+		}
+		count := head[3+i]
+		if c.appliesTo(a.member) {
+			count++
+		}
+		if count >= int64(c.Limit) || (c.Tally && a.reset[i] > 0) {
+			return copyAfter{}
+		}
+	}
+	after := copyAfter{known: true, n: n, latest: a.now, nLatest: 1}
+	if e.latest == a.now {
+		after.nLatest = int(e.nLatest) + 1
+	}
+	return after
 }
 
 // rawUntil returns until when a whole copy (raw, the log's bytes) can take
@@ -459,19 +502,40 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 		c.drop(r.who())
 		return
 	}
-	e := cacheEntry{user: r.UserID, space: r.Space, flags: entryLive, expires: expires, n: uint8(n), size: uint16(size)}
-	if raw != "" {
-		e.flags |= entryWhole
-	}
-	if r.Preferences {
-		e.flags |= entryPrefs
-	}
+	e := cacheEntry{expires: expires, n: uint8(n), size: uint16(size)}
 	if n > 0 {
 		e.latest = log[n-1].score
 		for i := n - 1; i >= 0 && log[i].score == e.latest; i-- {
 			e.nLatest++
 		}
 	}
+	c.place(r, e, gen, log, raw, hint)
+}
+
+// installAfter keeps raw, the whole log after a send Redis confirmed as
+// appended to the copy it was decided from (or its patch), as install
+// would, from what a.after knows of it.
+func (c *nearCache) installAfter(r *Request, a *reqArgs, gen uint64, raw string, hint int32) {
+	f := &a.after
+	expires := rawUntil(raw, a) // no cap is full after the send (see afterSend)
+	if expires <= a.now || len(raw) > cacheMaxBytes {
+		c.drop(r.who())
+		return
+	}
+	c.place(r, cacheEntry{expires: expires, n: uint8(f.n), size: uint16(len(raw)), latest: f.latest, nLatest: uint8(f.nLatest)}, gen, nil, raw, hint)
+}
+
+// place keeps the copy e (its expiry, size and version set; its log in log,
+// or raw when whole) for r's user: see install.
+func (c *nearCache) place(r *Request, e cacheEntry, gen uint64, log []logItem, raw string, hint int32) {
+	e.user, e.space, e.flags = r.UserID, r.Space, entryLive
+	if raw != "" {
+		e.flags |= entryWhole
+	}
+	if r.Preferences {
+		e.flags |= entryPrefs
+	}
+	size := int(e.size)
 	who := r.who()
 	sh := c.shard(who)
 	sh.mu.Lock()

@@ -423,3 +423,67 @@ func TestNearCacheInstallHintGoneStale(t *testing.T) {
 		t.Errorf("a in slot %d (was %d), %d copies, want it replaced in place among 2", sh.index[uint64(a)], slot, len(sh.index))
 	}
 }
+
+// TestInstallAfterKeepsWhatInstallReads: a copy kept after a send Redis
+// confirmed (installAfter, from what the lookup knew) is the copy install
+// keeps from reading the log after it: the same expiry, size, entries and
+// version. Random whole logs of a few sends and tally items, sends under a
+// daily cap whose limit the send may fill, and a lifetime cap of its
+// campaign; both kinds (known and not) must occur.
+func TestInstallAfterKeepsWhatInstallReads(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 9))
+	keep := now.Add(400 * 24 * time.Hour)
+	known, unknown := 0, 0
+	for i := range 2000 {
+		campaign := fmt.Sprint("c", rng.IntN(4))
+		caps := []Cap{{Name: "daily", Window: Daily, Limit: 1 + rng.IntN(6)}}
+		if rng.IntN(2) == 0 {
+			caps = append(caps, Cap{Name: "once", Limit: 1 << 20, Tally: true, Keep: keep, Scope: NewScope(nil, nil).Campaign(campaign)})
+		}
+		r := Request{UserID: uint32(i), JobID: fmt.Sprint("j", i), Channel: "email", Campaign: campaign, Caps: caps}
+		args := newArgs([]Request{r}, now, 0, nil, nil)
+		a := &args[0]
+		// The log: a header good for the retention and up to 2 hours (a full daily cap passes later), then its
+		// sends (one in the last millisecond, at times), then tally items (one of the send's campaign, at times).
+		raw := binary.BigEndian.AppendUint64(nil, uint64(a.now+a.retention+rng.Int64N(2*3600_000)))
+		sends := rng.IntN(5)
+		for k := range sends {
+			at := now.Add(-time.Duration(sends-k) * time.Minute)
+			if k == sends-1 && rng.IntN(3) == 0 {
+				at = now
+			}
+			raw = appendEntry(raw, at.UnixMilli(), Member(fmt.Sprint("old", k), "email", fmt.Sprint("c", rng.IntN(4)), nil))
+		}
+		if len(caps) == 2 && rng.IntN(2) == 0 {
+			c := &caps[1]
+			raw = appendItem(raw, countItem("", c.tallyField(), keep.UnixMilli(), false, a.now-1000))
+		}
+		c := newNearCache(100)
+		c.install(&r, a, c.gen.Load(), string(raw[8:]), string(raw), 0)
+		decs, hit := make([]Decision, 1), make([]bool, 1)
+		c.decideAll([]Request{r}, args, []int{0}, decs, hit, make([]int, 1), make([]int32, 1), nil)
+		if a.expect == "" {
+			continue // capped, or not appendable: no send to confirm
+		}
+		after := a.patched
+		if after == "" {
+			after = appendedLog(a)
+		}
+		if !a.after.known {
+			unknown++
+			continue
+		}
+		known++
+		read := newNearCache(100)
+		read.install(&r, a, read.gen.Load(), after[8:], after, 0)
+		c.installAfter(&r, a, c.gen.Load(), after, 0)
+		got, want := c.shards[shardOf(r.who())].slots[0], read.shards[shardOf(r.who())].slots[0]
+		got.off, want.off = 0, 0
+		if got != want {
+			t.Fatalf("send %d (%d sends, caps %+v): installAfter kept %+v, install %+v", i, sends, caps, got, want)
+		}
+	}
+	if known < 100 || unknown < 100 {
+		t.Fatalf("%d sends confirmed with known copies and %d without: want both", known, unknown)
+	}
+}

@@ -410,6 +410,7 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 	v := b.results[i].v
 	var tail, raw string // the log after the decision: its entries, and whole when known (see install)
 	var err error
+	known := false // raw is the copy after a confirmed send whose facts the cache knows (see installAfter)
 	switch a := &b.args[i]; {
 	case setNX && !inScript:
 		l.newLogs.Add(1)
@@ -425,7 +426,7 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 		if raw == "" {
 			raw = appendedLog(a) // decs[i]: the copy's decision (see decideAll)
 		}
-		tail = raw[8:]
+		tail, known = raw[8:], a.after.known
 	default:
 		if a.expect != "" {
 			l.copyMisses.Add(1)
@@ -448,7 +449,11 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 			if r.asked {
 				hint = b.sc.hints[i]
 			}
-			c.install(&r.reqs[i], &b.args[i], r.gen, tail, raw, hint)
+			if known {
+				c.installAfter(&r.reqs[i], &b.args[i], r.gen, raw, hint)
+			} else {
+				c.install(&r.reqs[i], &b.args[i], r.gen, tail, raw, hint)
+			}
 		} else {
 			c.drop(r.reqs[i].who())
 		}

@@ -160,6 +160,10 @@ type reqArgs struct {
 	// tally: one of caps is a Tally cap (decided from the log's tally items).
 	tally bool
 
+	// after, with expect, is what install needs of the log after the send
+	// when Redis confirms it (see afterSend).
+	after copyAfter
+
 	// Set by send and pack for a call to Redis (the call points at them).
 	key, arbKey, prefKey string
 	packed               string // decide.lua's ARGV[2], in the batch's slab

@@ -261,7 +261,7 @@ func tallyKth(t string, since, k int64) int64 {
 // decides that send, and writes the log whole or moves its items. log is
 // raw read by the cache (cacheShard.items: its members are raw's bytes, its
 // tally items first), so that an item's place in raw is its member's address.
-func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
+func patch(raw string, log []logItem, a *reqArgs) (arg, after string, items int) {
 	type item struct {
 		at    int // where its member starts in raw (-1: a new item)
 		field uint64
@@ -277,7 +277,7 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		}
 		m, at := it.member, int(uintptr(unsafe.Pointer(unsafe.StringData(it.member)))-base)
 		if len(m) < 20 || at < 10 || at+len(m) > len(raw) { // (not raw's: cannot happen)
-			return "", ""
+			return "", "", 0
 		}
 		have = append(have, item{at, be64(m, 0), m})
 		tkeep = max(tkeep, int64(be64(m, 12)))
@@ -305,7 +305,7 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		}
 		m := countItem(it.m, f, keep, c.Window > 0, a.now)
 		if it.at >= 0 && len(m) != len(it.m) {
-			return "", ""
+			return "", "", 0
 		}
 		it.m = m
 		counts = append(counts, it)
@@ -326,7 +326,7 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		}
 	}
 	if len(have)+len(counts)-edits > spillAt { // the script moves the log's items to the tally key
-		return "", ""
+		return "", "", 0
 	}
 	plen += tail
 	nw := len(raw) + tail + 10 + len(a.member)
@@ -353,7 +353,7 @@ func patch(raw string, log []logItem, a *reqArgs) (arg, after string) {
 		}
 	}
 	w = appendEntry(w, a.now, a.member)
-	return unsafe.String(unsafe.SliceData(b), len(b)), unsafe.String(unsafe.SliceData(w), len(w))
+	return unsafe.String(unsafe.SliceData(b), len(b)), unsafe.String(unsafe.SliceData(w), len(w)), len(counts) - edits
 }
 
 // countItem is decide.lua's counted: tally item member t ("": a new one, of
