@@ -31,8 +31,8 @@ type encoder struct {
 // more grows its own slice).
 const headersPerJob = 8
 
-// newEncoder returns an encoder for a batch of jobs that carry headers
-// headers of their own in all.
+// newEncoder returns an encoder for a batch of jobs messages whose own
+// headers number headers in all: it keeps room for those and capper's.
 func newEncoder(topics Topics, fromTier bool, maxBytes, jobs, headers int) *encoder {
 	return &encoder{topics: topics, fromTier: fromTier, maxBytes: maxBytes, hv: headerValues{m: make(map[string][]byte, 16)},
 		headers: make([]kafka.Header, 0, headers+jobs*headersPerJob)}
