@@ -611,10 +611,7 @@ func TestTallyKeyItemsByTheirFrame(t *testing.T) {
 			e := newEnv(t, mode.opt)
 			ctx := context.Background()
 			const user = 62
-			key := e.lim.Key(0, user)
-			keep := e.clock.Now().Add(400 * 24 * time.Hour)
-			once, send := oncePerCampaign(user, keep)
-			spill(t, e, key, send)
+			key, keep, once, send := spilledUser(t, e, user)
 			// The tally key holds one item: another field's count of 1 with two send times, the second of which
 			// is c20's field's 8 bytes (the first ends in two zero bytes: no item's head).
 			target := once("c20").TallyField()
@@ -651,10 +648,14 @@ func TestTallyKeyItemsByTheirFrame(t *testing.T) {
 	}
 }
 
-// spill sends a user's first sends of 17 campaigns, past spillAt: the user's
-// tally moves to the tally key (of the log at key).
-func spill(t *testing.T, e *env, key string, send func(campaign string) capping.Request) {
+// spilledUser sends user's first sends of 17 campaigns under a lifetime cap
+// of one per campaign kept 400 days (oncePerCampaign), past spillAt: the
+// user's tally moves to the tally key. It returns the user's log key, the
+// keep, the cap and the send.
+func spilledUser(t *testing.T, e *env, user uint32) (key string, keep time.Time, once func(string) capping.Cap, send func(string) capping.Request) {
 	t.Helper()
+	key, keep = e.lim.Key(0, user), e.clock.Now().Add(400*24*time.Hour)
+	once, send = oncePerCampaign(user, keep)
 	for i := range 17 {
 		if d := e.decide(t, send(fmt.Sprintf("c%d", i)))[0]; !d.Allowed {
 			t.Fatalf("campaign c%d's first send: %+v", i, d)
@@ -663,6 +664,7 @@ func spill(t *testing.T, e *env, key string, send func(campaign string) capping.
 	if n := e.rdb.Exists(context.Background(), key+":t").Val(); n != 1 {
 		t.Fatalf("no tally key after 17 campaigns")
 	}
+	return key, keep, once, send
 }
 
 // TestTallyKeyTTL: a spilled user's tally key outlives its items' keeps. Its
@@ -675,10 +677,7 @@ func TestTallyKeyTTL(t *testing.T) {
 			e := newEnv(t, mode.opt)
 			ctx := context.Background()
 			const user = 63
-			key := e.lim.Key(0, user)
-			keep := e.clock.Now().Add(400 * 24 * time.Hour)
-			_, send := oncePerCampaign(user, keep)
-			spill(t, e, key, send)
+			key, keep, _, send := spilledUser(t, e, user)
 			covers := func(what string, keep time.Time) {
 				t.Helper()
 				if ttl, left := e.rdb.PTTL(ctx, key+":t").Val(), keep.Sub(e.clock.Now()); ttl < left || ttl > left+5*time.Hour {
