@@ -31,7 +31,8 @@
 --          token (but for those due just before: `early`, below). A
 --          promise not claimed within ARGV[8] ms of its time lapses (its job is late or not coming back). A
 --          claim whose token is not back yet (the job that had it before came late) follows it: it is
---          promised the time the next counted token comes back.
+--          promised the time the next counted token comes back (a spread budget's, the first bucket from
+--          then with fewer promises than a bucket's share of the limit).
 -- ARGV[8]  lapse (ms)
 -- ARGV[9]  n: the wants of this call, each a triple from ARGV[10]: (promised, until, job); promised is the
 --          time a refused job was told in ms (0: a new want), which claims a token promised then; until is the
@@ -80,6 +81,11 @@ local horizon = 64 * buckets -- buckets ahead a promise may be
 -- granted fewer than 10,000 tokens in 16 runs of 40, 8,300 at least; 10,000 in 20 of 20 with this). With
 -- `early` for new wants alone, that test's claims missed more (one run in 12 failed it: 6,100 of 9,000 found).
 local early = math.max(1, math.min(math.floor(buckets / 10), math.ceil(100 / width)))
+-- A spread budget promises at most a bucket's share of its limit for any one bucket (0: no such bound).
+local per = 0
+if burst > 0 then
+  per = math.ceil(limit / buckets)
+end
 local unclaim = delta < 0 and n > 0 -- claims given back
 local P, U, G, named = {}, {}, {}, false -- each want's promise, until and job name
 for i = 1, n do
@@ -229,12 +235,15 @@ end
 -- such token promised, the oldest's. Each follower takes one of them, so the claims of one call that find
 -- their tokens taken (a rebalance's late claims) follow them one a token, not all to the oldest bucket's
 -- return: 41 of them at one instant left the window before it 10 of 50 in a burst after a SIGKILL.
--- The sends that claim together when the tiers resume after a rebalance bring their tokens back together a
--- window and a bucket later, and their followers claim them together again: the lump comes round every
--- round, drifting a bucket a round, and the window whose edge it crosses gets the paced rest alone (7 runs of
--- 37 of a burst with a SIGKILL, docs/benchmarks.md). Followers of one return kept at the limit's pace (the
--- k-th k buckets' shares after it, counted across calls; tried) dissolved the lump, but its tokens idled
--- meanwhile and the window after the grace got 68 to 88% in 5 runs of 6.
+-- A spread budget's follower is promised the first bucket from that return with fewer promises than a
+-- bucket's share (`per`), so the followers of one return are spread over the buckets after it. The sends due
+-- during a rebalance claim together when the tiers resume, and their tokens come back together a window and a
+-- bucket later: followers that all went to that return claimed them together again, so the lump came round
+-- every round, drifting a bucket a round, and the window whose edge it crossed got the paced rest alone (8
+-- to 44 of 50 in 7 runs of 37 of a burst with a SIGKILL; TestAStallLeavesNoLump: 49 at one instant a round).
+-- Spread, they dissolve the lump in one round at the cost of a few buckets' wait for its tokens. Kept further
+-- apart (the k-th k buckets' shares after the return, counted across calls; tried), the tokens idled longer
+-- and the window after the grace got 68 to 88% in 5 runs of 6.
 local backs, nb = nil, 1 -- the counted buckets, oldest first (made at the first follower)
 local function follow()
   if not backs then
@@ -275,6 +284,9 @@ for i = 1, n do
   elseif p > 0 and (promised[p] or 0) > 0 and oldest then -- its token is not back yet (the job that had it
     -- before came late): the promise follows it to when a token comes back for it
     local nf = follow()
+    while per > 0 and (promised[nf] or 0) >= per do -- spread: a bucket's share a bucket, from the return on
+      nf = nf + width
+    end
     promised[p], changed[p] = promised[p] - 1, true
     reply[4 + i] = nf
     if u == 0 or nf < u then
@@ -360,10 +372,6 @@ reply[1] = math.max(0, granted - #fresh)
 -- until is told it but promised nothing (it will not come back), and the next want is promised that token.
 local j = granted + 1
 if j <= #fresh then
-  local per = 0
-  if burst > 0 then
-    per = math.ceil(limit / buckets)
-  end
   local first = cur + width
   -- Buckets after its own that a promised token comes back: a window and a bucket after it is claimed, within
   -- a bucket of its time (that bucket is the slack a late claim needs). One claimed later comes back later,

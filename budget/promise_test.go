@@ -2,7 +2,9 @@ package budget_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -496,4 +498,80 @@ func TestLateBatchesLeaveNoTokenIdle(t *testing.T) {
 		t.Errorf("%d of %d claims missed their token with %d late; want at most two per late claim", missed, claims, late)
 	}
 	t.Logf("%d claims (%d late), %d missed; by window: %v", claims, late, missed, perWindow)
+}
+
+// TestAStallLeavesNoLump: on a fixed clock, a spread budget of 50 per second
+// and a burst of 600 sends at once, the refused ones held until their
+// promise and back at it. From 4 s to 10 s nothing is decided (a rebalance:
+// every reader of the group stopped), and at 10 s every send due meanwhile
+// comes back in one call. Those due within the promise's lapse claim their
+// tokens together (49 at once), and those tokens come back together a window
+// and a bucket later, ahead of the tokens the paced promises after the stall
+// counted on: the sends promised those find them missing and follow. Had
+// the followers all gone to the lump's return, they would claim it together
+// again, and the lump would come round every round (49 at one instant each
+// second), drifting a bucket a round until a window whose edge it crossed
+// got the paced rest alone. Spread a bucket's share a bucket, they dissolve
+// it: from a window after the stall no bucket has more than a tenth of the
+// limit, every whole window delivers 95% of it while the held sends last,
+// and none gets more than it.
+func TestAStallLeavesNoLump(t *testing.T) {
+	t0 := time.UnixMilli(1_800_000_000_000) // on a second's edge: window i is [t0+i s, t0+i+1 s)
+	c := testclock.At(t0)
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "stall", Limit: 50, Window: time.Second, Spread: true}
+	width := spec.Window / Buckets
+	stall, resume := t0.Add(4*time.Second), t0.Add(10*time.Second)
+	burst := wants(spec, "stall", 600)
+	for i := range burst {
+		burst[i].Until, burst[i].Job = t0.Add(time.Minute), fmt.Sprintf("j%d", i)
+	}
+	var tiers heldWants
+	perBucket := map[time.Time]int{}
+	var stamps []time.Time
+	last := t0
+	for ws := burst; len(ws) > 0 || len(tiers.wants) > 0; ws = tiers.due(c.Now()) {
+		if len(ws) > 0 {
+			for _, g := range tiers.take(t, b, ws) {
+				if g.OK {
+					at := g.Until.Add(-width) // the bucket it is counted in
+					perBucket[at]++
+					stamps = append(stamps, at)
+					if at.After(last) {
+						last = at
+					}
+				}
+			}
+		}
+		c.Add(width / 3)
+		if now := c.Now(); !now.Before(stall) && now.Before(resume) {
+			c.Set(resume)
+		}
+		if c.Now().Sub(t0) > time.Minute {
+			t.Fatalf("held sends left after a minute: %d", len(tiers.wants))
+		}
+	}
+	lump, at := 0, time.Time{}
+	for b, n := range perBucket {
+		if !b.Before(resume.Add(spec.Window)) && n > lump {
+			lump, at = n, b
+		}
+	}
+	if lump > spec.Limit/10 {
+		t.Errorf("%d sends counted in the bucket at %v after the stall; want at most %d in any bucket from a window after it", lump, at.Sub(t0), spec.Limit/10)
+	}
+	windows := make([]int, int(last.Sub(t0)/time.Second)+1)
+	for _, s := range stamps {
+		windows[s.Sub(t0)/time.Second]++
+	}
+	// The window after the stall's, to the one before the last (when the
+	// held sends run out).
+	whole := windows[int(resume.Sub(t0)/time.Second)+1 : len(windows)-1]
+	if least := (95*spec.Limit + 99) / 100; len(whole) < 5 || slices.Min(whole) < least {
+		t.Errorf("sends per window %v; want %d or more in each whole window after the stall's", windows, least)
+	}
+	if worst := busiest(stamps, spec.Window); worst > spec.Limit {
+		t.Errorf("%d tokens in the busiest window, limit %d", worst, spec.Limit)
+	}
+	t.Logf("sends per window: %v; %d held; most in a bucket after the stall %d", windows, tiers.promised, lump)
 }
