@@ -241,9 +241,11 @@ end
 -- bucket later: followers that all went to that return claimed them together again, so the lump came round
 -- every round, drifting a bucket a round, and the window whose edge it crossed got the paced rest alone (8
 -- to 44 of 50 in 7 runs of 37 of a burst with a SIGKILL; TestAStallLeavesNoLump: 49 at one instant a round).
--- Spread, they dissolve the lump in one round at the cost of a few buckets' wait for its tokens. Kept further
--- apart (the k-th k buckets' shares after the return, counted across calls; tried), the tokens idled longer
--- and the window after the grace got 68 to 88% in 5 runs of 6.
+-- Spread, they dissolve the lump in one round at the cost of a few buckets' wait for its tokens. With up to
+-- two shares a bucket (a share beside the walk's; tried), the windows of a burst with a SIGKILL held at 48
+-- of 50 in 4 runs of 9, where one share gives 49; kept further apart (the k-th k buckets' shares after the
+-- return, counted across calls; tried), the tokens idled longer and the window after the grace got 68 to 88%
+-- in 5 runs of 6.
 local backs, nb = nil, 1 -- the counted buckets, oldest first (made at the first follower)
 local function follow()
   if not backs then
