@@ -552,9 +552,9 @@ func TestAStallLeavesNoLump(t *testing.T) {
 		}
 	}
 	lump, at := 0, time.Time{}
-	for b, n := range perBucket {
-		if !b.Before(resume.Add(spec.Window)) && n > lump {
-			lump, at = n, b
+	for bucket, n := range perBucket {
+		if !bucket.Before(resume.Add(spec.Window)) && n > lump {
+			lump, at = n, bucket
 		}
 	}
 	if lump > spec.Limit/10 {
