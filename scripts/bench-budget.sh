@@ -112,7 +112,8 @@ if [[ $1 == burst ]]; then
   # A burst: a scheduler releases a campaign at once. RATE SMS per second (default 50) as the budget's limit
   # over windows of each of WINDOWS seconds (default 1 2 5), BURST times the window's limit (default 10) produced
   # at once, with 1 and 3 replicas, ROUNDS rounds alternated. The held jobs come back as tokens do; a window is
-  # whole from the second to the one before the last held job was sent. Per run: the median and least whole
+  # whole from the second to the one before the last held job was sent, but for the last ones that began with
+  # fewer sends to come than the limit (capper report's whole windows). Per run: the median and least whole
   # window as a share of the limit, the windows below 95%, the most in any window against the limit, and the
   # hold records per job (a job held again when it came back to no token counts twice).
   RATE=${RATE:-50}

@@ -370,6 +370,42 @@ func TestCheckBudget(t *testing.T) {
 	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
 		t.Errorf("a burst: %s (problems %v), want %s", got, r.Problems, want)
 	}
+	// The burst's end: a window that began with fewer sends to come than the
+	// limit is not whole (the budget could not fill it); one that began with
+	// the limit or more to come is, however few it got.
+	for _, c := range []struct {
+		tail []int // sends per window after the first 5 at once
+		want string
+	}{{[]int{3, 1}, "[]"}, {[]int{3, 2}, "[3]"}, {[]int{5, 2, 1}, "[5]"}, {[]int{5, 4, 1}, "[5 4]"}} {
+		sent, outs = sent[:first], outs[:first]
+		n := 5
+		for _, k := range c.tail {
+			n += k
+		}
+		add("tail", n, 0)
+		k := 0
+		for w, m := range append([]int{5}, c.tail...) {
+			for j := 0; j < m; j++ {
+				i := first + k
+				outs[i].ProducedAt = t0
+				outs[i].DecidedAt = t0.Add(time.Duration(w)*time.Second + time.Duration(j)*10*time.Millisecond)
+				if w > 0 {
+					outs[i].HoldCount = 1
+					outs = append(outs, loadtest.Output{Role: loadtest.RoleHeld, ID: sent[i].ID, Output: output.Output{Decision: "held", DueAt: outs[i].DecidedAt}})
+				}
+				k++
+			}
+		}
+		got := "no budget speed:tail"
+		for _, b := range loadtest.Check(sent, outs, p, t0.Add(time.Hour)).Budgets {
+			if b.Budget == "speed:tail" {
+				got = fmt.Sprint(b.Whole)
+			}
+		}
+		if got != c.want {
+			t.Errorf("a burst sent 5, then %v a window: whole windows %s, want %s", c.tail, got, c.want)
+		}
+	}
 	sent, outs = sent[:first], outs[:first]
 	add("fast", 7, 100*time.Millisecond) // 7 in 0.7 s
 	if r := loadtest.Check(sent, outs, p, t0.Add(time.Hour)); r.Violations != 1 || !strings.Contains(r.Problems[0], "budget speed:fast") {

@@ -95,8 +95,10 @@ type Result struct {
 // the windows after the first (partial: the demand begins) that end by the
 // last produce stamp or, when held jobs waited past it (a burst), before the
 // window of the last of them the budget sent (the demand has ended then;
-// without stamps, all but the last, partial one): under demand above the
-// limit, each of those is the share of the limit the budget delivers.
+// without stamps, all but the last, partial one), and that began with at
+// least the limit's sends still to come (the budget sent them then or
+// later): under demand above the limit, each of those is the share of the
+// limit the budget delivers.
 type BudgetDelivery struct {
 	Budget string        `json:"budget"`
 	Limit  int           `json:"limit"`
