@@ -34,8 +34,11 @@ def windows(b, killed, window, session):
     # the SIGKILL (killed_at's output, "" if none), in seconds from the first allowed send: whole window i
     # covers [(i+1)*window, (i+2)*window) from it; its grace is from the kill to a session timeout and a window on
     kill = float(killed) - b["first_ns"] / 1e9 if killed else -1
-    w = [100 * n / b["limit"] for n in b["whole_windows"]]
-    print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]), file=sys.stderr)
+    # each against what it could get: the limit, or the sends still to come at its start when fewer (a burst's end)
+    w = [100 * n / d for n, d in zip(b["whole_windows"], b["whole_demand"])]
+    short = ["%d of %d" % (n, d) for n, d in zip(b["whole_windows"], b["whole_demand"]) if d < b["limit"]]
+    print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]),
+          "(fewer than the limit to come: %s)" % ", ".join(short) if short else "", file=sys.stderr)
     grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
     return w, [x for x, g in zip(w, grace) if not g], [x for x, g in zip(w, grace) if g]
 PY
@@ -112,8 +115,8 @@ if [[ $1 == burst ]]; then
   # A burst: a scheduler releases a campaign at once. RATE SMS per second (default 50) as the budget's limit
   # over windows of each of WINDOWS seconds (default 1 2 5), BURST times the window's limit (default 10) produced
   # at once, with 1 and 3 replicas, ROUNDS rounds alternated. The held jobs come back as tokens do; a window is
-  # whole from the second to the one before the last held job was sent, but for the last ones that began with
-  # fewer sends to come than the limit (capper report's whole windows). Per run: the median and least whole
+  # whole from the second to the one before the last held job was sent; one that began with fewer sends to come
+  # than the limit is measured against those (capper report's whole_demand). Per run: the median and least whole
   # window as a share of the limit, the windows below 95%, the most in any window against the limit, and the
   # hold records per job (a job held again when it came back to no token counts twice).
   RATE=${RATE:-50}

@@ -559,8 +559,12 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		fmt.Fprintf(w, "  collapse    %d jobs with a collapse key, %d of them collapsed by a newer send of their key\n", r.Keyed, r.Collapsed)
 	}
 	for _, b := range r.Budgets {
-		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v; at most %d in any %v\n",
-			b.Budget, b.Limit, b.Window, b.Whole, b.MaxAny, b.Window)
+		short := ""
+		if k := slices.IndexFunc(b.Demand, func(d int) bool { return d < b.Limit }); k >= 0 {
+			short = fmt.Sprintf(" (from window %d on, fewer sends were left to come than the limit: %v)", k+1, b.Demand[k:])
+		}
+		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v%s; at most %d in any %v\n",
+			b.Budget, b.Limit, b.Window, b.Whole, short, b.MaxAny, b.Window)
 	}
 	if r.VIPJudged > 0 {
 		fmt.Fprintf(w, "  vip         %d sends decided while their user was VIP (the rules' caps may cap none)\n", r.VIPJudged)

@@ -568,23 +568,23 @@ func (c *Checker) budgets(jobs []uint32) {
 		// Whole windows while the demand lasts: after the first, ending by the
 		// last produce or, when held jobs were still waiting after it (a
 		// burst), by the window of the last of them sent (without produce
-		// stamps, before the last window); and, at the end of a burst, none
-		// that began with fewer sends to come than the limit: the budget could
-		// not fill it (its sends waiting were spread over it and the next).
+		// stamps, before the last window).
 		end := len(per) - 1
 		if !c.produced.IsZero() {
 			end = min(end, int((max(c.produced.UnixNano(), lastHeld[key])-ts[0])/window))
 		}
-		rest := 0 // the sends from window end on
-		for _, n := range per[max(end, 0):] {
-			rest += n
-		}
-		for end > 1 && rest+per[end-1] < spec[key] {
-			end--
-			rest += per[end]
-		}
 		if end > 1 {
 			d.Whole = per[1:end]
+			// What each could get: the limit, or the sends still to come at
+			// its start when fewer (a burst's last windows).
+			d.Demand = make([]int, end-1)
+			rest := 0
+			for i := len(per) - 1; i >= 1; i-- {
+				rest += per[i]
+				if i < end {
+					d.Demand[i-1] = min(spec[key], rest)
+				}
+			}
 		}
 		c.r.Budgets = append(c.r.Budgets, d)
 	}

@@ -342,7 +342,7 @@ func TestCheckBudget(t *testing.T) {
 	// What each key delivered: per whole window from its first send (t0),
 	// the first and the last left out (0..2.2 s: windows [0,1) [1,2) [2,3)).
 	got := fmt.Sprint(r.Budgets)
-	if want := fmt.Sprintf("[{speed:other 5 1s [] %[1]d 5} {speed:slow 5 1s [5] %[1]d 5}]", t0.UnixNano()); got != want {
+	if want := fmt.Sprintf("[{speed:other 5 1s [] [] %[1]d 5} {speed:slow 5 1s [5] [5] %[1]d 5}]", t0.UnixNano()); got != want {
 		t.Errorf("budget delivery %s, want %s", got, want)
 	}
 	// With produce stamps, only the windows that end by the last one count:
@@ -367,16 +367,16 @@ func TestCheckBudget(t *testing.T) {
 		}
 	}
 	r = loadtest.Check(sent, outs, p, t0.Add(time.Hour))
-	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
+	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] [5] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
 		t.Errorf("a burst: %s (problems %v), want %s", got, r.Problems, want)
 	}
 	// The burst's end: a window that began with fewer sends to come than the
-	// limit is not whole (the budget could not fill it); one that began with
-	// the limit or more to come is, however few it got.
+	// limit could get only those (its demand); one that began with the limit
+	// or more to come could get the limit.
 	for _, c := range []struct {
 		tail []int // sends per window after the first 5 at once
 		want string
-	}{{[]int{3, 1}, "[]"}, {[]int{3, 2}, "[3]"}, {[]int{5, 2, 1}, "[5]"}, {[]int{5, 4, 1}, "[5 4]"}} {
+	}{{[]int{3, 1}, "[3] [4]"}, {[]int{3, 2}, "[3] [5]"}, {[]int{5, 2, 1}, "[5 2] [5 3]"}, {[]int{0, 0, 4}, "[0 0] [4 4]"}} {
 		sent, outs = sent[:first], outs[:first]
 		n := 5
 		for _, k := range c.tail {
@@ -399,11 +399,11 @@ func TestCheckBudget(t *testing.T) {
 		got := "no budget speed:tail"
 		for _, b := range loadtest.Check(sent, outs, p, t0.Add(time.Hour)).Budgets {
 			if b.Budget == "speed:tail" {
-				got = fmt.Sprint(b.Whole)
+				got = fmt.Sprint(b.Whole, b.Demand)
 			}
 		}
 		if got != c.want {
-			t.Errorf("a burst sent 5, then %v a window: whole windows %s, want %s", c.tail, got, c.want)
+			t.Errorf("a burst sent 5, then %v a window: whole windows and their demand %s, want %s", c.tail, got, c.want)
 		}
 	}
 	sent, outs = sent[:first], outs[:first]

@@ -95,15 +95,17 @@ type Result struct {
 // the windows after the first (partial: the demand begins) that end by the
 // last produce stamp or, when held jobs waited past it (a burst), before the
 // window of the last of them the budget sent (the demand has ended then;
-// without stamps, all but the last, partial one), and that began with at
-// least the limit's sends still to come (the budget sent them then or
-// later): under demand above the limit, each of those is the share of the
-// limit the budget delivers.
+// without stamps, all but the last, partial one): under demand above the
+// limit, each of those is the share of the limit the budget delivers.
+// Demand is, for each of them, what it could get: the limit, or fewer when
+// fewer of the budget's sends were still to come at its start (a burst's
+// last windows, whose sends waiting are spread over them and the next).
 type BudgetDelivery struct {
 	Budget string        `json:"budget"`
 	Limit  int           `json:"limit"`
 	Window time.Duration `json:"window_ns"`
 	Whole  []int         `json:"whole_windows"`
+	Demand []int         `json:"whole_demand"`
 	// First is when its first allowed send was decided (Unix ns): window i
 	// of Whole starts (i+1) windows after it.
 	First int64 `json:"first_ns"`
