@@ -35,9 +35,10 @@ def windows(b, killed, window, session):
     # covers [(i+1)*window, (i+2)*window) from it; its grace is from the kill to a session timeout and a window on
     kill = float(killed) - b["first_ns"] / 1e9 if killed else -1
     # each against what it could get: the limit, or the sends still to come at its start when fewer (a burst's end)
-    w = [100 * n / d for n, d in zip(b["whole_windows"], b["whole_demand"])]
-    short = ["%d of %d" % (n, d) for n, d in zip(b["whole_windows"], b["whole_demand"]) if d < b["limit"]]
-    print("  windows (sends per whole window):", " ".join(str(n) for n in b["whole_windows"]),
+    whole, demand = b["whole_windows"] or [], b["whole_demand"] or []
+    w = [100 * n / d for n, d in zip(whole, demand)]
+    short = ["%d of %d" % (n, d) for n, d in zip(whole, demand) if d < b["limit"]]
+    print("  windows (sends per whole window):", " ".join(str(n) for n in whole),
           "(fewer than the limit to come: %s)" % ", ".join(short) if short else "", file=sys.stderr)
     grace = [kill >= 0 and (i + 2) * window > kill and (i + 1) * window < kill + session + window for i in range(len(w))]
     return w, [x for x, g in zip(w, grace) if not g], [x for x, g in zip(w, grace) if g]

@@ -559,9 +559,9 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		fmt.Fprintf(w, "  collapse    %d jobs with a collapse key, %d of them collapsed by a newer send of their key\n", r.Keyed, r.Collapsed)
 	}
 	for _, b := range r.Budgets {
-		short := ""
+		short := "" // a burst's last windows (Demand only falls): what they could get
 		if k := slices.IndexFunc(b.Demand, func(d int) bool { return d < b.Limit }); k >= 0 {
-			short = fmt.Sprintf(" (from window %d on, fewer sends were left to come than the limit: %v)", k+1, b.Demand[k:])
+			short = fmt.Sprintf(" (the last %d began with fewer sends to come than the limit: %v)", len(b.Demand)-k, b.Demand[k:])
 		}
 		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v%s; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, short, b.MaxAny, b.Window)
