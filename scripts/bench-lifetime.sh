@@ -5,8 +5,10 @@
 #      before the tally, 57e2c8d) and at the working tree: decisions/s, and the tree's as a share of BASE's;
 #   2. a lifetime cap of the job's campaign on every job: BenchmarkLifetime/lifetime/* against /none/* (the same
 #      caps without it), 40 campaigns: decisions/s and the share, for users of 1,000,000 (mostly new) and of
-#      50,000 (warm: most have a log), with every decision a script call (script) and with the worker's
-#      default near cache (cache);
+#      50,000 (warm: each has 8 sends of 8 campaigns before the row is timed, then WARM_BATCHES batches of
+#      512, default 300: a count, not a time, since every send lengthens a log and a row's cost grows with
+#      the decisions taken), with every decision a script call (script) and with the worker's default near
+#      cache (cache);
 #   3. end to end: BENCH_JOBS (default 1,000,000) jobs for BENCH_USERS (250,000) users through demo.sh on
 #      bench-lib's decide.yaml, and on the same rules with a lifetime cap of the job's campaign added to every
 #      segment's and the default caps (limit 1000: it counts every job and caps none, so both runs decide the
@@ -25,6 +27,7 @@ eval "$(scripts/stack.sh env)"
 export CI=true # the Go benchmarks fail, not skip, without the stack
 ROUNDS=${ROUNDS:-3}
 BENCHTIME=${BENCHTIME:-3s}
+WARM_BATCHES=${WARM_BATCHES:-300}
 BASE=${BASE:-57e2c8d}
 BASE_COLLAPSE=${BASE_COLLAPSE:-5c023ce}
 JOBS=${BENCH_JOBS:-1000000}
@@ -35,8 +38,8 @@ git worktree add -f --detach "$work/base" "$BASE" >/dev/null 2>&1
 go test -c -o "$work/head.test" ./capping/
 git worktree add -f --detach "$work/base-collapse" "$BASE_COLLAPSE" >/dev/null 2>&1
 (cd "$work/base-collapse" && go build -o "$work/capper-base" ./cmd/capper)
-run() { # run BINARY BENCH -> decisions/s
-  "$1" -test.run '^$' -test.bench "$2" -test.benchtime "$BENCHTIME" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
+run() { # run BINARY BENCH [BENCHTIME] -> decisions/s
+  "$1" -test.run '^$' -test.bench "$2" -test.benchtime "${3:-$BENCHTIME}" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
 }
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 # decide.yaml without its (empty) collapse section, which a worker from before collapse keys refuses
@@ -76,18 +79,18 @@ r = json.loads(sys.argv[1])
 print(round(r["jobs_per_sec"]), re.search(r'\(([\d.]+) us/job\)', sys.argv[2]).group(1), re.search(r'\(([\d.]+) us/job\)', sys.argv[3]).group(1))
 PY
 }
-echo "bench-lifetime: $ROUNDS rounds of ${BENCHTIME} each, base $BASE, $(nproc) cores" >&2
+echo "bench-lifetime: $ROUNDS rounds of ${BENCHTIME} each (warm rows: $WARM_BATCHES batches), base $BASE, $(nproc) cores" >&2
 for r in $(seq "$ROUNDS"); do
   b=$(run "$work/base.test" 'BenchmarkDecide/batch=512/pipelines=1$')
   h=$(run "$work/head.test" 'BenchmarkDecide/batch=512/pipelines=1$')
   n=$(run "$work/head.test" 'BenchmarkLifetime/none/cold/script$')
   l=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/cold/script$')
-  nw=$(run "$work/head.test" 'BenchmarkLifetime/none/warm/script$')
-  lw=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm/script$')
+  nw=$(run "$work/head.test" 'BenchmarkLifetime/none/warm/script$' "${WARM_BATCHES}x")
+  lw=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm/script$' "${WARM_BATCHES}x")
   nc=$(run "$work/head.test" 'BenchmarkLifetime/none/cold/cache$')
   lc=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/cold/cache$')
-  nwc=$(run "$work/head.test" 'BenchmarkLifetime/none/warm/cache$')
-  lwc=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm/cache$')
+  nwc=$(run "$work/head.test" 'BenchmarkLifetime/none/warm/cache$' "${WARM_BATCHES}x")
+  lwc=$(run "$work/head.test" 'BenchmarkLifetime/lifetime/warm/cache$' "${WARM_BATCHES}x")
   en=$(e2e "$work/decide.yaml")
   el=$(e2e "$work/lifetime.yaml")
   cb=$(e2e "$work/decide.yaml" "$work/capper-base")
