@@ -241,8 +241,9 @@ curl -fsS "http://$METRICS/metrics" | awk -v ticks="$ticks" -v hz="$(getconf CLK
   /^capper_budget_redis_calls_total\{/ {bc+=$2}
   /^capper_budget_tokens_total\{/ {split($1, k, "kind=\""); split(k[2], kk, "\""); tok[kk[1]] += $2}
   /^capper_decide_script_calls_total / {sc=$2} /^capper_decide_redis_requests_total / {rq=$2} /^capper_near_cache_hits_total / {hits=$2}
-  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f decisions sent to redis/job, %.3f near cache hits/job, %d budget redis calls (tokens: %d granted, %d used, %d put back, %d lapsed), peak rss %.0f MiB\n",
-        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, rq/jobs, hits/jobs, bc, tok["granted"], tok["used"], tok["put_back"], tok["lapsed"], rss/1024 }'
+  /^capper_decide_new_logs_total / {nl=$2} /^capper_near_cache_appends_total / {ap=$2}
+  END { cpu=ticks/hz; printf "worker: cpu %.1f s (%.1f us/job), %d batches (%.0f jobs/batch), %.2f redis round trips/batch, %.3f script calls/job, %.3f decisions sent to redis/job, %.3f near cache hits/job, %d budget redis calls (tokens: %d granted, %d used, %d put back, %d lapsed), peak rss %.0f MiB; decisions sent to redis by kind, per job: %.3f new logs, %.3f appends to a whole copy, %.3f decided in full by the script\n",
+        cpu, 1e6*cpu/jobs, batches, (batches ? handled/batches : 0), (rtn ? rt/rtn : 0), sc/jobs, rq/jobs, hits/jobs, bc, tok["granted"], tok["used"], tok["put_back"], tok["lapsed"], rss/1024, nl/jobs, ap/jobs, (rq - nl - ap)/jobs }'
 awk -v t=$((broker_end - broker_start)) -v hz="$(getconf CLK_TCK)" -v jobs="$JOBS" -v pre="$PREPRODUCE" 'BEGIN {
   printf "broker: cpu %.1f s (%.1f us/job) from the worker'"'"'s start to the drain (%s)\n", t/hz, 1e6*t/hz/jobs,
     pre ? "fetches, outputs, commits" : "the jobs'"'"' produce, fetches, outputs, commits" }'
