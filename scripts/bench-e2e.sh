@@ -35,7 +35,7 @@ backlog) preproduce=1 ;;
 *) echo "bench-e2e: BENCH_WORKLOAD is stream or backlog, not $WORKLOAD" >&2; exit 2 ;;
 esac
 
-run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE [SCRIPT_ONLY] -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us sent_per_job"
+run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE [SCRIPT_ONLY] -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us sent_per_job new_logs appends in_full" (the last four per job)
   local out
   local rc=0
   out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 CAPPER_REDIS_SCRIPT_ONLY=${4:-false} DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" DEMO_PREPRODUCE=$preproduce \
@@ -61,9 +61,10 @@ r = json.loads(sys.argv[1])
 if sys.argv[5]:
     r["jobs_per_sec"] = float(re.search(r'\(([\d.]+) jobs/s\)', sys.argv[5]).group(1))
 m = re.search(r'\(([\d.]+) us/job\).*?([\d.]+) script calls/job, ([\d.]+) decisions sent to redis/job, ([\d.]+) near cache hits/job', sys.argv[2])
+k = re.search(r'per job: ([\d.]+) new logs, ([\d.]+) appends to a whole copy, ([-\d.]+) decided in full', sys.argv[2])
 b = re.search(r'\(([\d.]+) us/job\)', sys.argv[3])
 d = re.search(r'\(([\d.]+) us/job\)', sys.argv[4])
-print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(4), b.group(1), d.group(1), m.group(3))
+print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(4), b.group(1), d.group(1), m.group(3), k.group(1), k.group(2), k.group(3))
 PY
 }
 
@@ -98,10 +99,12 @@ each = {k: ", ".join("%.0f" % v[0] for v in vs) for k, vs in rows.items()}
 c, n, p = med["cache"], med["nocache"], med["pass"]
 print("| what | Redis masters CPU per job | worker CPU per job | broker CPU per job | jobs/s (rounds) |")
 print("|---|---|---|---|---|")
-print("| capper, near cache on | %.1f us (%.2f decisions sent, %.3f script calls) | %.1f us | %.1f us | %.0f (%s) |" % (c[5], c[6], c[2], c[1], c[4], c[0], each["cache"]))
-print("| capper, near cache off | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (n[5], n[6], n[2], n[1], n[4], n[0], each["nocache"]))
+def sent(v):  # decisions sent to Redis per job, and by kind
+    return "%.2f decisions sent: %.2f new logs, %.2f appends to a whole copy, %.2f decided in full by the script" % (v[6], v[7], v[8], v[9])
+print("| capper, near cache on | %.1f us (%s; %.3f script calls) | %.1f us | %.1f us | %.0f (%s) |" % (c[5], sent(c), c[2], c[1], c[4], c[0], each["cache"]))
+print("| capper, near cache off | %.1f us (%s; %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (n[5], sent(n), n[2], n[1], n[4], n[0], each["nocache"]))
 so = med["scriptonly"]
-print("| capper, near cache on, script only (no new logs by SET NX) | %.1f us (%.2f decisions sent, %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (so[5], so[6], so[2], so[1], so[4], so[0], each["scriptonly"]))
+print("| capper, near cache on, script only (no new logs by SET NX) | %.1f us (%s; %.3f calls) | %.1f us | %.1f us | %.0f (%s) |" % (so[5], sent(so), so[2], so[1], so[4], so[0], each["scriptonly"]))
 print("| pass-through (no capping) | %.1f us | %.1f us | %.1f us | %.0f (%s) |" % (p[5], p[1], p[4], p[0], each["pass"]))
 ratios = [cw[1] / pw[1] for cw, pw in zip(rows["cache"], rows["pass"])]  # worker CPU per job, round by round
 def job_ratios():
