@@ -306,7 +306,7 @@ func BenchmarkLifetime(b *testing.B) {
 		}
 		request := func(r *capping.Request, caps []capping.Cap, user, campaign int, keep time.Time) {
 			camp := fmt.Sprint("campaign-", campaign)
-			c := append(caps[:0:3], benchCaps...)
+			c := append(caps[:0:lifetimeCaps], benchCaps...)
 			if lifetime {
 				c = append(c, capping.Cap{Name: "once", Limit: 1 << 30, Tally: true, Keep: keep, Scope: capping.Scope{}.Campaign(camp)})
 			}
@@ -325,12 +325,12 @@ func BenchmarkLifetime(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				rng := rand.New(rand.NewPCG(uint64(seq.Add(1)), 7))
 				reqs := make([]capping.Request, 512)
-				caps := make([]capping.Cap, len(reqs)*(len(benchCaps)+1))
+				caps := make([]capping.Cap, len(reqs)*lifetimeCaps)
 				ctx := context.Background()
 				for pb.Next() {
 					keep := time.Now().Add(400 * 24 * time.Hour)
 					for i := range reqs {
-						request(&reqs[i], caps[i*3:], rng.IntN(bc.users), rng.IntN(benchCampaigns), keep)
+						request(&reqs[i], caps[i*lifetimeCaps:], rng.IntN(bc.users), rng.IntN(benchCampaigns), keep)
 					}
 					if _, err := lim.Decide(ctx, reqs); err != nil {
 						b.Fatal(err)
@@ -349,12 +349,16 @@ const (
 	warmSends      = 8
 )
 
+// lifetimeCaps is the most caps a BenchmarkLifetime request has: benchCaps
+// and its lifetime cap.
+var lifetimeCaps = len(benchCaps) + 1
+
 // warm sends each of users warmSends requests that fill makes (the k-th of
 // a user), in batches of 512.
 func warm(b *testing.B, lim *capping.Limiter, users int, fill func(r *capping.Request, caps []capping.Cap, user, k int)) {
 	b.Helper()
 	reqs := make([]capping.Request, 0, 512)
-	caps := make([]capping.Cap, 512*(len(benchCaps)+1))
+	caps := make([]capping.Cap, cap(reqs)*lifetimeCaps)
 	flush := func() {
 		if _, err := lim.Decide(context.Background(), reqs); err != nil {
 			b.Fatal(err)
@@ -365,7 +369,7 @@ func warm(b *testing.B, lim *capping.Limiter, users int, fill func(r *capping.Re
 		for u := range users {
 			reqs = reqs[:len(reqs)+1]
 			i := len(reqs) - 1
-			fill(&reqs[i], caps[i*3:], u, k)
+			fill(&reqs[i], caps[i*lifetimeCaps:], u, k)
 			if len(reqs) == cap(reqs) {
 				flush()
 			}
