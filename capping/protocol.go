@@ -425,15 +425,29 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 // parseReply checks the script's reply (one packed string, see decide.lua)
 // against the request's caps and returns its decision and the log entries
 // that follow it, as the log packs them (empty if none), and, when the
-// script sent the log whole (status + 128), that log (its header, then the
-// same entries); it never panics on a bad reply. member is the send's, to tell which shadow caps apply; counts
+// script sent the log whole (status + 128: an array of the packed string
+// and the log's pieces), that log (its header, then the same entries); it
+// never panics on a bad reply. member is the send's, to tell which shadow caps apply; counts
 // (of len(caps)) becomes the Decision's Counts, or nil.
 func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (d Decision, tail, whole string, err error) {
 	ncaps := len(caps)
 	s, ok := v.(string)
+	var pieces []any // the log whole, when the reply is an array
+	if a, isArray := v.([]any); isArray && len(a) > 0 {
+		s, ok = a[0].(string)
+		pieces = a[1:]
+	}
 	head := replyHead + 4*ncaps
 	if !ok || len(s) < head {
 		return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: want a string of %d bytes or more (status, cap, retry_at, %d counts)", v, head, ncaps)
+	}
+	if pieces != nil {
+		if len(s) > head || s[0] < statusWhole {
+			return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: an array, but not of a whole log", v)
+		}
+		if s, ok = joined(s, pieces); !ok {
+			return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: the log's pieces are not strings", v)
+		}
 	}
 	var buf [3 + maxCaps]int64
 	ints := buf[:0]
@@ -475,6 +489,25 @@ func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (
 		return Decision{}, "", "", fmt.Errorf("unexpected script reply %q: the log after its counts is not packed entries", s)
 	}
 	return d, rest, "", nil
+}
+
+// joined returns head followed by pieces (strings), and whether they all
+// were.
+func joined(head string, pieces []any) (string, bool) {
+	n := len(head)
+	for _, p := range pieces {
+		s, ok := p.(string)
+		if !ok {
+			return "", false
+		}
+		n += len(s)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, head...)
+	for _, p := range pieces {
+		b = append(b, p.(string)...)
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b)), true
 }
 
 // replyHead is the size of a reply's status, cap and retry_at (decide.lua).

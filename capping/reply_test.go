@@ -260,6 +260,16 @@ func TestParseReply(t *testing.T) {
 		{"the log whole without a header", reply(129, 0, 0, 0, 1) + "HEAD", Decision{}, "", "not a header and packed entries", ""},
 		{"the log whole, truncated", reply(129, 0, 0, 0, 1) + "HEADER.." + log[:len(log)-1], Decision{}, "", "not a header and packed entries", ""},
 		{"a preference with the whole flag", reply(132, 0, 0, 0, 0) + "c:push", Decision{}, "", "not a header and packed entries", ""},
+		{"allowed, the log whole in pieces", []any{reply(129, 0, 0, 0, 1), "HEADER..", log[:5], log[5:]},
+			Decision{Allowed: true, Counts: []int{0, 1}}, log, "", "HEADER.." + log},
+		{"capped, the log whole in one piece", []any{reply(128, 1, now.UnixMilli()+5000, 1, 1), "HEADER.." + log},
+			Decision{Cap: "daily", RetryAt: now.Add(5 * time.Second), Counts: []int{1, 1}}, log, "", "HEADER.." + log},
+		{"the log whole in pieces, none", []any{reply(129, 0, 0, 0, 1), ""}, Decision{Allowed: true, Counts: []int{0, 1}}, "", "", ""},
+		{"the log's pieces truncated", []any{reply(129, 0, 0, 0, 1), "HEADER..", log[:len(log)-1]}, Decision{}, "", "not a header and packed entries", ""},
+		{"pieces without the whole flag", []any{reply(1, 0, 0, 0, 1), log}, Decision{}, "", "not of a whole log", ""},
+		{"pieces after a log", []any{reply(129, 0, 0, 0, 1) + "HEADER..", log}, Decision{}, "", "not of a whole log", ""},
+		{"a piece not a string", []any{reply(129, 0, 0, 0, 1), "HEADER..", int64(3)}, Decision{}, "", "pieces are not strings", ""},
+		{"an empty array", []any{}, Decision{}, "", "want a string of 19 bytes or more", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
