@@ -144,8 +144,8 @@ func TestNearCacheDecidesAsRedis(t *testing.T) {
 		}
 	}
 	cs := cached.Stats()
-	t.Logf("%d decisions: %d from the cache, %d sent to Redis (%d script calls; %d new logs, %d appended to a copy's log, %d copies stale) with it vs %d (%d) without; %d copies, %d bytes",
-		decisions, cs.CacheHits, cs.Requests, cs.ScriptCalls, cs.NewLogs, cs.CopyAppends, cs.CopyMisses,
+	t.Logf("%d decisions: %d from the cache, %d sent to Redis (%d script calls; %d new logs, %d appended to a copy's log (%d their tally in a tally key), %d copies stale) with it vs %d (%d) without; %d copies, %d bytes",
+		decisions, cs.CacheHits, cs.Requests, cs.ScriptCalls, cs.NewLogs, cs.CopyAppends, cs.SpilledAppends, cs.CopyMisses,
 		plain.Stats().Requests, plain.Stats().ScriptCalls, cs.CacheEntries, cs.CacheBytes)
 	if cs.CacheHits < uint64(decisions)/5 || cs.CopyAppends < 5 || cs.NewLogs == 0 {
 		t.Fatalf("%d of %d decisions came from the cache, %d were appended to a copy's log, %d were new logs: the stream does not exercise them",

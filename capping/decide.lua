@@ -57,6 +57,15 @@
 --                 appended after the entries (one APPEND), and with an expiry the header and the TTL set
 --                 (SETRANGE, PEXPIRE): counted as modeRecord counts, without the log written whole; reply '='.
 --                 Otherwise decided as in modeRecord
+--                 modeSpilled (7): as modeAppend, for a send with tally caps of a user whose tally is in the
+--                 tally key (see spilledField), which the worker's copy lacks: it decided the send's other caps
+--                 from the copy, ARGV[3]. If the log is that copy (no preferences when prefs is 1) and its header
+--                 covers the retention, each tally cap is counted from the tally key; when none refuses the send
+--                 or would give it an arbitrated last slot, the send is recorded as modeRecord records it (the
+--                 tally key's items counted, the entry appended; the spill item's keep raised with the header
+--                 when the send's keep passes it), reply replyWritten, then a byte (1: the spill item was raised,
+--                 the log is not the copy and the entry), then the tally caps' counts (I4 each, in the caps'
+--                 order). Otherwise decided as in modeRecord, nothing written first
 --                 modeNewLog (5): the worker found the send allowed by every cap if the user has no log, a send that
 --                 reads preferences (the others are written by a SET NX, no script): if the user has no
 --                 log, and no preferences, ARGV[3] is written as the new log (its header, then the entry:
@@ -149,6 +158,7 @@ local modeMark = 3
 local modeAppend = 4
 local modeNewLog = 5
 local modePatch = 6
+local modeSpilled = 7
 local statusCapped = 0
 local statusAllowed = 1
 local statusDuplicate = 2
@@ -1052,6 +1062,68 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   return reply
 end
 
+-- spilledSend records, in modeSpilled, a send of a user whose tally is in the tally key (see spilledField), the
+-- log being the worker's copy (log, read: no marks, none aged out, no entry after now, its one tally item the
+-- spill item) from which the worker decided the send's other caps: its tally caps (packed from position first on)
+-- are counted from the tally key. It returns nil, having written nothing, when one refuses the send or would give
+-- it an arbitrated cap's last slot, or the header no longer covers the retention (then the request is decided in
+-- full); else, having recorded the send as decide would, its reply (see modeSpilled).
+local function spilledSend(packed, first, member, key, log, now, retention)
+  local spill = string.find(log, spilledField, 9, true)
+  if not spill or string.byte(log, spill - 2) ~= tallyhead or string.byte(log, spill - 1) ~= 20 then
+    return nil
+  end
+  local expires, skeep = struct.unpack('>i8', log, 1), struct.unpack('>i8', log, spill + 12)
+  if expires - now < retention or skeep < now then
+    return nil
+  end
+  local tkey, tlog = key .. ':t', nil
+  local counts, updates = {}, {}
+  local pos = first
+  while pos <= #packed do
+    local since, limit, reset, flags, channels, tags, campaign
+    since, limit, reset, flags, channels, tags, campaign, pos = struct.unpack(capfmt, packed, pos)
+    if flags % (2 * flagTally) >= flagTally then
+      local field, keep
+      field, keep, pos = struct.unpack(tallyfmt, packed, pos)
+      local shadow, arbitrated = flags % (2 * flagShadow) >= flagShadow, flags % (2 * flagArbitrated) >= flagArbitrated
+      local scoped = channels ~= '' or tags ~= '' or campaign ~= ''
+      local applies = not scoped or flags % (2 * flagApplies) >= flagApplies or matches(member, channels, tags, campaign)
+      tlog = tlog or redis.call('GET', tkey) or ''
+      local count = tallied(itemOf(tlog, framed, field, now), since, reset)
+      if applies and not shadow and (count >= limit or (arbitrated and count == limit - 1)) then
+        return nil
+      end
+      counts[#counts + 1] = count
+      if applies then
+        local u = updates[field] or { 0, reset > 0 }
+        updates[field] = { math.max(u[1], keep), u[2] }
+      end
+    end
+  end
+  -- as decide records it: the items in the tally key, the spill item's keep a slack ahead of the latest
+  local slack = math.min(math.floor(retention / 8), 3600000)
+  local ttl, keep = math.max(retention, skeep - now) + slack, 0
+  local where, changed = {}, {}
+  for field, u in pairs(updates) do
+    local t
+    t, where[field] = itemOf(tlog, framed, field, now)
+    changed[field] = counted(t, field, u[1], u[2], now)
+    ttl, keep = math.max(ttl, u[1] - now + slack), math.max(keep, u[1])
+  end
+  local raise = keep > skeep
+  local logged, lwhere = {}, {}
+  if next(changed) then
+    saveSpilled(tkey, tlog, framed, changed, where, now, ttl, raise)
+    if raise then
+      logged[spilledField], lwhere[spilledField] = spillItem(keep + slack), spill
+    end
+  end
+  patchLog(key, log, now, ttl, retention, expires, skeep, logged, lwhere, struct.pack(entryhead, now, #member) .. member,
+    false)
+  return replyWritten .. (raise and '\1' or '\0') .. struct.pack('>' .. string.rep('I4', #counts), unpack(counts))
+end
+
 -- One call decides its requests in order (a user's later request sees its earlier ones), each atomically
 -- (the whole call is). A request is ARGV[i..]: its packed values, member, refusal's name, then its 1 to 3
 -- keys (its packed values say which). A request that fails (a key of another node's slot, of another type,
@@ -1094,6 +1166,13 @@ local function run(KEYS, ARGV)
         end
         reply = replyWritten
       else
+        mode = modeRecord
+      end
+    elseif mode == modeSpilled then -- the worker's copy, its tally caps counted from the tally key
+      if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
+        reply = spilledSend(packed, first, ARGV[i + 1], key, ARGV[i + 2], now, retention)
+      end
+      if not reply then
         mode = modeRecord
       end
     elseif mode == modeNewLog then -- a new log, if the user has none and no preferences

@@ -140,6 +140,7 @@ type Limiter struct {
 
 	newLogs, newLogMisses   atomic.Uint64 // SET NX that recorded a new log, and that found one
 	copyAppends, copyMisses atomic.Uint64 // sends decided from a whole copy and appended (mode 4), and those whose log had changed
+	spilledAppends          atomic.Uint64 // of copyAppends, those in mode 7
 	functionLoads           atomic.Uint64 // loads of the function library on a node that answered "Function not found"
 }
 
@@ -325,7 +326,7 @@ func (r *round) pending() []int {
 				sc.sent = sent
 			}
 			if sent[reqs[i].who()] {
-				b.args[i].expect, b.args[i].patch, b.args[i].patched = "", "", "" // the copy will not hold the earlier request's outcome
+				b.args[i].expect, b.args[i].patch, b.args[i].patched, b.args[i].spill = "", "", "", false // the copy will not hold the earlier request's outcome
 			}
 			if b.args[i].expect == "" { // else the copy's decision, for an append (see decideAll)
 				r.decs[i] = Decision{}
@@ -420,6 +421,14 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 		l.newLogs.Add(1)
 		r.decs[i], tail, err = b.newLogDecision(i, now, a.named)
 		raw = a.named
+	case a.expect != "" && a.spill && isSpilledReply(v): // recorded as the copy with the send, its tally caps counted by the script
+		l.copyAppends.Add(1)
+		l.spilledAppends.Add(1)
+		var raised bool
+		if r.decs[i], raised, err = a.spilledDecision(v.(string)); err == nil && !raised {
+			raw = appendedLog(a)
+			tail, known = raw[8:], a.after.known
+		}
 	case a.expect != "" && v == replyWritten: // recorded by an APPEND to the copy's log, or its patch
 		l.copyAppends.Add(1)
 		raw = a.patched
@@ -498,9 +507,12 @@ type Stats struct {
 	NewLogs, NewLogMisses uint64
 	// CopyAppends counts the sends the near cache decided allowed from its
 	// copy of the whole log and the script recorded with one APPEND, the log
-	// being that copy (mode 4 of decide.lua); CopyMisses those whose log had
-	// changed, which the script decided in full.
-	CopyAppends, CopyMisses uint64
+	// being that copy (mode 4 of decide.lua; with tally caps, its patch or
+	// mode 7); CopyMisses those whose log had changed, which the script
+	// decided in full. SpilledAppends counts those of CopyAppends whose tally
+	// caps the script counted from the user's tally key (mode 7: a user past
+	// spillAt tally items, whom the copy cannot decide alone).
+	CopyAppends, CopyMisses, SpilledAppends uint64
 	// FunctionLoads counts the loads of decide.lua's function library on a
 	// node that answered "Function not found" (a node restarted without
 	// persistence, a FUNCTION FLUSH), after the loads at New.
@@ -518,7 +530,7 @@ type Stats struct {
 // Stats returns the Limiter's counts so far.
 func (l *Limiter) Stats() Stats {
 	s := Stats{ScriptCalls: l.calls.Load(), Requests: l.requests.Load(), NewLogs: l.newLogs.Load(), NewLogMisses: l.newLogMisses.Load(),
-		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), FunctionLoads: l.functionLoads.Load()}
+		CopyAppends: l.copyAppends.Load(), CopyMisses: l.copyMisses.Load(), SpilledAppends: l.spilledAppends.Load(), FunctionLoads: l.functionLoads.Load()}
 	if c := l.cache; c != nil {
 		s.CacheHits, s.CacheMisses, s.CacheEvictions, s.CacheHolds = c.hits.Load(), c.misses.Load(), c.evictions.Load(), c.holds.Load()
 		s.CacheEntries, s.CacheBytes, s.CacheHeld = c.stats()

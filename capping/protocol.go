@@ -48,13 +48,14 @@ func functionLibrary(src, sha string) (function, library, code string) {
 // names and values, and TestSeamNamesAgree reads the script to check that the
 // two lists agree.
 const (
-	modeLook   = 0 // decide, write nothing (Peek, capper check)
-	modeRecord = 1 // decide, and record the send if allowed
-	modeExact  = 2 // as modeRecord, at exactly the send's time (a send made elsewhere)
-	modeMark   = 3 // mark a send refused outside the script (expired, quiet hours, a budget)
-	modeAppend = 4 // append the send if the log is still the worker's copy, else as modeRecord
-	modeNewLog = 5 // write the new log if the user has none (nor preferences), else as modeRecord
-	modePatch  = 6 // patch the log if it is still the worker's copy (a send with tally caps), else as modeRecord
+	modeLook    = 0 // decide, write nothing (Peek, capper check)
+	modeRecord  = 1 // decide, and record the send if allowed
+	modeExact   = 2 // as modeRecord, at exactly the send's time (a send made elsewhere)
+	modeMark    = 3 // mark a send refused outside the script (expired, quiet hours, a budget)
+	modeAppend  = 4 // append the send if the log is still the worker's copy, else as modeRecord
+	modeNewLog  = 5 // write the new log if the user has none (nor preferences), else as modeRecord
+	modePatch   = 6 // patch the log if it is still the worker's copy (a send with tally caps), else as modeRecord
+	modeSpilled = 7 // as modeAppend, the send's tally caps counted by the script from the tally key (which the copy lacks)
 
 	statusCapped     = 0   // a cap refused the send
 	statusAllowed    = 1   // allowed (recorded, unless looking); in modeMark: marked now
@@ -80,8 +81,8 @@ const (
 
 // spilledField is the field of a spilled log's one tally item: its tally is in
 // the user's tally key (the log's key and ":t"), read by the script only for
-// a request with a tally cap. The near cache decides no such request from a
-// copy that holds it.
+// a request with a tally cap. The near cache decides such a request's other
+// caps from a copy that holds it, and the script its tally caps (mode 7).
 const spilledField = ^uint64(0)
 
 // Offsets of a member's parts (see Member).
@@ -156,6 +157,11 @@ type reqArgs struct {
 	// tally caps (see patch), which the script applies if the log is still
 	// the copy (mode 6); patched is the log after it.
 	patch, patched string
+
+	// spill, with expect, says that the user's tally is in the tally key,
+	// which the copy lacks: the send was decided allowed by its other caps,
+	// and the script counts its tally caps (mode 7; see spilledDecision).
+	spill bool
 
 	// tally: one of caps is a Tally cap (decided from the log's tally items).
 	tally bool
@@ -389,6 +395,8 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 		mode = modeMark
 	case record && a.expect != "" && a.patch != "":
 		mode, a.named = modePatch, a.expect
+	case record && a.expect != "" && a.spill:
+		mode, a.named = modeSpilled, a.expect
 	case record && a.expect != "":
 		mode, a.named = modeAppend, a.expect
 	case record && fresh != "":

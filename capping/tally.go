@@ -209,6 +209,52 @@ func spilled(log []logItem) bool {
 	return false
 }
 
+// spillOnly reports whether the spill item is log's only tally item (its
+// items first), as the script leaves a spilled log: modeSpilled counts the
+// send in the tally key and writes no other item of the log.
+func spillOnly(log []logItem) bool {
+	return len(log) > 0 && log[0].score == 0 && len(log[0].member) == 20 && be64(log[0].member, 0) == spilledField &&
+		(len(log) == 1 || log[1].score != 0)
+}
+
+// isSpilledReply reports whether v is the script's reply to a send it
+// recorded in modeSpilled: replyWritten, then more (see spilledDecision); any
+// other reply is a decision in full (its status first).
+func isSpilledReply(v any) bool {
+	s, ok := v.(string)
+	return ok && len(s) >= 2 && s[0] == replyWritten[0]
+}
+
+// spilledDecision is the decision of a's send, recorded by the script in
+// modeSpilled (see decide.lua) from s, its reply: the copy's decision (its
+// counts in a.counts) with the tally caps' counts the reply carries; and
+// whether the script raised the spill item's keep (the log is then not the
+// copy with the send appended).
+func (a *reqArgs) spilledDecision(s string) (d Decision, raised bool, err error) {
+	n := 0
+	for i := range a.caps {
+		if a.caps[i].Tally {
+			n++
+		}
+	}
+	if len(s) != 2+4*n || s[1] > 1 || len(a.caps) > maxCaps {
+		return Decision{}, false, fmt.Errorf("unexpected script reply %q: want %q, a byte and %d counts", s, replyWritten, n)
+	}
+	var buf [3 + maxCaps]int64
+	h := buf[:3+len(a.caps)]
+	h[0], h[1], h[2] = statusAllowed, 0, a.now // as the copy decided it (see appendable)
+	k := 0
+	for i := range a.caps {
+		h[3+i] = int64(a.counts[i])
+		if a.caps[i].Tally {
+			h[3+i] = int64(be32(s, 2+4*k))
+			k++
+		}
+	}
+	d, err = decisionOf(h, a.caps, a.member, a.at, a.counts)
+	return d, s[1] == 1, err
+}
+
 // tallyItem returns the member of the tally item of field among tally ("": none).
 func tallyItem(tally []logItem, field uint64) string {
 	for _, it := range tally {

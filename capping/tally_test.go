@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/capper-dev/capper/capping"
+	"github.com/capper-dev/capper/internal/testclock"
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
@@ -597,6 +599,117 @@ func TestManyScopesSpill(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSpilledSendsFromTheCopy: a user whose tally moved to the tally key
+// (more campaigns than a log keeps items) sends on with the near cache on.
+// Each send its copy allows by the other caps goes to the script as
+// modeSpilled, its tally caps counted from the tally key, and is decided as
+// the script alone decides it (the reference: another prefix, the same sends
+// on the same clock): the same decisions, counts and shadow caps, the same
+// entries, items and tally key. The sends cross raises of the spill item's
+// keep (the keeps move with the clock), a rolling tally cap (the tally key
+// written whole as its item grows), a shadow tally cap past its limit, a
+// lifetime cap reached, a rolling one full (both refused by the script, which
+// then decides in full), a redelivery, and a send by another process between
+// two (the copy stale: decided in full).
+func TestSpilledSendsFromTheCopy(t *testing.T) {
+	ctx := context.Background()
+	clk := testclock.At(base)
+	rdb := testenv.ClusterClient(t)
+	prefix := testenv.Unique("spillcopy")
+	newLim := func(prefix string, cache int) *capping.Limiter {
+		lim, err := capping.New(ctx, rdb, capping.Config{KeyPrefix: prefix, Clock: clk.Now, NearCache: cache, ScriptOnly: cache == 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lim
+	}
+	cached, other, plain := newLim(prefix, 1000), newLim(prefix, 0), newLim(prefix+"ref", 0)
+	const user = 7
+	promo := capping.NewScope(nil, []string{"promotional"})
+	send := func(k int, campaign, channel string) capping.Request {
+		now := clk.Now()
+		r := capping.Request{UserID: user, JobID: fmt.Sprint("s", k), Channel: channel, Campaign: campaign,
+			Tags: []string{"marketing"}, Retention: 8 * 24 * time.Hour, Caps: []capping.Cap{
+				{Name: "hourly", Window: time.Hour, Limit: 50},
+				{Name: "once", Limit: 1, Tally: true, Keep: now.Add(400 * 24 * time.Hour), Scope: capping.Scope{}.Campaign(campaign)},
+				{Name: "promo-week", Window: capping.Weekly, Limit: capping.MaxTallyTimes, Tally: true, Keep: now.Add(8 * 24 * time.Hour), Scope: promo},
+				{Name: "push-thrice-ever", Limit: 3, Tally: true, Shadow: true, Keep: now.Add(400 * 24 * time.Hour),
+					Scope: capping.NewScope([]string{"push"}, nil)},
+			}}
+		if k%2 == 0 {
+			r.Tags = append(r.Tags, "promotional")
+		}
+		return r
+	}
+	both := func(what string, r capping.Request, lims ...*capping.Limiter) capping.Decision {
+		t.Helper()
+		var ds []capping.Decision
+		for _, l := range append(lims, plain) {
+			d, err := l.Decide(ctx, []capping.Request{r})
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			ds = append(ds, d[0])
+		}
+		if d := diff(ds[0], ds[len(ds)-1]); d != "" {
+			t.Fatalf("%s: with the cache and by the script alone differ: %s", what, d)
+		}
+		return ds[0]
+	}
+	for k := range 44 {
+		channel := "email"
+		if k%3 == 0 {
+			channel = "push"
+		}
+		d := both(fmt.Sprint("campaign c", k), send(k, fmt.Sprint("c", k), channel), cached)
+		if promos := k/2 + 1; k%2 == 0 && promos > capping.MaxTallyTimes { // the week's promotions are spent
+			if d.Allowed || d.Cap != "promo-week" {
+				t.Fatalf("campaign c%d, promotion %d of the week: %+v, want capped by promo-week", k, promos, d)
+			}
+		} else if !d.Allowed {
+			t.Fatalf("campaign c%d: %+v, want allowed", k, d)
+		}
+		if k == 30 { // another process sends: the copy is stale for the next send
+			both("another process's send", send(1000, "c1000", "email"), other)
+		}
+		clk.Add(7 * time.Minute) // the keeps move past the spill item's slack every few sends
+	}
+	if d := both("campaign c3 again", send(2000, "c3", "email"), cached); d.Allowed || d.Cap != "once" {
+		t.Fatalf("campaign c3 again: %+v, want capped for good by once", d)
+	}
+	if d := both("a redelivery", send(5, "c5", "email"), cached); !d.Duplicate {
+		t.Fatalf("a redelivery of c5's send: %+v, want its duplicate", d)
+	}
+	if d := both("a push past the shadow cap", send(3001, "c3001", "push"), cached); !d.Allowed || len(d.Shadow) != 1 {
+		t.Fatalf("a push past the shadow cap: %+v, want allowed, the shadow cap named", d)
+	}
+	st := cached.Stats()
+	t.Logf("with the cache: %d requests to Redis, %d appended to a copy (%d their tally in a tally key), %d copies stale",
+		st.Requests, st.CopyAppends, st.SpilledAppends, st.CopyMisses)
+	if st.SpilledAppends < 20 || st.CopyMisses == 0 {
+		t.Errorf("%d sends counted in the tally key from a copy, %d copies stale: want most of the 27 after the spill, and the stale one",
+			st.SpilledAppends, st.CopyMisses)
+	}
+	a, err := rdb.Get(ctx, cached.Key(0, user)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := rdb.Get(ctx, plain.Key(0, user)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ha, sa, ta := splitLog(a)
+	_, sb, tb := splitLog(b)
+	if len(ta) != 1 || !slices.Equal(sa, sb) || !slices.Equal(ta, tb) || ha < maxKeep(ta) {
+		t.Errorf("the log with the cache: %x, by the script alone: %x; want the same entries and spill item, the header after its keep", a, b)
+	}
+	ka, errA := rdb.Get(ctx, cached.Key(0, user)+":t").Result()
+	kb, errB := rdb.Get(ctx, plain.Key(0, user)+":t").Result()
+	if errA != nil || errB != nil || ka != kb {
+		t.Errorf("the tally key with the cache: %x (%v), by the script alone: %x (%v)", ka, errA, kb, errB)
 	}
 }
 

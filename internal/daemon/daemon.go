@@ -449,7 +449,7 @@ func registerLimiter(reg prometheus.Registerer, l *capping.Limiter) error {
 			func(s capping.Stats) uint64 { return s.NewLogs }),
 		counter("capper_decide_new_log_misses_total", "New logs that found the user had a log (or, in mode 5, preferences): the script decided them (a high share: see redis.script_only).",
 			func(s capping.Stats) uint64 { return s.NewLogMisses }),
-		counter("capper_near_cache_appends_total", "Sends the near cache decided allowed from its copy of the whole log, recorded by one APPEND to that very log.",
+		counter("capper_near_cache_appends_total", "Sends the near cache decided allowed from its copy of the whole log, recorded by one APPEND (or a patch) to that very log.",
 			func(s capping.Stats) uint64 { return s.CopyAppends }),
 		counter("capper_near_cache_stale_total", "Sends decided allowed from a copy whose log had changed (another replica's write): decided in full by the script, in the same call.",
 			func(s capping.Stats) uint64 { return s.CopyMisses }),
