@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -253,7 +252,8 @@ func BenchmarkPreferences(b *testing.B) {
 // lifetime cap of the job's campaign on every job (lifetime: each allowed
 // send also counts in the user's tally item of its campaign), 40 campaigns:
 // users of 1,000,000 (most of them new: a new user's log is one SET NX) and
-// of 50,000 (warm: each has a log, decided by the script); each with the
+// of 50,000 (warm: each has a log, decided by the script; spilled: each past
+// 16 tally items, which the script moved to a tally key); each with the
 // Limiter's defaults (script: every decision a script call) and with the
 // near cache of the worker's default size (cache: an allowed send of a user
 // whose log the cache holds whole is written as an APPEND, or with a tally
@@ -261,8 +261,8 @@ func BenchmarkPreferences(b *testing.B) {
 // and BenchmarkDecide at the commit before the tally.
 //
 // A warm row first sends each of its users warmSends sends of as many
-// campaigns, untimed, so that its users start from that log whatever ran
-// before. No cap ever blocks, so every allowed send lengthens a log: a warm
+// campaigns (a spilled row spillSends), untimed, so that its users start
+// from that log whatever ran before. No cap ever blocks, so every allowed send lengthens a log: a warm
 // row's cost per decision grows with the decisions taken (a log past
 // cacheMaxLog entries and items has no copy; a user past 16 tally items
 // keeps the others in a tally key). Run a warm row for a count of batches
@@ -285,19 +285,26 @@ func BenchmarkLifetime(b *testing.B) {
 	var seq atomic.Int64
 	for _, bc := range []struct {
 		users    int
+		sends    int // each user's before the row (see warm)
 		lifetime bool
 		lim      *capping.Limiter
 	}{
-		{benchUsers, false, script}, {benchUsers, true, script}, {50_000, false, script}, {50_000, true, script},
-		{benchUsers, false, cached}, {benchUsers, true, cached}, {50_000, false, cached}, {50_000, true, cached},
+		{benchUsers, 0, false, script}, {benchUsers, 0, true, script}, {50_000, warmSends, false, script}, {50_000, warmSends, true, script},
+		{benchUsers, 0, false, cached}, {benchUsers, 0, true, cached}, {50_000, warmSends, false, cached}, {50_000, warmSends, true, cached},
+		{50_000, spillSends, false, cached}, {50_000, spillSends, true, cached},
 	} {
 		lifetime, lim := bc.lifetime, bc.lim
-		name := "none/cold"
+		name := "none/"
 		if lifetime {
-			name = "lifetime/cold"
+			name = "lifetime/"
 		}
-		if bc.users != benchUsers {
-			name = strings.Replace(name, "cold", "warm", 1)
+		switch bc.sends {
+		case 0:
+			name += "cold"
+		case warmSends:
+			name += "warm"
+		default:
+			name += "spilled"
 		}
 		if lim == cached {
 			name += "/cache"
@@ -312,10 +319,10 @@ func BenchmarkLifetime(b *testing.B) {
 			}
 			*r = capping.Request{UserID: uint32(user), JobID: fmt.Sprint("j", seq.Add(1)), Channel: "email", Campaign: camp, Caps: c}
 		}
-		warmed := bc.users == benchUsers // cold rows start from no log
+		warmed := bc.sends == 0 // cold rows start from no log
 		b.Run(name, func(b *testing.B) {
 			if !warmed { // once a row, not for each b.N
-				warm(b, lim, bc.users, func(r *capping.Request, caps []capping.Cap, user, k int) {
+				warm(b, lim, bc.users, bc.sends, func(r *capping.Request, caps []capping.Cap, user, k int) {
 					request(r, caps, user, (user+k)%benchCampaigns, time.Now().Add(400*24*time.Hour))
 				})
 				warmed = true
@@ -343,19 +350,22 @@ func BenchmarkLifetime(b *testing.B) {
 }
 
 // benchCampaigns are BenchmarkLifetime's campaigns, warmSends the sends each
-// user of a warm row has before it is timed: warmSends of its campaigns.
+// user of a warm row has before it is timed (one each of warmSends of its
+// campaigns), spillSends those of a spilled row: past 16 campaigns, so that
+// the user's tally is in a tally key.
 const (
 	benchCampaigns = 40
 	warmSends      = 8
+	spillSends     = 24
 )
 
 // lifetimeCaps is the most caps a BenchmarkLifetime request has: benchCaps
 // and its lifetime cap.
 var lifetimeCaps = len(benchCaps) + 1
 
-// warm sends each of users warmSends requests that fill makes (the k-th of
-// a user), in batches of 512.
-func warm(b *testing.B, lim *capping.Limiter, users int, fill func(r *capping.Request, caps []capping.Cap, user, k int)) {
+// warm sends each of users sends requests that fill makes (the k-th of a
+// user), in batches of 512.
+func warm(b *testing.B, lim *capping.Limiter, users, sends int, fill func(r *capping.Request, caps []capping.Cap, user, k int)) {
 	b.Helper()
 	reqs := make([]capping.Request, 0, 512)
 	caps := make([]capping.Cap, cap(reqs)*lifetimeCaps)
@@ -365,7 +375,7 @@ func warm(b *testing.B, lim *capping.Limiter, users int, fill func(r *capping.Re
 		}
 		reqs = reqs[:0]
 	}
-	for k := range warmSends {
+	for k := range sends {
 		for u := range users {
 			reqs = reqs[:len(reqs)+1]
 			i := len(reqs) - 1
