@@ -262,12 +262,12 @@ func BenchmarkPreferences(b *testing.B) {
 //
 // A warm row first sends each of its users warmSends sends of as many
 // campaigns (a spilled row spillSends), untimed, so that its users start
-// from that log whatever ran before. No cap ever blocks, so every allowed send lengthens a log: a warm
-// row's cost per decision grows with the decisions taken (a log past
-// cacheMaxLog entries and items has no copy; a user past 16 tally items
-// keeps the others in a tally key). Run a warm row for a count of batches
-// (-test.benchtime 300x), not a time, so that rows and builds compared end
-// in the same state.
+// from that log whatever ran before. No cap ever blocks, so every allowed
+// send lengthens a log: a warm row's cost per decision grows with the
+// decisions taken (a log past cacheMaxLog entries and items has no copy; a
+// user past 16 tally items keeps the others in a tally key). Run a warm row
+// for a count of batches (-test.benchtime 300x), not a time, so that rows
+// and builds compared end in the same state.
 func BenchmarkLifetime(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
 	defer rdb.Close()
