@@ -611,9 +611,9 @@ func TestManyScopesSpill(t *testing.T) {
 // entries, items and tally key. The sends cross raises of the spill item's
 // keep (the keeps move with the clock), a rolling tally cap (the tally key
 // written whole as its item grows), a shadow tally cap past its limit, a
-// lifetime cap reached, a rolling one full (both refused by the script, which
-// then decides in full), a redelivery, and a send by another process between
-// two (the copy stale: decided in full).
+// lifetime cap reached, a rolling one full and an arbitrated one's last slot
+// (each left by the script to a decision in full), a redelivery, and a send
+// by another process between two (the copy stale: decided in full).
 func TestSpilledSendsFromTheCopy(t *testing.T) {
 	ctx := context.Background()
 	clk := testclock.At(base)
@@ -685,6 +685,19 @@ func TestSpilledSendsFromTheCopy(t *testing.T) {
 	}
 	if d := both("a push past the shadow cap", send(3001, "c3001", "push"), cached); !d.Allowed || len(d.Shadow) != 1 {
 		t.Fatalf("a push past the shadow cap: %+v, want allowed, the shadow cap named", d)
+	}
+	arbitrated := func(k int) capping.Request { // the last of two SMS ever goes to an arbitration
+		r := send(k, fmt.Sprint("c", k), "sms")
+		r.Caps = append(r.Caps, capping.Cap{Name: "twice-ever", Limit: 2, Tally: true, Arbitrated: true,
+			Keep: clk.Now().Add(400 * 24 * time.Hour), Scope: capping.NewScope([]string{"sms"}, nil)})
+		r.Arbitration, r.Priority = time.Minute, 5
+		return r
+	}
+	if d := both("an arbitrated cap's first send", arbitrated(4001), cached); !d.Allowed {
+		t.Fatalf("an arbitrated cap's first send: %+v, want allowed", d)
+	}
+	if d := both("an arbitrated cap's last slot", arbitrated(4003), cached); !d.Candidate || d.Cap != "twice-ever" {
+		t.Fatalf("an arbitrated cap's last slot: %+v, want a candidate of twice-ever's arbitration", d)
 	}
 	st := cached.Stats()
 	t.Logf("with the cache: %d requests to Redis, %d appended to a copy (%d their tally in a tally key), %d copies stale",
