@@ -487,3 +487,24 @@ func TestInstallAfterKeepsWhatInstallReads(t *testing.T) {
 		t.Fatalf("%d sends confirmed with known copies and %d without: want both", known, unknown)
 	}
 }
+
+// BenchmarkReadWholeCopy: reading a whole copy of 30 entries entry by entry
+// (nextEntry), as a lookup reads it.
+func BenchmarkReadWholeCopy(b *testing.B) {
+	buf := make([]byte, 8, 8+30*26)
+	for i := range 30 {
+		buf = appendEntry(buf, int64(1_795_000_000_000+i), "0123456789abcdef")
+	}
+	log := string(buf)
+	var sum int64
+	for b.Loop() {
+		for p := 8; p < len(log); {
+			_, score, next, _ := nextEntry(log, p)
+			sum += score
+			p = next
+		}
+	}
+	if sum == 0 {
+		b.Fatal("no entry read")
+	}
+}
