@@ -697,6 +697,37 @@ local function counted(t, field, keep, timed, now)
   return field .. struct.pack('>I4i8', count + 1, math.max(kept, keep)) .. times
 end
 
+-- countAll counts a send in the tally items of updates (field -> {keep, timed}: the caps that count it), found in
+-- tlog (its items' starts titems, or framed) and returns where each is (field -> its member's start; none: a new
+-- item), its member after the send (field -> member), ttl raised to outlast their keeps by slack, how many are new
+-- and the latest of their keeps.
+local function countAll(tlog, titems, updates, now, ttl, slack)
+  local where, changed, fresh, keep = {}, {}, 0, 0
+  for field, u in pairs(updates) do
+    local t
+    t, where[field] = itemOf(tlog, titems, field, now)
+    changed[field] = counted(t, field, u[1], u[2], now)
+    ttl = math.max(ttl, u[1] - now + slack)
+    fresh, keep = fresh + (where[field] and 0 or 1), math.max(keep, u[1])
+  end
+  return where, changed, ttl, fresh, keep
+end
+
+-- saveCounted writes a spilled log's counted items (changed and where, as countAll returns them; keep the latest of
+-- their keeps) to the tally key, and returns the log's own change (field -> member, field -> its start, as
+-- patchLog takes them) and whether there is one: the spill item (its member at spill) kept a slack past keep when
+-- keep passes its own, so that the next keeps of a rule's retain, a little later each, change neither key for a
+-- while.
+local function saveCounted(key, log, spill, tlog, titems, changed, where, now, ttl, keep, slack)
+  local raise = keep > struct.unpack('>i8', log, spill + 12)
+  saveSpilled(key .. ':t', tlog, titems, changed, where, now, ttl, raise)
+  local logged, lwhere = {}, {}
+  if raise then
+    logged[spilledField], lwhere[spilledField] = spillItem(keep + slack), spill
+  end
+  return logged, lwhere, raise
+end
+
 -- capCounts counts each cap of the request (packed from position first on) over the kept entries and decides
 -- the send by them (status: statusAllowed, or statusDuplicate found before). Per cap, in plain locals (a table
 -- per cap costs more than the counting): its count goes into counts, and whether a blocking cap is full after
@@ -986,24 +1017,11 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
     entry = struct.pack(entryhead, now, #member) .. member
     local lwhere = nil -- field -> the log's item's member start (none: a new item)
     if updates then -- the tally items of the caps that count it: patched in, or in the log written whole
-      local where, changed = {}, {} -- field -> its item's member start in the tally (none: a new item); its member
-      local fresh, keep = 0, 0 -- new items; the latest keep of the items counted
-      for field, u in pairs(updates) do
-        local t
-        t, where[field] = itemOf(tlog, titems, field, now)
-        changed[field] = counted(t, field, u[1], u[2], now)
-        ttl = math.max(ttl, u[1] - now + slack)
-        fresh, keep = fresh + (where[field] and 0 or 1), math.max(keep, u[1])
-      end
+      local where, changed, fresh, keep
+      where, changed, ttl, fresh, keep = countAll(tlog, titems, updates, now, ttl, slack)
       logged, lwhere = changed, where
-      if spill then -- the tally key counts them; the spill item's keep follows the latest, a slack ahead (so the
-        -- next keeps of a rule's retain, a little later each, change neither key for a while)
-        local raise = keep > struct.unpack('>i8', log, spill + 12)
-        saveSpilled(key .. ':t', tlog, titems, changed, where, now, ttl, raise)
-        logged, lwhere = {}, {}
-        if raise then
-          logged[spilledField], lwhere[spilledField] = spillItem(keep + slack), spill
-        end
+      if spill then -- the tally key counts them
+        logged, lwhere = saveCounted(key, log, spill, tlog, titems, changed, where, now, ttl, keep, slack)
       elseif (items and #items or 0) + fresh > spillAt then -- past spillAt: the items move to the tally key
         local tally = tallyOf(log, items, changed)
         for _, t in pairs(tally) do
@@ -1101,23 +1119,12 @@ local function spilledSend(packed, first, member, key, log, now, retention)
       end
     end
   end
-  -- as decide records it: the items in the tally key, the spill item's keep a slack ahead of the latest
+  -- as decide records it
   local slack = math.min(math.floor(retention / 8), 3600000)
-  local ttl, keep = math.max(retention, skeep - now) + slack, 0
-  local where, changed = {}, {}
-  for field, u in pairs(updates) do
-    local t
-    t, where[field] = itemOf(tlog, framed, field, now)
-    changed[field] = counted(t, field, u[1], u[2], now)
-    ttl, keep = math.max(ttl, u[1] - now + slack), math.max(keep, u[1])
-  end
-  local raise = keep > skeep
-  local logged, lwhere = {}, {}
+  local where, changed, ttl, _, keep = countAll(tlog, framed, updates, now, math.max(retention, skeep - now) + slack, slack)
+  local logged, lwhere, raise = {}, {}, false
   if next(changed) then
-    saveSpilled(tkey, tlog, framed, changed, where, now, ttl, raise)
-    if raise then
-      logged[spilledField], lwhere[spilledField] = spillItem(keep + slack), spill
-    end
+    logged, lwhere, raise = saveCounted(key, log, spill, tlog, framed, changed, where, now, ttl, keep, slack)
   end
   patchLog(key, log, now, ttl, retention, expires, skeep, logged, lwhere, struct.pack(entryhead, now, #member) .. member,
     false)
