@@ -796,7 +796,8 @@ func spilledUser(t *testing.T, e *env, user uint32) (key string, keep time.Time,
 // TestTallyKeyTTL: a spilled user's tally key outlives its items' keeps. Its
 // TTL is set with the log's spill item, when a send's keep passes that
 // item's, not by every send; a tally key gone (deleted here, as when its
-// items lapsed) comes back with a TTL.
+// items lapsed) comes back with a TTL. The spill item's keep rises with them:
+// past the first keep, the log still says its tally is in the key.
 func TestTallyKeyTTL(t *testing.T) {
 	for _, mode := range limiterModes {
 		t.Run(mode.name, func(t *testing.T) {
@@ -824,6 +825,13 @@ func TestTallyKeyTTL(t *testing.T) {
 					t.Fatalf("a send kept %v later: %+v", later, d)
 				}
 				covers(fmt.Sprintf("a keep %v later", later), keep.Add(later))
+			}
+			// A day past the first keep, the log's spill item (raised with the later keeps) still says the
+			// tally is in the key: the campaign sent with the latest keep is counted, and capped.
+			e.clock.Add(keep.Sub(e.clock.Now()) + 24*time.Hour)
+			_, sendLater := oncePerCampaign(user, keep.Add(30*24*time.Hour))
+			if d := e.decide(t, sendLater("c22"))[0]; d.Allowed || d.Cap != "once" || d.Counts[0] != 1 {
+				t.Fatalf("campaign c22 again, past the first keep: %+v, want capped by once at a count of 1", d)
 			}
 		})
 	}
