@@ -2,6 +2,7 @@ package capping
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -38,10 +39,6 @@ const cacheShards = 16
 // always decided by Redis.
 const cacheMaxLog = 64
 
-// entryOverhead approximates what one entry costs besides its members and
-// scores: the slot and its index entry.
-const entryOverhead = int(unsafe.Sizeof(cacheEntry{})) + 24 // the index's slot: an 8-byte key, a 4-byte value
-
 type nearCache struct {
 	shards                  [cacheShards]cacheShard
 	gen                     atomic.Uint64 // bumped by clear and release: installs of decisions taken before are dropped
@@ -50,20 +47,89 @@ type nearCache struct {
 	perShard                int
 }
 
-// A shard holds no Go pointers besides its index, slots and arena: its
-// copies' scores and members are in its arena, where entries refer to them by
-// offset. The garbage collector marks a shard in three steps, not two objects
-// per copy (with a million copies and a few collections a second, marking
-// them was several percent of the worker's CPU), and installing a copy
-// allocates nothing once the arena has grown.
+// A shard holds no Go pointers besides its slots and arena: its copies'
+// scores and members are in its arena, where entries refer to them by offset.
+// The garbage collector marks a shard in two steps, not two objects per copy
+// (with a million copies and a few collections a second, marking them was
+// several percent of the worker's CPU), and installing a copy allocates
+// nothing once the arena has grown.
+//
+// The slots are the index too: a table by user (see home), probed linearly,
+// at most half full. A lookup reads the user's entry where an index (a Go
+// map of user to slot) read the map's group and then the slot: one memory
+// miss of the two or three a lookup makes (the arena's is the other).
 type cacheShard struct {
 	mu    sync.Mutex
-	index map[uint64]int32 // user (Request.who: its space and id) -> slot
-	slots []cacheEntry
+	slots []cacheEntry // a power of two of them, or none
+	shift uint8        // 64 - log2(len(slots)): home's
+	live  int          // the live entries in slots
 	hand  int
 	arena []byte           // the entries' logs, appended; never written over (see items)
 	dead  int              // bytes of arena no live entry refers to (see compact)
 	held  map[uint64]int32 // users no copy is kept for (see hold), and their holds; nil when none
+}
+
+// cacheMinSlots is a shard's first table.
+const cacheMinSlots = 64
+
+// home is user's first slot in sh's table (len(sh.slots) > 0): the top bits
+// of a multiplicative hash by another constant than shardOf's (with the
+// same, a shard's users share their top bits, and one sixteenth of the table
+// held them all: lookups 20 times slower).
+func (sh *cacheShard) home(user uint64) int {
+	return int((user * 0xBF58476D1CE4E5B9) >> sh.shift)
+}
+
+// find returns the slot of user's copy, or -1 when it has none.
+func (sh *cacheShard) find(user uint64) int32 {
+	if len(sh.slots) == 0 {
+		return -1
+	}
+	mask := len(sh.slots) - 1
+	for i := sh.home(user); ; i = (i + 1) & mask {
+		e := &sh.slots[i]
+		if !e.is(entryLive) {
+			return -1
+		}
+		if e.who() == user {
+			return int32(i)
+		}
+	}
+}
+
+// insert keeps e, a copy of a user who has none in sh, evicting another
+// first when the shard is full (see free).
+func (sh *cacheShard) insert(c *nearCache, e cacheEntry) {
+	if sh.live >= c.perShard {
+		sh.free(c)
+	}
+	if 2*(sh.live+1) > len(sh.slots) {
+		sh.grow()
+	}
+	mask := len(sh.slots) - 1
+	i := sh.home(e.who())
+	for sh.slots[i].is(entryLive) {
+		i = (i + 1) & mask
+	}
+	sh.slots[i] = e
+	sh.live++
+}
+
+// grow doubles the table (makes the first), its live entries placed again.
+func (sh *cacheShard) grow() {
+	old := sh.slots
+	n := max(cacheMinSlots, 2*len(old))
+	sh.slots, sh.shift, sh.hand = make([]cacheEntry, n), uint8(64-bits.TrailingZeros(uint(n))), 0
+	mask := n - 1
+	for k := range old {
+		if e := &old[k]; e.is(entryLive) {
+			i := sh.home(e.who())
+			for sh.slots[i].is(entryLive) {
+				i = (i + 1) & mask
+			}
+			sh.slots[i] = *e
+		}
+	}
 }
 
 // cacheEntry is a copy of one user's log, oldest first, at
@@ -79,7 +145,7 @@ type cacheEntry struct {
 	user    uint32
 	off     int32
 	size    uint16 // bytes in the arena: at most cacheMaxBytes
-	space   Space  // the user's (with user: the index's key, Request.who)
+	space   Space  // the user's (with user: the table's key, Request.who)
 	n       uint8  // entries: at most cacheMaxLog
 	nLatest uint8  // the copy's version (a log only grows, at its end)
 	flags   entryFlags
@@ -97,7 +163,7 @@ const (
 
 func (e *cacheEntry) is(f entryFlags) bool { return e.flags&f == f }
 
-// who is the index's key of e's user (Request.who).
+// who is the table's key of e's user (Request.who).
 func (e *cacheEntry) who() uint64 { return uint64(e.space)<<32 | uint64(e.user) }
 
 // cacheMaxBytes bounds a copy's bytes in the arena: a whole log of
@@ -117,9 +183,6 @@ const arenaCompactMin = 64 << 10
 
 func newNearCache(size int) *nearCache {
 	c := &nearCache{perShard: max(1, size/cacheShards)}
-	for i := range c.shards {
-		c.shards[i].index = map[uint64]int32{}
-	}
 	return c
 }
 
@@ -169,15 +232,17 @@ func (sh *cacheShard) items(e *cacheEntry, buf []logItem) []logItem {
 // has its decision in decs[i] too, for Redis to confirm: see run.)
 // Otherwise (no copy, an expired one, or a send the copy would allow or finds
 // logged) the request is for Redis. It counts neither hits nor misses (the
-// caller may still send a hit to Redis). The requests are taken shard by shard, under one lock each, the
-// shard's index read for all of them first: a lookup is mostly memory misses
-// (the index, the slot, the arena), and without a lock's atomic between them
-// the index's misses overlap (BenchmarkNearCacheLookup: 12% less per lookup
-// than one at a time; reading the slots ahead as well gained nothing). order
+// caller may still send a hit to Redis). The requests are taken shard by
+// shard, under one lock each, each found in the shard's table first: a
+// lookup is mostly memory misses (the slot, the arena), and without a lock's
+// atomic between them the table's misses overlap (BenchmarkNearCacheLookup:
+// 12% less per lookup than one at a time, with a map for the index; reading
+// the copies' arena ahead as well gained nothing). An answer that removes an
+// expired copy can move others (see remove): answer finds them again. order
 // and slots are scratch of len(idx).
 //
 // hints (by request, nil: none) gets each looked-up request's slot plus one
-// (0: no copy), which saves install a lookup of the index (see install).
+// (0: no copy), which saves install a lookup (see install).
 func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []Decision, hit []bool, order []int, slots []int32, hints []int32) {
 	var start [cacheShards + 1]int
 	for _, i := range idx {
@@ -201,11 +266,7 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 		sh := &c.shards[s]
 		sh.mu.Lock()
 		for k, i := range group {
-			n, ok := sh.index[reqs[i].who()]
-			if !ok {
-				n = -1
-			}
-			slot[k] = n
+			slot[k] = sh.find(reqs[i].who())
 		}
 		for k, i := range group {
 			hit[i] = slot[k] >= 0 && sh.answer(slot[k], &reqs[i], &args[i], &decs[i], items[:0])
@@ -221,6 +282,12 @@ func (c *nearCache) decideAll(reqs []Request, args []reqArgs, idx []int, decs []
 // holds the copy's items while it decides (capacity cacheMaxLog).
 func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, buf []logItem) bool {
 	e := &sh.slots[slot]
+	if e.who() != r.who() { // moved since the lookup: an earlier answer removed a copy
+		if slot = sh.find(r.who()); slot < 0 {
+			return false
+		}
+		e = &sh.slots[slot]
+	}
 	if !e.is(entryLive) || a.now >= e.expires {
 		sh.remove(slot)
 		return false
@@ -487,8 +554,8 @@ func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
 // or, with raw (the log whole, see Whole copies), when it can no longer take
 // an appended send if that is later. hint is the slot plus one where the
 // user's copy was at the batch's lookup (0: none, or unknown): if that slot
-// still holds the user's copy, the index is not read (each user has at most
-// one live slot, the one the index names).
+// still holds the user's copy, the table is not probed (each user has at
+// most one live slot).
 func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string, hint int32) {
 	var buf [cacheMaxLog]logItem
 	log, size := buf[:0], 0
@@ -565,22 +632,19 @@ func (c *nearCache) place(r *Request, e cacheEntry, gen uint64, log []logItem, r
 	if _, held := sh.held[who]; held {
 		return
 	}
-	slot, ok := hint-1, false
-	if hint > 0 && int(slot) < len(sh.slots) && sh.slots[slot].is(entryLive) && sh.slots[slot].who() == who {
-		ok = true
-	} else {
-		slot, ok = sh.index[who]
+	slot := hint - 1
+	if hint <= 0 || int(slot) >= len(sh.slots) || !sh.slots[slot].is(entryLive) || sh.slots[slot].who() != who {
+		slot = sh.find(who)
 	}
-	if ok {
+	if slot >= 0 {
 		old := &sh.slots[slot]
 		if old.latest > e.latest || (old.latest == e.latest && old.nLatest > e.nLatest) {
 			return // a decision that ran later in Redis already left a newer copy
 		}
 		sh.dead += int(old.size)
-		old.flags &^= entryLive // its bytes are dead: compact must not copy them
+		old.size = 0 // its bytes are dead: compact must not copy them
 		if e.off = sh.put(log, size, raw); e.off < 0 {
-			delete(sh.index, who)
-			*old = cacheEntry{}
+			sh.remove(slot)
 			return
 		}
 		*old = e
@@ -589,9 +653,7 @@ func (c *nearCache) place(r *Request, e cacheEntry, gen uint64, log []logItem, r
 	if e.off = sh.put(log, size, raw); e.off < 0 {
 		return
 	}
-	slot = sh.free(c)
-	sh.slots[slot] = e
-	sh.index[who] = slot
+	sh.insert(c, e)
 }
 
 // put appends log (size bytes encoded, see cacheEntry), or raw when it is
@@ -684,44 +746,51 @@ func fullUntil(log []logItem, caps []Cap, a *reqArgs) int64 {
 	return until
 }
 
-// free returns a slot for a new entry: a new one while the shard has room,
-// else the first the clock hand finds not looked up since its last pass.
-func (sh *cacheShard) free(c *nearCache) int32 {
-	if len(sh.slots) < c.perShard {
-		sh.slots = append(sh.slots, cacheEntry{})
-		return int32(len(sh.slots) - 1)
-	}
+// free evicts the first copy the clock hand finds not looked up since its
+// last pass (a shard that is full has one).
+func (sh *cacheShard) free(c *nearCache) {
+	mask := len(sh.slots) - 1
 	for {
-		sh.hand = (sh.hand + 1) % len(sh.slots)
+		sh.hand = (sh.hand + 1) & mask
 		e := &sh.slots[sh.hand]
-		if e.is(entryLive | entryRef) {
+		switch {
+		case e.is(entryLive | entryRef):
 			e.flags &^= entryRef
-			continue
-		}
-		if e.is(entryLive) {
+		case e.is(entryLive):
 			c.evictions.Add(1)
 			sh.remove(int32(sh.hand))
+			return
 		}
-		return int32(sh.hand)
 	}
 }
 
-// remove empties a slot (it stays allocated, for the clock to reuse).
+// remove empties a slot. The copies after it in their probe runs move back
+// into the hole that each can fill (so that a lookup still finds every copy
+// before the first empty slot), and may move past the clock hand.
 func (sh *cacheShard) remove(slot int32) {
-	e := &sh.slots[slot]
-	if !e.is(entryLive) {
+	if !sh.slots[slot].is(entryLive) {
 		return
 	}
-	delete(sh.index, e.who())
-	sh.dead += int(e.size)
-	*e = cacheEntry{}
+	sh.dead += int(sh.slots[slot].size)
+	sh.live--
+	mask := len(sh.slots) - 1
+	hole := int(slot)
+	for j := (hole + 1) & mask; sh.slots[j].is(entryLive); j = (j + 1) & mask {
+		// The copy at j may fill the hole unless its home lies after the
+		// hole, up to j: probing from its home would never reach the hole.
+		if (j-sh.home(sh.slots[j].who()))&mask >= (j-hole)&mask {
+			sh.slots[hole] = sh.slots[j]
+			hole = j
+		}
+	}
+	sh.slots[hole] = cacheEntry{}
 }
 
 // drop forgets user's copy: its log changed in a way the cache did not see.
 func (c *nearCache) drop(user uint64) {
 	sh := c.shard(user)
 	sh.mu.Lock()
-	if slot, ok := sh.index[user]; ok {
+	if slot := sh.find(user); slot >= 0 {
 		sh.remove(slot)
 	}
 	sh.mu.Unlock()
@@ -737,7 +806,7 @@ func (c *nearCache) hold(user uint64) {
 		sh.held = map[uint64]int32{}
 	}
 	sh.held[user]++
-	if slot, ok := sh.index[user]; ok {
+	if slot := sh.find(user); slot >= 0 {
 		sh.remove(slot)
 	}
 	sh.mu.Unlock()
@@ -772,20 +841,19 @@ func (c *nearCache) clear() {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		sh.index = map[uint64]int32{}
-		sh.slots, sh.hand, sh.arena, sh.dead = nil, 0, nil, 0
+		sh.slots, sh.shift, sh.live, sh.hand, sh.arena, sh.dead = nil, 0, 0, 0, nil, 0
 		sh.mu.Unlock()
 	}
 }
 
-// stats counts the cache's entries and its bytes: theirs and the index's
-// (entryOverhead each), and the arenas' (dead bytes and room to grow included); and the users held.
+// stats counts the cache's entries and its bytes: the tables' (their empty
+// slots included) and the arenas' (dead bytes and room to grow included); and the users held.
 func (c *nearCache) stats() (entries, bytes, held int) {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		entries += len(sh.index)
-		bytes += len(sh.index)*entryOverhead + cap(sh.arena)
+		entries += sh.live
+		bytes += len(sh.slots)*int(unsafe.Sizeof(cacheEntry{})) + cap(sh.arena)
 		held += len(sh.held)
 		sh.mu.Unlock()
 	}

@@ -382,45 +382,47 @@ func BenchmarkNearCacheLookup(b *testing.B) {
 }
 
 // TestNearCacheInstallHintGoneStale: a hint of a slot that another user's
-// copy took since the lookup is not followed: the install goes by the index,
-// and every copy stays its own user's.
+// copy took since the lookup is not followed: the install looks the user up,
+// and every copy stays its own user's, found where a lookup probes.
 func TestNearCacheInstallHintGoneStale(t *testing.T) {
-	c := newNearCache(2 * cacheShards) // two slots per shard
-	var users []uint32
-	for u := uint32(1); len(users) < 3; u++ {
-		if shardOf(uint64(u)) == shardOf(1) {
-			users = append(users, u)
-		}
-	}
-	a, b, x := users[0], users[1], users[2]
+	c := newNearCache(2 * cacheShards) // two copies per shard
 	install := func(user uint32, hint int32) {
 		r, args, tail := blocked(user, "j", now)
 		c.install(r, args, c.gen.Load(), tail, "", hint)
 	}
-	install(a, 0)
-	install(b, 0)
-	sh := c.shard(uint64(a))
-	hintA := sh.index[uint64(a)] + 1 // a's slot, as a lookup saw it
-	c.drop(uint64(a))
-	sh.slots[sh.index[uint64(b)]].flags |= entryRef // looked up lately: the clock passes it by
-	install(x, 0)                                   // takes a's slot
-	if sh.index[uint64(x)]+1 != hintA {
-		t.Fatalf("x in slot %d, want a's old slot %d (the test's premise)", sh.index[uint64(x)], hintA-1)
-	}
-	install(a, hintA)
-	for u, slot := range sh.index {
-		if sh.slots[slot].who() != u || !sh.slots[slot].is(entryLive) {
-			t.Errorf("user %d's index names slot %d, which holds user %d (live %v)", u, slot, sh.slots[slot].user, sh.slots[slot].is(entryLive))
+	install(1, 0)
+	sh := c.shard(1)
+	var x uint32 // a user of the shard with a's first slot
+	for u := uint32(2); x == 0; u++ {
+		if shardOf(uint64(u)) == shardOf(1) && sh.home(uint64(u)) == sh.home(1) {
+			x = u
 		}
 	}
-	if _, ok := sh.index[uint64(a)]; !ok {
-		t.Error("a's copy not installed")
+	const a = 1
+	hintA := sh.find(a) + 1 // a's slot, as a lookup saw it
+	c.drop(a)
+	install(x, 0) // takes a's slot
+	if sh.find(uint64(x))+1 != hintA {
+		t.Fatalf("x in slot %d, want a's old slot %d (the test's premise)", sh.find(uint64(x)), hintA-1)
+	}
+	install(a, hintA)
+	live := 0
+	for j := range sh.slots {
+		if e := &sh.slots[j]; e.is(entryLive) {
+			live++
+			if got := sh.find(e.who()); got != int32(j) {
+				t.Errorf("user %d's copy in slot %d, found in %d", e.who(), j, got)
+			}
+		}
+	}
+	if sh.find(a) < 0 || live != 2 || sh.live != 2 {
+		t.Fatalf("a found in slot %d, %d live copies (counted %d): want a's copy beside x's", sh.find(a), live, sh.live)
 	}
 	// A hint still right is followed: a's copy is replaced in place.
-	slot := sh.index[uint64(a)]
+	slot := sh.find(a)
 	install(a, slot+1)
-	if sh.index[uint64(a)] != slot || len(sh.index) != 2 {
-		t.Errorf("a in slot %d (was %d), %d copies, want it replaced in place among 2", sh.index[uint64(a)], slot, len(sh.index))
+	if sh.find(a) != slot || sh.live != 2 {
+		t.Errorf("a in slot %d (was %d), %d copies, want it replaced in place among 2", sh.find(a), slot, sh.live)
 	}
 }
 
@@ -477,7 +479,7 @@ func TestInstallAfterKeepsWhatInstallReads(t *testing.T) {
 		read := newNearCache(100)
 		read.install(&r, a, read.gen.Load(), after[8:], after, 0)
 		c.installAfter(&r, a, c.gen.Load(), after, 0)
-		got, want := c.shards[shardOf(r.who())].slots[0], read.shards[shardOf(r.who())].slots[0]
+		got, want := copyOf(c, r.who()), copyOf(read, r.who())
 		got.off, want.off = 0, 0
 		if got != want {
 			t.Fatalf("send %d (%d sends, caps %+v): installAfter kept %+v, install %+v", i, sends, caps, got, want)
@@ -506,5 +508,102 @@ func BenchmarkReadWholeCopy(b *testing.B) {
 	}
 	if sum == 0 {
 		b.Fatal("no entry read")
+	}
+}
+
+// copyOf returns user's entry in c, or none.
+func copyOf(c *nearCache, user uint64) cacheEntry {
+	sh := c.shard(user)
+	if slot := sh.find(user); slot >= 0 {
+		return sh.slots[slot]
+	}
+	return cacheEntry{}
+}
+
+// TestNearCacheTableStaysFindable churns a shard's table (installs, replaces,
+// drops, holds, evictions, copies found expired by a batch's lookups, the
+// batch's later lookups after such a removal) and checks after each step that every copy is found
+// in its slot by a lookup, the live count is right, no user has two copies,
+// each copy is the user's last install, and no dropped user has one.
+func TestNearCacheTableStaysFindable(t *testing.T) {
+	const users = 3000
+	c := newNearCache(cacheShards * 40) // 40 copies a shard: most installs evict
+	rng := rand.New(rand.NewPCG(3, 4))
+	last := map[uint64]int64{} // user -> the version (latest score) of their last install; absent: dropped or never
+	check := func(step int) {
+		t.Helper()
+		for s := range c.shards {
+			sh := &c.shards[s]
+			live := 0
+			for j := range sh.slots {
+				e := &sh.slots[j]
+				if !e.is(entryLive) {
+					continue
+				}
+				live++
+				if got := sh.find(e.who()); got != int32(j) {
+					t.Fatalf("step %d: user %d's copy in slot %d of shard %d, a lookup finds %d", step, e.who(), j, s, got)
+				}
+				if v, ok := last[e.who()]; !ok || v != e.latest {
+					t.Fatalf("step %d: user %d has a copy of version %d, last installed %d (%v)", step, e.who(), e.latest, v, ok)
+				}
+			}
+			if live != sh.live || live > c.perShard || 2*live > len(sh.slots) && live > 0 {
+				t.Fatalf("step %d: shard %d holds %d copies, counts %d, at most %d in %d slots", step, s, live, sh.live, c.perShard, len(sh.slots))
+			}
+		}
+	}
+	evicted := uint64(0)
+	for step := 0; step < 20000; step++ {
+		u := uint32(1 + rng.IntN(users))
+		switch op := rng.IntN(10); {
+		case op < 6: // install (a newer version each time)
+			r, a, _ := blocked(u, "j", now)
+			v := now.Add(-time.Hour).UnixMilli() + int64(step)
+			tail := logEntry(Member("old1", "email", "c", nil), now.Add(-2*time.Hour).UnixMilli()) + logEntry(Member("x", "email", "c", nil), v)
+			c.install(r, a, c.gen.Load(), tail, "", 0)
+			last[r.who()] = v
+		case op < 8:
+			c.drop(uint64(u))
+			delete(last, uint64(u))
+		case op < 9:
+			c.hold(uint64(u))
+			delete(last, uint64(u))
+			c.release([]uint64{uint64(u)})
+		default: // a batch's lookups, some finding copies expired (removed, moving others)
+			reqs, args := make([]Request, 64), make([]reqArgs, 64)
+			for i := range reqs {
+				r, _, _ := blocked(uint32(1+rng.IntN(users)), "k", now)
+				reqs[i] = *r
+			}
+			later := now.Add(time.Duration(rng.IntN(30)) * time.Hour)
+			args = newArgs(reqs, later, 0, nil, nil)
+			idx := make([]int, len(reqs))
+			for i := range idx {
+				idx[i] = i
+			}
+			decs, hit := make([]Decision, len(reqs)), make([]bool, len(reqs))
+			c.decideAll(reqs, args, idx, decs, hit, make([]int, len(reqs)), make([]int32, len(reqs)), make([]int32, len(reqs)))
+			for i := range reqs { // a removed copy is gone from the model too
+				if sh := c.shard(reqs[i].who()); sh.find(reqs[i].who()) < 0 {
+					delete(last, reqs[i].who())
+				}
+			}
+		}
+		gone := 0
+		for who := range last { // evicted copies leave the model, and only they
+			if c.shard(who).find(who) < 0 {
+				delete(last, who)
+				gone++
+			}
+		}
+		if ev := c.evictions.Load(); uint64(gone) != ev-evicted {
+			t.Fatalf("step %d: %d copies gone, %d evicted", step, gone, ev-evicted)
+		}
+		evicted = c.evictions.Load()
+		check(step)
+	}
+	if ev := c.evictions.Load(); ev < 1000 {
+		t.Fatalf("%d evictions: want the churn to evict", ev)
 	}
 }
