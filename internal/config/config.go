@@ -204,7 +204,7 @@ type Redis struct {
 }
 
 // DefaultNearCacheSize is redis.near_cache_size when the file does not set it:
-// 150 to 400 MB at the measured bytes per copy.
+// 140 to 400 MB at the measured bytes per copy.
 const DefaultNearCacheSize = 1_000_000
 
 type TLS struct {
