@@ -17,7 +17,7 @@ import (
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-func newBudgets(t *testing.T, c *testclock.Clock, noLease bool) (*Budgets, *redis.ClusterClient) {
+func newBudgets(t testing.TB, c *testclock.Clock, noLease bool) (*Budgets, *redis.ClusterClient) {
 	t.Helper()
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
 	t.Cleanup(func() { rdb.Close() })
