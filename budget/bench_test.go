@@ -54,7 +54,7 @@ func BenchmarkHotKey(b *testing.B) {
 }
 
 // BenchmarkMemoryPerDay: Redis memory of a 1,000,000-per-24h budget, full,
-// as 10 bucket counters, against a sliding log of the same sends (one sorted
+// as its Buckets counters, against a sliding log of the same sends (one sorted
 // set entry of an 8-byte id per send). At most 3 rounds whatever -benchtime says.
 func BenchmarkMemoryPerDay(b *testing.B) {
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(b)})
