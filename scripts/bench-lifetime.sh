@@ -20,6 +20,10 @@
 #      user's older sends of a key collapse): jobs/s, worker and Redis masters' us/job, and the ratios;
 #   5. Redis memory of the tally: BenchmarkTallyMemory, what the tally adds to users' logs (MEMORY USAGE with
 #      and without it, the same sends): bytes per scope over 8 campaigns, and for a user of one.
+# `scripts/bench-lifetime.sh returning` runs instead 3 as it costs users with history: for each config, a run
+# whose Redis keys are kept (DEMO_KEEP_KEYS), then the timed run on them (DEMO_KEY_PREFIX), alternated ROUNDS
+# times: every user's first send of the timed run finds a log (with its tally items under the lifetime cap),
+# and the worker's near cache starts empty, as after a deploy.
 # Uses the running local stack, or starts (and afterwards stops) it.
 #   ROUNDS=5 BENCHTIME=3s BASE=HEAD~3 scripts/bench-lifetime.sh
 set -euo pipefail
@@ -34,11 +38,13 @@ BASE_COLLAPSE=${BASE_COLLAPSE:-5c023ce}
 JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
 trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; git worktree remove --force "$work/base-collapse" >/dev/null 2>&1 || true; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
-git worktree add -f --detach "$work/base" "$BASE" >/dev/null 2>&1
-(cd "$work/base" && go test -c -o "$work/base.test" ./capping/)
-go test -c -o "$work/head.test" ./capping/
-git worktree add -f --detach "$work/base-collapse" "$BASE_COLLAPSE" >/dev/null 2>&1
-(cd "$work/base-collapse" && go build -o "$work/capper-base" ./cmd/capper)
+if [[ ${1:-} != returning ]]; then
+  git worktree add -f --detach "$work/base" "$BASE" >/dev/null 2>&1
+  (cd "$work/base" && go test -c -o "$work/base.test" ./capping/)
+  go test -c -o "$work/head.test" ./capping/
+  git worktree add -f --detach "$work/base-collapse" "$BASE_COLLAPSE" >/dev/null 2>&1
+  (cd "$work/base-collapse" && go build -o "$work/capper-base" ./cmd/capper)
+fi
 run() { # run BINARY BENCH [BENCHTIME] -> decisions/s
   "$1" -test.run '^$' -test.bench "$2" -test.benchtime "${3:-$BENCHTIME}" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
 }
@@ -80,6 +86,28 @@ r = json.loads(sys.argv[1])
 print(round(r["jobs_per_sec"]), re.search(r'\(([\d.]+) us/job\)', sys.argv[2]).group(1), re.search(r'\(([\d.]+) us/job\)', sys.argv[3]).group(1))
 PY
 }
+if [[ ${1:-} == returning ]]; then
+  # Users with history: a run whose keys are kept (each user first sent BENCH_JOBS / BENCH_USERS jobs), then
+  # the timed run on the same keys, so that every user's first send of it finds a log (with its tally items
+  # under the lifetime cap) and the near cache starts empty, as after a deploy.
+  echo "bench-lifetime returning: $ROUNDS rounds, $JOBS jobs for $USERS users with history, $(nproc) cores" >&2
+  for r in $(seq "$ROUNDS"); do
+    for c in decide lifetime; do
+      export DEMO_KEY_PREFIX="ret-$$-$r-$c"
+      DEMO_KEEP_KEYS=1 DEMO_CONFIG="$work/$c.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh >/dev/null 2>&1 ||
+        { echo "bench-lifetime: the run that gives users their history failed" >&2; exit 1; }
+      if [[ $c == decide ]]; then en=$(e2e "$work/$c.yaml"); else el=$(e2e "$work/$c.yaml"); fi
+      unset DEMO_KEY_PREFIX
+    done
+    printf 'round %d: users with history, end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s\n' "$r" "$en" "$el" >&2
+    echo "$en $el" >>"$work/returning.txt"
+  done
+  awk '{print $4/$1}' "$work/returning.txt" | median | xargs printf "users with history, end to end, a lifetime cap on every job: median of the rounds' ratios %.3f (rounds $(awk '{printf "%s%.2f", (NR>1 ? " / " : ""), $4/$1}' "$work/returning.txt"); goal >= 0.90)\n"
+  awk -v j="$(awk '{print $1}' "$work/returning.txt" | median)" -v w="$(awk '{print $2}' "$work/returning.txt" | median)" -v rr="$(awk '{print $3}' "$work/returning.txt" | median)" \
+    -v lj="$(awk '{print $4}' "$work/returning.txt" | median)" -v lw="$(awk '{print $5}' "$work/returning.txt" | median)" -v lr="$(awk '{print $6}' "$work/returning.txt" | median)" 'BEGIN{
+    printf "users with history, end to end: medians %.0f vs %.0f jobs/s: %.3f; worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", lj, j, lj/j, lw, w, lw/w, lr, rr, lr/rr }'
+  exit 0
+fi
 echo "bench-lifetime: $ROUNDS rounds of ${BENCHTIME} each (warm rows: $WARM_BATCHES batches), base $BASE, $(nproc) cores" >&2
 for r in $(seq "$ROUNDS"); do
   b=$(run "$work/base.test" 'BenchmarkDecide/batch=512/pipelines=1$')

@@ -28,6 +28,8 @@ PREFS_SHARE=${DEMO_PREFS_SHARE:-}    # users' own preferences: the run's prefere
                                      # users with one (a limit, an opt-out or VIP) before the blast
 KILL_AFTER=${DEMO_KILL_AFTER:-}      # seconds: SIGKILL the last extra worker this long after the workers are ready
 RESTART_AFTER=${DEMO_RESTART_AFTER:-} # seconds: start it again this long after the SIGKILL (same metrics address)
+KEY_PREFIX=${DEMO_KEY_PREFIX:-}     # the users' Redis keys' prefix (default: the run's own): a run given the prefix
+                                     # of an earlier one kept with DEMO_KEEP_KEYS=1 decides for users with history
 WORKSPACES=${DEMO_WORKSPACES:-0}     # N > 0: CONFIG's rules as N identical workspaces ws-1..ws-N, the users in N
                                      # contiguous blocks, one per workspace (loadgen --workspace), each
                                      # workspace's bitmaps holding its users; the report judges the blast by
@@ -58,9 +60,9 @@ cleanup() {
   done
   # The run's keys go (DEMO_KEEP_KEYS=1 keeps them): a run of 1M jobs leaves ~250k logs with TTLs of days, and
   # benchmarks that run demo.sh again and again would otherwise measure a keyspace that grows from round to round.
-  if [[ -n ${run:-} && ${DEMO_KEEP_KEYS:-0} != 1 ]] && ! ((started_stack)); then
-    "$CAPPER_STACK_DIR/bin/capper-devstack" drop-keys -addrs "$CAPPER_TEST_REDIS_ADDRS" -prefix "$run:" >/dev/null ||
-      echo "demo: could not drop the run's keys ($run:*)" >&2
+  if [[ -n ${keys:-} && ${DEMO_KEEP_KEYS:-0} != 1 ]] && ! ((started_stack)); then
+    "$CAPPER_STACK_DIR/bin/capper-devstack" drop-keys -addrs "$CAPPER_TEST_REDIS_ADDRS" -prefix "$keys:" >/dev/null ||
+      echo "demo: could not drop the run's keys ($keys:*)" >&2
   fi
   # The run's topics go too (DEMO_KEEP_TOPICS=1 keeps them): the broker keeps its data across restarts, and a
   # benchmark's runs would otherwise fill the disk (1M jobs leave ~1 GB on the broker).
@@ -87,13 +89,14 @@ if ((PASSTHROUGH)); then
 fi
 
 run="demo-$(date +%s)-$$"
+keys=${KEY_PREFIX:-$run}
 export AWS_ACCESS_KEY_ID=demo AWS_SECRET_ACCESS_KEY=demo AWS_REGION=us-east-1
 export CAPPER_SEGMENTS_S3_ENDPOINT=$CAPPER_TEST_S3_ENDPOINT CAPPER_SEGMENTS_S3_PATH_STYLE=true
 export CAPPER_KAFKA_BROKERS=$CAPPER_TEST_KAFKA_BROKERS CAPPER_KAFKA_GROUP_ID=$run
 export CAPPER_KAFKA_TOPICS_INPUT=$run.sends CAPPER_KAFKA_TOPICS_ALLOWED=$run.sends.allowed
 export CAPPER_KAFKA_TOPICS_CAPPED=$run.sends.capped CAPPER_KAFKA_TOPICS_DLQ=$run.sends.dlq
 export CAPPER_KAFKA_TOPICS_HELD=$run.sends.held CAPPER_KAFKA_TOPICS_DELAY_PREFIX=$run.sends.delay.
-export CAPPER_REDIS_ADDRS=$CAPPER_TEST_REDIS_ADDRS CAPPER_REDIS_KEY_PREFIX=$run
+export CAPPER_REDIS_ADDRS=$CAPPER_TEST_REDIS_ADDRS CAPPER_REDIS_KEY_PREFIX=$keys
 export CAPPER_SEGMENTS_SOURCE="s3://$CAPPER_TEST_S3_BUCKET/$run" CAPPER_METRICS_ADDR=$METRICS
 export CAPPER_LOG_LEVEL=${CAPPER_LOG_LEVEL:-warn}
 if [[ -n $PREFS_SHARE ]]; then
