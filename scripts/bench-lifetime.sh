@@ -49,6 +49,12 @@ run() { # run BINARY BENCH [BENCHTIME] -> decisions/s
   "$1" -test.run '^$' -test.bench "$2" -test.benchtime "${3:-$BENCHTIME}" | awk '/decisions\/s/{for(i=1;i<=NF;i++) if($i=="decisions/s") print $(i-1)}'
 }
 median() { sort -g | awk '{a[NR]=$1} END{print (NR%2)? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+rows="$work/rounds.txt" # one line per round, the figures in columns (returning: its own file)
+col() { awk -v c="$1" '{print $c}' "$rows" | median; }
+ratio() { # ratio A B: the median over the rounds of column A / column B, the runs of each round side by side
+  awk -v a="$1" -v b="$2" '{printf "%.3f\n", $a/$b}' "$rows" | median
+}
+rounds() { awk -v a="$1" -v b="$2" '{printf "%s%.2f", (NR>1 ? " / " : ""), $a/$b}' "$rows"; }
 # decide.yaml without its (empty) collapse section, which a worker from before collapse keys refuses
 python3 - "$work/decide.yaml" <<'PY'
 import sys
@@ -91,6 +97,7 @@ if [[ ${1:-} == returning ]]; then
   # the timed run on the same keys, so that every user's first send of it finds a log (with its tally items
   # under the lifetime cap) and the near cache starts empty, as after a deploy.
   echo "bench-lifetime returning: $ROUNDS rounds, $JOBS jobs for $USERS users with history, $(nproc) cores" >&2
+  rows="$work/returning.txt"
   for r in $(seq "$ROUNDS"); do
     for c in decide lifetime; do
       export DEMO_KEY_PREFIX="ret-$$-$r-$c"
@@ -100,11 +107,10 @@ if [[ ${1:-} == returning ]]; then
       unset DEMO_KEY_PREFIX
     done
     printf 'round %d: users with history, end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s\n' "$r" "$en" "$el" >&2
-    echo "$en $el" >>"$work/returning.txt"
+    echo "$en $el" >>"$rows"
   done
-  awk '{print $4/$1}' "$work/returning.txt" | median | xargs printf "users with history, end to end, a lifetime cap on every job: median of the rounds' ratios %.3f (rounds $(awk '{printf "%s%.2f", (NR>1 ? " / " : ""), $4/$1}' "$work/returning.txt"); goal >= 0.90)\n"
-  awk -v j="$(awk '{print $1}' "$work/returning.txt" | median)" -v w="$(awk '{print $2}' "$work/returning.txt" | median)" -v rr="$(awk '{print $3}' "$work/returning.txt" | median)" \
-    -v lj="$(awk '{print $4}' "$work/returning.txt" | median)" -v lw="$(awk '{print $5}' "$work/returning.txt" | median)" -v lr="$(awk '{print $6}' "$work/returning.txt" | median)" 'BEGIN{
+  echo "users with history, end to end, a lifetime cap on every job: median of the rounds' ratios $(ratio 4 1) (rounds $(rounds 4 1); goal >= 0.90)"
+  awk -v j="$(col 1)" -v w="$(col 2)" -v rr="$(col 3)" -v lj="$(col 4)" -v lw="$(col 5)" -v lr="$(col 6)" 'BEGIN{
     printf "users with history, end to end: medians %.0f vs %.0f jobs/s: %.3f; worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", lj, j, lj/j, lw, w, lw/w, lr, rr, lr/rr }'
   exit 0
 fi
@@ -128,14 +134,9 @@ for r in $(seq "$ROUNDS"); do
   ck=$(e2e "$work/decide.yaml" "" "--collapse-share 1")
   printf 'round %d: no lifetime cap: base %s, tree %s decisions/s; every job with one, script: none %s, lifetime %s; warm: none %s, lifetime %s; near cache: none %s, lifetime %s; warm: none %s, lifetime %s; spilled: none %s, lifetime %s decisions/s; end to end (jobs/s, worker and Redis us/job): none %s, lifetime %s; collapse keys: base worker %s, every job keyed %s\n' \
     "$r" "$b" "$h" "$n" "$l" "$nw" "$lw" "$nc" "$lc" "$nwc" "$lwc" "$nsc" "$lsc" "$en" "$el" "$cb" "$ck" >&2
-  echo "$b $h $n $l $nw $lw $en $el $cb $ck $nc $lc $nwc $lwc $nsc $lsc" >>"$work/rounds.txt"
+  echo "$b $h $n $l $nw $lw $en $el $cb $ck $nc $lc $nwc $lwc $nsc $lsc" >>"$rows"
 done
 mem=$("$work/head.test" -test.run '^$' -test.bench 'BenchmarkTallyMemory' -test.benchtime 1x)
-col() { awk -v c="$1" '{print $c}' "$work/rounds.txt" | median; }
-ratio() { # ratio A B: the median over the rounds of column A / column B, the runs of each round side by side
-  awk -v a="$1" -v b="$2" '{printf "%.3f\n", $a/$b}' "$work/rounds.txt" | median
-}
-rounds() { awk -v a="$1" -v b="$2" '{printf "%s%.2f", (NR>1 ? " / " : ""), $a/$b}' "$work/rounds.txt"; }
 b=$(col 1) h=$(col 2) n=$(col 3) l=$(col 4) nw=$(col 5) lw=$(col 6)
 ej=$(col 7) ew=$(col 8) er=$(col 9) lj=$(col 10) lwk=$(col 11) lr=$(col 12)
 awk -v b="$b" -v h="$h" -v n="$n" -v l="$l" -v nw="$nw" -v lw="$lw" 'BEGIN{
