@@ -45,10 +45,11 @@ bench-segments:
 bench-e2e:
 	scripts/bench-e2e.sh
 
-## bench-cost: what a job costs Redis, the worker and the broker (bench-e2e) on the stream workload and on a backlog (the blast produced before the worker starts), and what one call of capper's script, the seed's and a bare one costs Redis (scripts/bench-calls.sh)
+## bench-cost: what a job costs Redis, the worker and the broker (bench-e2e) on the stream workload and on a backlog (the blast produced before the worker starts), the backlog again with Redis on a core of its own (as on its own hosts), and what one call of capper's script, the seed's and a bare one costs Redis (scripts/bench-calls.sh)
 bench-cost:
 	scripts/bench-e2e.sh
 	BENCH_WORKLOAD=backlog BENCH_CALLS=0 scripts/bench-e2e.sh
+	BENCH_WORKLOAD=backlog BENCH_CALLS=0 BENCH_REDIS_CORE=1 scripts/bench-e2e.sh
 
 ## bench-blast: the 10,000,000-job blast over 2,000,000 users: drain time, jobs/s, worker CPU and RSS, Redis memory, the report's verdict
 bench-blast:

@@ -19,6 +19,10 @@
 # it) or backlog (the whole blast is in Kafka before the worker starts, demo.sh's DEMO_PREPRODUCE: full fetches,
 # the worker never waits on the producer, as after a scheduler released a campaign); make bench-cost runs both.
 # BENCH_CALLS=0 leaves out the per-call benchmarks and the ceiling (the job rows and their ratios only).
+# BENCH_REDIS_CORE=1 gives the Redis Cluster its own core, as production gives it its own hosts: its nodes and
+# the S3 endpoint (and loadgen and the report, which only measure) run on the last core, the broker and the
+# worker on the others (taskset), in every run, the pass-through's too; the job rows' ratios then compare what
+# capper and the pass-through get from the same cores, not also what Redis takes from them.
 # Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
 # the ratios against the seed's script and the pass-through.
@@ -29,6 +33,7 @@ USERS=${BENCH_USERS:-250000}
 ROUNDS=${ROUNDS:-3}
 WORKLOAD=${BENCH_WORKLOAD:-stream}
 CALLS=${BENCH_CALLS:-1}
+REDIS_CORE=${BENCH_REDIS_CORE:-0}
 case $WORKLOAD in
 stream) preproduce=0 ;;
 backlog) preproduce=1 ;;
@@ -39,7 +44,7 @@ run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE [SCRIPT_ONLY] -> prints "jobs_pe
   local out
   local rc=0
   out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 CAPPER_REDIS_SCRIPT_ONLY=${4:-false} DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" DEMO_PREPRODUCE=$preproduce \
-    scripts/demo.sh 2>&1) || rc=$?
+    "${on_last[@]}" scripts/demo.sh 2>&1) || rc=$?
   # The baseline forwards everything, so its report finds cap violations; it must still lose nothing.
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1
@@ -68,7 +73,29 @@ print(r["jobs_per_sec"], m.group(1), m.group(2), m.group(4), b.group(1), d.group
 PY
 }
 
-echo "bench-e2e: the $WORKLOAD workload, $JOBS jobs for $USERS users on $(nproc) cores, $ROUNDS rounds" >&2
+on_last=()
+placement=''
+if ((REDIS_CORE)); then
+  cores=$(nproc)
+  ((cores >= 2)) || { echo "bench-e2e: BENCH_REDIS_CORE=1 needs 2 cores or more, this machine has $cores" >&2; exit 2; }
+  last=$((cores - 1))
+  eval "$(scripts/stack.sh env)"
+  pin() { # pin CPUS PIDFILE...: every thread of each process onto CPUS
+    local cpus=$1 f; shift
+    for f in "$@"; do taskset -a -p -c "$cpus" "$(cat "$f")" >/dev/null; done
+  }
+  stack_pids=("$CAPPER_STACK_DIR"/redis/*.pid "$CAPPER_STACK_DIR/s3.pid")
+  unpin() { pin "0-$last" "${stack_pids[@]}" "$CAPPER_STACK_DIR/kafka/kafka.pid"; }
+  at_exit+=(unpin)
+  pin "$last" "${stack_pids[@]}"
+  pin "0-$((last - 1))" "$CAPPER_STACK_DIR/kafka/kafka.pid"
+  on_last=(taskset -c "$last")
+  export DEMO_WORKER_CPUS=0-$((last - 1))
+  rest="cores $DEMO_WORKER_CPUS"
+  ((last > 1)) || rest="core 0"
+  placement=" (Redis, the S3 endpoint, loadgen and the report on core $last; the broker and the worker on $rest)"
+fi
+echo "bench-e2e: the $WORKLOAD workload, $JOBS jobs for $USERS users on $(nproc) cores$placement, $ROUNDS rounds" >&2
 results=()
 for r in $(seq "$ROUNDS"); do
   echo "round $r" >&2
@@ -78,6 +105,9 @@ for r in $(seq "$ROUNDS"); do
   results+=("pass $(run passthrough 1 0)")
 done
 calls='' history='' ceiling=0
+if ((REDIS_CORE)); then
+  unpin # the per-call benchmarks below measure Redis alone
+fi
 if ((CALLS)); then
   calls=$(scripts/bench-calls.sh)
   # The same with logs that have a history: 50,000 users for the 300,000 calls (six each), where the default's

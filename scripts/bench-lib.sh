@@ -14,7 +14,8 @@ cd "$ROOT"
 started=0
 if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/null; started=1; fi
 work=$(mktemp -d)
-trap '((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
+at_exit=() # a script's own cleanup, run at exit before the stack stops
+trap 'for c in "${at_exit[@]}"; do $c; done; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
 # (Without kafka.heartbeat_interval, the default anyway: a worker of an older commit, DEMO_WORKER_BIN, refuses it.)
 grep -v -e 'on_capped: {policy: hold' -e '^  heartbeat_interval:' config.example.yaml >"$work/drop.yaml"
 sed -E 's/, arbitration: [^,}]+//' "$work/drop.yaml" >"$work/decide.yaml"

@@ -21,6 +21,8 @@ METRICS=${DEMO_METRICS_ADDR:-127.0.0.1:9464}
 PASSTHROUGH=${DEMO_PASSTHROUGH:-0}  # 1: run capper-passthrough (capping skipped), bench-e2e.sh's baseline
 WORKER_BIN=${DEMO_WORKER_BIN:-}     # a capper binary to run as the worker (another commit's: bench-lifetime.sh); loadgen and report are the tree's
 PREPRODUCE=${DEMO_PREPRODUCE:-0}    # 1: produce the blast before the worker starts (see below)
+WORKER_CPUS=${DEMO_WORKER_CPUS:-}   # a CPU list (taskset -c): every worker runs on these CPUs alone (bench-e2e.sh's
+                                     # BENCH_REDIS_CORE)
 CONFIG=${DEMO_CONFIG:-config.example.yaml}
 EXTRA_WORKERS=${DEMO_EXTRA_WORKERS:-0} # more replicas in the group (metrics on the next ports); the figures are the first's
 LOADGEN_ARGS=${DEMO_LOADGEN_ARGS:-}   # more capper loadgen flags, e.g. "--rate 150 --channels sms" (bench-budget.sh)
@@ -86,6 +88,9 @@ fi
 if ((PASSTHROUGH)); then
   go build -o "$CAPPER_STACK_DIR/bin/capper-passthrough" ./cmd/capper-passthrough
   worker=("$CAPPER_STACK_DIR/bin/capper-passthrough")
+fi
+if [[ -n $WORKER_CPUS ]]; then
+  worker=(taskset -c "$WORKER_CPUS" "${worker[@]}")
 fi
 
 run="demo-$(date +%s)-$$"
