@@ -37,7 +37,11 @@ BASE=${BASE:-57e2c8d}
 BASE_COLLAPSE=${BASE_COLLAPSE:-5c023ce}
 JOBS=${BENCH_JOBS:-1000000}
 USERS=${BENCH_USERS:-250000}
-trap 'git worktree remove --force "$work/base" >/dev/null 2>&1 || true; git worktree remove --force "$work/base-collapse" >/dev/null 2>&1 || true; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
+remove_worktrees() {
+  git worktree remove --force "$work/base" >/dev/null 2>&1 || true
+  git worktree remove --force "$work/base-collapse" >/dev/null 2>&1 || true
+}
+at_exit+=(remove_worktrees)
 if [[ ${1:-} != returning ]]; then
   git worktree add -f --detach "$work/base" "$BASE" >/dev/null 2>&1
   (cd "$work/base" && go test -c -o "$work/base.test" ./capping/)
