@@ -218,7 +218,7 @@ func newKafka(c config.Kafka, batchSize int, member []byte, faults *consumer.Rea
 	if err != nil {
 		return nil, nil, err
 	}
-	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), memberBalancer{member: member}, faults, logger)
+	r := newReader(c, dialer, c.GroupID, c.Topics.Input, 16<<20, max(100, 2*batchSize), readerMaxWait, memberBalancer{member: member}, faults, logger)
 	return r, NewWriter(c, transport, "", batchSize, logger), nil
 }
 
@@ -232,7 +232,7 @@ func newTierReader(c config.Kafka, t hold.Tier, member []byte, faults *consumer.
 	}
 	s := &tierSource{}
 	// A small queue: messages wait there for their head.
-	s.Reader = newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, memberBalancer{member: member, joins: &s.joins}, faults, logger)
+	s.Reader = newReader(c, dialer, TierGroup(c.GroupID, t.Name), t.Topic, 4<<20, 1000, tierMaxWait(t.Delay), memberBalancer{member: member, joins: &s.joins}, faults, logger)
 	return s, nil
 }
 
@@ -255,12 +255,25 @@ func (s *tierSource) Generations() (joined, assigned int64) {
 // TierGroup is the consumer group that reads the delay tier named tier.
 func TierGroup(group, tier string) string { return group + ".delay." + tier }
 
+// tierMaxWait is how long a fetch of a tier's partition with nothing new
+// waits: a tenth of the tier's delay, from 100 ms to readerMaxWait. A member
+// rejoins its rebalancing group only once each of its partition readers'
+// fetches has returned (kafka-go does not cut one short), and the group reads
+// nothing until its last member has rejoined: an idle partition keeps its
+// tier's group stopped up to this long, and the sends due meanwhile come back
+// that late and take their budget's tokens late (docs/design.md). The short
+// tiers, which return the sends due within a budget's window, wait the least;
+// the long ones, mostly idle, fetch less often.
+func tierMaxWait(delay time.Duration) time.Duration {
+	return min(max(delay/10, 100*time.Millisecond), readerMaxWait)
+}
+
 // newReader is a consumer-group reader of topic that commits only when told
-// (after the outputs are acknowledged). kafka-go's errors go through faults,
-// which sees the refusals it only logs. member (newMember) is carried in its
-// join metadata, so that the group's answer tells which partitions are its
-// (memberPartitions).
-func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, balancer memberBalancer, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
+// (after the outputs are acknowledged); a fetch waits up to maxWait for new
+// messages. kafka-go's errors go through faults, which sees the refusals it
+// only logs. member (newMember) is carried in its join metadata, so that the
+// group's answer tells which partitions are its (memberPartitions).
+func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxBytes, queue int, maxWait time.Duration, balancer memberBalancer, faults *consumer.ReaderFaults, logger *slog.Logger) *kafka.Reader {
 	return kafka.NewReader(kafka.ReaderConfig{
 		Brokers:           c.Brokers,
 		GroupID:           group,
@@ -268,7 +281,7 @@ func newReader(c config.Kafka, dialer *kafka.Dialer, group, topic string, maxByt
 		Dialer:            dialer,
 		MinBytes:          1,
 		MaxBytes:          maxBytes,
-		MaxWait:           readerMaxWait,
+		MaxWait:           maxWait,
 		CommitInterval:    0, // synchronous commits, after the outputs are acknowledged
 		StartOffset:       kafka.FirstOffset,
 		SessionTimeout:    time.Duration(c.SessionTimeout),

@@ -330,7 +330,7 @@ func (d *Daemon) addEventWorkers(cfg *config.Config, wc consumer.Config) error {
 		log := d.Log.With("events", e.kind.String())
 		faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", e.topic, group), Logger: log}
 		member := newMember()
-		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, memberBalancer{member: member}, faults, d.Log)
+		r := newReader(cfg.Kafka, dialer, group, e.topic, 4<<20, 1000, readerMaxWait, memberBalancer{member: member}, faults, d.Log)
 		d.readers = append(d.readers, r)
 		d.watched = append(d.watched, watchedReader{faults, e.topic, group, member, nil})
 		w, err := consumer.NewEventWorker(consumer.EventConfig{Kind: e.kind, Reader: r, Writer: d.writer, DLQ: cfg.Kafka.Topics.DLQ,

@@ -43,7 +43,7 @@ func TestMemberPartitions(t *testing.T) {
 	fetchedFrom := []map[int]bool{{}, {}}
 	readers := make([]*kafka.Reader, 2)
 	for i := range readers {
-		readers[i] = newReader(c, dialer, group, topic, 1<<20, 100, memberBalancer{member: members[i]}, &consumer.ReaderFaults{}, log)
+		readers[i] = newReader(c, dialer, group, topic, 1<<20, 100, readerMaxWait, memberBalancer{member: members[i]}, &consumer.ReaderFaults{}, log)
 		defer readers[i].Close()
 	}
 	// Both members joined and the group settled: every partition fetched
@@ -164,5 +164,22 @@ func produce(ctx context.Context, t *testing.T, c config.Kafka, transport *kafka
 		}
 		t.Logf("write: %v", err)
 		time.Sleep(100 * time.Millisecond) // the topic's metadata follows its creation
+	}
+}
+
+// TestTierFetchWaits: a tier's fetch waits a tenth of its delay, from 100 ms to
+// readerMaxWait, which bounds how long a rebalance of its group waits for it
+// (tierMaxWait): the tiers a budget's held sends come back through wait least.
+func TestTierFetchWaits(t *testing.T) {
+	for _, c := range []struct{ delay, want time.Duration }{
+		{100 * time.Millisecond, 100 * time.Millisecond},
+		{time.Second, 100 * time.Millisecond},
+		{2 * time.Second, 200 * time.Millisecond},
+		{10 * time.Second, 500 * time.Millisecond},
+		{6 * time.Hour, 500 * time.Millisecond},
+	} {
+		if got := tierMaxWait(c.delay); got != c.want {
+			t.Errorf("tier of %v: fetch wait %v, want %v", c.delay, got, c.want)
+		}
 	}
 }
