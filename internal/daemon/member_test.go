@@ -167,19 +167,29 @@ func produce(ctx context.Context, t *testing.T, c config.Kafka, transport *kafka
 	}
 }
 
-// TestTierFetchWaits: a tier's fetch waits a tenth of its delay, from 100 ms to
-// readerMaxWait, which bounds how long a rebalance of its group waits for it
-// (tierMaxWait): the tiers a budget's held sends come back through wait least.
+// TestTierFetchWaits: a tier's reader fetches with a wait of a tenth of its
+// delay, from 100 ms to readerMaxWait, which bounds how long a rebalance of
+// its group waits for it (tierMaxWait): the tiers a budget's held sends come
+// back through wait least.
 func TestTierFetchWaits(t *testing.T) {
-	for _, c := range []struct{ delay, want time.Duration }{
+	c := config.Kafka{Brokers: testenv.KafkaBrokers(t), GroupID: testenv.Unique("tier-wait"),
+		SessionTimeout: config.Duration(6 * time.Second), RebalanceTimeout: config.Duration(3 * time.Second)}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, w := range []struct{ delay, want time.Duration }{
 		{100 * time.Millisecond, 100 * time.Millisecond},
 		{time.Second, 100 * time.Millisecond},
 		{2 * time.Second, 200 * time.Millisecond},
 		{10 * time.Second, 500 * time.Millisecond},
 		{6 * time.Hour, 500 * time.Millisecond},
 	} {
-		if got := tierMaxWait(c.delay); got != c.want {
-			t.Errorf("tier of %v: fetch wait %v, want %v", c.delay, got, c.want)
+		tier := hold.Tier{Name: hold.Name(w.delay), Delay: w.delay, Topic: testenv.Unique("tier-wait")}
+		r, err := newTierReader(c, tier, newMember(), &consumer.ReaderFaults{}, log)
+		if err != nil {
+			t.Fatal(err)
 		}
+		if got := r.Config().MaxWait; got != w.want {
+			t.Errorf("tier of %v: its reader's fetch waits %v, want %v", w.delay, got, w.want)
+		}
+		r.Close()
 	}
 }
