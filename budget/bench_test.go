@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,7 +110,10 @@ func BenchmarkMemoryPerDay(b *testing.B) {
 // same each time. No lag: 49 in every window after the grace; lags of up to
 // 10 and 30 ms (the release lag's 99th percentile is under 10 ms on 2 cores):
 // 48 and 45. A late claim brings its token back late, and the send promised
-// it next follows it. `go test -run '^$' -bench AKill -benchtime 1x ./budget/`
+// it next follows it. It reports too what budget.lua cost the Redis masters
+// per call (INFO commandstats; the same calls each run, so a change to the
+// script is compared on them): most calls claim, with a thousand promises
+// outstanding. `go test -run '^$' -bench AKill -benchtime 1x ./budget/`
 func BenchmarkAKillWithReleaseLag(b *testing.B) {
 	for _, lag := range []time.Duration{0, 10 * time.Millisecond, 30 * time.Millisecond} {
 		b.Run(fmt.Sprintf("lag=%v", lag), func(b *testing.B) {
@@ -119,6 +123,7 @@ func BenchmarkAKillWithReleaseLag(b *testing.B) {
 			b.ReportMetric(float64(r.median), "median/50")
 			b.ReportMetric(float64(r.most), "most/50")
 			b.ReportMetric(r.refusedPerSend, "refused/send")
+			b.ReportMetric(r.scriptUS, "redis-us/call")
 		})
 	}
 }
@@ -126,13 +131,43 @@ func BenchmarkAKillWithReleaseLag(b *testing.B) {
 type killReplay struct {
 	least, median, most int
 	refusedPerSend      float64
+	scriptUS            float64 // the masters' CPU in budget.lua per call
+}
+
+// scriptCost returns the CPU the masters have spent in scripts (EVALSHA and
+// EVAL: budget.lua) so far, and their calls.
+func scriptCost(tb testing.TB, rdb *redis.ClusterClient) (usec, calls float64) {
+	var mu sync.Mutex
+	err := rdb.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			var n, us float64
+			if _, err := fmt.Sscanf(line, "cmdstat_evalsha:calls=%g,usec=%g,", &n, &us); err != nil {
+				if _, err := fmt.Sscanf(line, "cmdstat_eval:calls=%g,usec=%g,", &n, &us); err != nil {
+					continue
+				}
+			}
+			mu.Lock()
+			usec, calls = usec+us, calls+n
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return usec, calls
 }
 
 func replayAKill(tb testing.TB, lag time.Duration) killReplay {
 	const sends = 1500
 	t0 := time.UnixMilli(1_800_000_000_000) // on a second's edge: window i is [t0+i s, t0+i+1 s)
 	c := testclock.At(t0)
-	bs, _ := newBudgets(tb, c, false)
+	bs, rdb := newBudgets(tb, c, false)
+	us0, calls0 := scriptCost(tb, rdb)
 	spec := &Spec{Name: "kill", Limit: 50, Window: time.Second, Spread: true}
 	width := spec.Window / Buckets
 	kill, expired := t0.Add(4*time.Second), t0.Add(10*time.Second)
@@ -195,6 +230,7 @@ func replayAKill(tb testing.TB, lag time.Duration) killReplay {
 			return true
 		})
 	}
+	us1, calls1 := scriptCost(tb, rdb)
 	windows := make([]int, 0, 64)
 	for _, s := range stamps {
 		i := int(s.Sub(t0) / time.Second)
@@ -207,5 +243,6 @@ func replayAKill(tb testing.TB, lag time.Duration) killReplay {
 	// held sends run out), as bench-budget.sh counts them.
 	whole := slices.Clone(windows[int(resumed.Add(spec.Window).Sub(t0)/time.Second)+1 : len(windows)-1])
 	slices.Sort(whole)
-	return killReplay{least: whole[0], median: whole[len(whole)/2], most: busiest(stamps, spec.Window), refusedPerSend: float64(refused) / sends}
+	return killReplay{least: whole[0], median: whole[len(whole)/2], most: busiest(stamps, spec.Window), refusedPerSend: float64(refused) / sends,
+		scriptUS: (us1 - us0) / max(1, calls1-calls0)}
 }
