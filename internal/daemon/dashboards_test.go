@@ -145,14 +145,18 @@ func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
 	ws.Produce(wjobs)
 	ws.CollectJobs(wjobs, 60*time.Second)
 	wlabels, wfams := seriesLabels(t, wd.MetricsAddr())
-	for name, ls := range wlabels {
-		if labels[name] == nil {
-			labels[name] = map[string]bool{}
-		}
-		for l := range ls {
-			labels[name][l] = true
-		}
-	}
+	mergeLabels(labels, wlabels)
+	// So does one with a budget, once a send was held for its token and
+	// claimed it: two SMS under a budget of one a second.
+	bs := testenv.NewStack(t, 1, nil)
+	bs.EnableHold(1, "100ms", "1s")
+	bs.EditConfig("  exempt_categories: [transactional]\n", "  exempt_categories: [transactional]\n  budgets: [{name: sms, channel: sms, limit: 1, window: 1s, max_hold: 1m}]\n")
+	bd, _ := startDaemon(t, bs)
+	bjobs := []testenv.JobSpec{{ID: "s1", User: 1, Channel: "sms"}, {ID: "s2", User: 2, Channel: "sms"}}
+	bs.Produce(bjobs)
+	bs.CollectJobs(bjobs, 60*time.Second)
+	blabels, bfams := seriesLabels(t, bd.MetricsAddr())
+	mergeLabels(labels, blabels)
 	all := exprs(t)
 	if len(all) < 15 {
 		t.Fatalf("only %d expressions in the dashboard and alerts", len(all))
@@ -204,6 +208,21 @@ func TestDashboardsAndAlertsUseExportedMetrics(t *testing.T) {
 	}
 	if v := sample(wfams, `capper_workspace_jobs_total{decision="capped",workspace="acme"}`); v != 1 {
 		t.Errorf("acme's capped jobs = %v, want 1 (two sends to user 1 under a daily cap of 1, one naming no workspace)", v)
+	}
+	if v := sample(bfams, `capper_budget_claims_total{budget="sms",result="made"}`); v != 1 {
+		t.Errorf("the budget's claims made = %v, want 1 (two SMS under one a second: the second held, then claiming its token)", v)
+	}
+}
+
+// mergeLabels adds more's series and their label names to labels.
+func mergeLabels(labels, more map[string]map[string]bool) {
+	for name, ls := range more {
+		if labels[name] == nil {
+			labels[name] = map[string]bool{}
+		}
+		for l := range ls {
+			labels[name][l] = true
+		}
 	}
 }
 
