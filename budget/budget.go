@@ -120,6 +120,9 @@ type Grant struct {
 	Copy bool
 }
 
+// DefaultGrace is Config.Grace's default: twice the default max_clock_skew.
+const DefaultGrace = 2 * time.Second
+
 // Config configures Budgets.
 type Config struct {
 	// Client runs the script (a *redis.ClusterClient or *redis.Client). (Required)
@@ -131,6 +134,14 @@ type Config struct {
 	NoLease bool
 	// Clock defaults to time.Now.
 	Clock func() time.Time
+	// Grace is how far a call's clock may read behind an earlier call's (of
+	// any replica) with its grants still counted right: Redis keeps each
+	// bucket that long after it leaves the window. A worker may use tokens
+	// up to its token grace after their bucket (a call delayed that long
+	// after its clock was read), and replicas' clocks differ by up to the
+	// clocks' skew: the daemon sets twice max_clock_skew. Defaults to
+	// DefaultGrace.
+	Grace time.Duration
 	// Registerer receives the budgets' metrics. Optional.
 	Registerer prometheus.Registerer
 }
@@ -183,6 +194,9 @@ func New(cfg Config) (*Budgets, error) {
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = DefaultGrace
 	}
 	b := &Budgets{cfg: cfg, keys: map[string]*state{}, sweepAt: minSweep}
 	if err := b.m.register(cfg.Registerer); err != nil {
@@ -532,7 +546,7 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()
 	k := b.RedisKey(key)
-	args := make([]any, 0, 9+3*len(asked))
+	args := make([]any, 0, 10+3*len(asked))
 	args = append(args, now.UnixMilli(), s.Window.Milliseconds(), width, s.Limit, delta, strconv.FormatInt(bucket, 10), s.Burst(),
 		promiseLapse(s).Milliseconds(), len(asked))
 	for _, i := range asked {
@@ -545,6 +559,7 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		}
 		args = append(args, promised, until, wants[i].Job)
 	}
+	args = append(args, b.cfg.Grace.Milliseconds())
 	start := time.Now() // the call's own time, whatever the budgets' clock
 	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p", k + ":j", k + ":c"}, args...).Result()
 	b.m.seconds.WithLabelValues(s.Name).Observe(time.Since(start).Seconds())

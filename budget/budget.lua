@@ -39,6 +39,12 @@
 --          last moment the job can come back in ms (0: no bound); job names the job ('': no name). Claims are
 --          served first; a claim whose promise lapsed is a new want, ahead of the others. delta counts the new
 --          wants and the lease beyond them.
+-- ARGV[10 + 3n] grace (ms; 0 when absent): how far behind the newest call's clock another call's may be and
+--          still be counted right. A bucket is kept that long after it leaves the window: a call whose clock
+--          reads earlier than one before it (a worker that read its clock and was then descheduled, or whose
+--          clock runs behind) counts every bucket of its own window. Dropped at the newer call's window, the
+--          oldest bucket was missing from the older call's, which granted its tokens again: 15 in a window of 10
+--          (TestAStaleClockKeepsTheBound), and with every core busy 55 SMS in a second of 50 by decision time.
 -- KEYS[4]  (with named wants) the promises by job, e.g. fc:b:{sms}:j (same slot): a sorted set, member = a
 --          job's name, score = the time it was promised. A promise is the job's, not its copy's: a copy of a
 --          held job decided again (its input redelivered after a rebalance, before its offset was committed)
@@ -67,6 +73,7 @@ local delta = tonumber(ARGV[5])
 local burst = tonumber(ARGV[7] or '0')
 local lapse = tonumber(ARGV[8] or '0')
 local n = tonumber(ARGV[9] or '0')
+local grace = tonumber(ARGV[10 + 3 * n] or '0')
 local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
 local buckets = window / width
@@ -110,9 +117,9 @@ local used, oldest, counted = 0, nil, {}
 local h = redis.call('HGETALL', key)
 for i = 1, #h, 2 do
   local b = tonumber(h[i])
-  if b + width <= now - window then
+  if b + width <= now - window - grace then
     redis.call('HDEL', key, h[i])
-  else
+  elseif b + width > now - window then
     used = used + tonumber(h[i + 1])
     counted[b] = tonumber(h[i + 1])
     if not oldest or b < oldest then
@@ -385,7 +392,7 @@ if ask > 0 then
 end
 if claimed + granted > 0 then
   redis.call('HINCRBY', key, string.format('%d', cur), claimed + granted)
-  redis.call('PEXPIRE', key, window + width)
+  redis.call('PEXPIRE', key, window + width + grace)
 end
 for k = 1, math.min(granted, #fresh) do
   local i = fresh[k]

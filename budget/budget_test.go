@@ -701,3 +701,74 @@ func TestConfigValidate(t *testing.T) {
 		t.Error("no client was accepted")
 	}
 }
+
+// TestAStaleClockKeepsTheBound: a replica whose call reaches Redis after
+// another's with a later clock (a worker that read its clock and was then
+// descheduled, or whose clock runs behind) must not be granted tokens that
+// the later call's clock let leave the window: every window, by the bucket
+// each token is counted in, holds at most the limit.
+func TestAStaleClockKeepsTheBound(t *testing.T) {
+	type take struct {
+		at time.Duration // after t0
+		n  int
+	}
+	for _, c := range []struct {
+		spread bool
+		fill   []take        // replica A's, each granted whole: the window is full at t0 + 900 ms
+		stale  time.Duration // replica B's clock when its call comes, after A's look at t0 + 1,015 ms
+	}{
+		{false, []take{{0, 500}, {500 * time.Millisecond, 500}}, 995 * time.Millisecond},
+		// Spread, the budget's pace lets 200 go at a time, and 5 have accrued at t0 + 1,005 ms.
+		{true, []take{{0, 500}, {500 * time.Millisecond, 200}, {700 * time.Millisecond, 200}, {900 * time.Millisecond, 100}}, 1005 * time.Millisecond},
+	} {
+		t.Run(fmt.Sprintf("spread=%v", c.spread), func(t *testing.T) {
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+			defer rdb.Close()
+			prefix := testenv.Unique("stale")
+			t0 := time.UnixMilli(1_800_000_000_000) // a bucket's start
+			ca, cb := testclock.At(t0), testclock.At(t0)
+			a, err := New(Config{Client: rdb, KeyPrefix: prefix, Clock: ca.Now, NoLease: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := New(Config{Client: rdb, KeyPrefix: prefix, Clock: cb.Now, NoLease: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			spec := &Spec{Name: "stale", Limit: 1000, Window: time.Second, Spread: c.spread}
+			var stamps []time.Time // each granted token's bucket
+			take := func(r *Budgets, n int) int {
+				gs, err := r.Take(context.Background(), wants(spec, "stale", n))
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, g := range gs {
+					if g.OK {
+						stamps = append(stamps, g.Until.Add(-spec.Window/Buckets))
+					}
+				}
+				return granted(gs)
+			}
+			for _, f := range c.fill {
+				ca.Set(t0.Add(f.at))
+				if got := take(a, f.n); got != f.n {
+					t.Fatalf("replica A at t0+%v: %d tokens of %d", f.at, got, f.n)
+				}
+			}
+			// A's next call, at t0 + 1,015 ms: the bucket of t0 has left its window.
+			ca.Set(t0.Add(1015 * time.Millisecond))
+			if _, err := a.Peek(context.Background(), Want{Spec: spec, Key: "stale"}); err != nil {
+				t.Fatal(err)
+			}
+			// B's call comes after it with B's clock behind, in a window whose
+			// limit is spent.
+			cb.Set(t0.Add(c.stale))
+			if got := take(b, 10); got > 0 {
+				t.Errorf("replica B at t0+%v: %d tokens in a full window", c.stale, got)
+			}
+			if worst := busiest(stamps, spec.Window); worst > spec.Limit {
+				t.Errorf("%d tokens in one window of %v by their buckets (limit %d)", worst, spec.Window, spec.Limit)
+			}
+		})
+	}
+}

@@ -122,7 +122,8 @@ func Connect(ctx context.Context, cfg *config.Config, opts Options) (*Backends, 
 		b.Close()
 		return nil, err
 	}
-	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry, Clock: clock}); err != nil {
+	if b.Budgets, err = budget.New(budget.Config{Client: rdb, KeyPrefix: cfg.Redis.KeyPrefix, Registerer: b.Registry, Clock: clock,
+		Grace: 2 * time.Duration(cfg.MaxClockSkew)}); err != nil {
 		b.Close()
 		return nil, err
 	}
