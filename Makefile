@@ -59,7 +59,7 @@ bench-blast:
 bench-hold:
 	scripts/bench-hold.sh
 
-## bench-budget: does a budget deliver its limit? 50 SMS/s over windows of 1, 2 and 5 s under 3x the demand for 30 s, 1 and 3 replicas and a SIGKILL; then bursts of 10 windows' limit at once, windows of 1, 2 and 5 s, 1 and 3 replicas: per-window delivery and hold records per job (medians of 3)
+## bench-budget: does a budget deliver its limit? 50 SMS/s over windows of 1, 2 and 5 s under 3x the demand for 30 s, 1 and 3 replicas, a SIGKILL and (1 s) every core busy; then bursts of 10 windows' limit at once, windows of 1, 2 and 5 s, 1 and 3 replicas: per-window delivery and hold records per job (medians of 3)
 bench-budget:
 	scripts/bench-budget.sh delivery
 	scripts/bench-budget.sh burst

@@ -4,14 +4,15 @@
 # one budget instead) under three times that demand (capper loadgen --rate, SMS only) for DURATION seconds
 # (default 30), with 1 and with 3 replicas in the group, and with 3 of which one is SIGKILLed a third into the
 # demand (its partitions wait for kafka.session_timeout, 30 s by default; that run lasts DURATION + 30 s and two
-# windows), alternated ROUNDS times (default 3; ROWS picks some of the rows "1 3 3k"). For each run, capper report
-# counts the allowed SMS per whole window (from the second window to the one before the last, by decision time)
-# and the most in any sliding window. Prints per window and replica count the medians over the rounds of the
-# windows' median, minimum and maximum as a share of the limit, and the most in any window.
-# Goal: every whole window at least 95% of the limit, none over it (the report's judge allows one
-# bucket's share more by decision time: limit + limit/40). The demand is loadgen's mix on one channel (a tenth
-# of the users get 30% of the jobs, so some are capped by config.example.yaml's caps after taking a token)
-# without resends (see LOADGEN_EXTRA below). Each run: DURATION s of demand, max_hold 10s, then the report.
+# windows), and for windows of BUSY_WINDOWS seconds (default 1) with 3 while one process per core spins, alternated
+# ROUNDS times (default 3; ROWS picks some of the rows "1 3 3k 3c"). For each run, capper report counts the
+# allowed SMS per whole window (from the second window to the one before the last, by decision time) and the most
+# in any sliding window. Prints per window and replica count the medians over the rounds of the windows' median,
+# minimum and maximum as a share of the limit, and the most in any window.
+# Goal: every whole window at least 95% of the limit (90% with every core busy), none over it (the report's judge
+# allows one bucket's share more by decision time: limit + limit/40). The demand is loadgen's mix on one channel
+# (a tenth of the users get 30% of the jobs, so some are capped by config.example.yaml's caps after taking a
+# token) without resends (see LOADGEN_EXTRA below). Each run: DURATION s of demand, max_hold 10s, then the report.
 #
 # scripts/bench-budget.sh cost (make bench-budget-cost) — what a budget costs end to end instead: the same
 # blast (BENCH_JOBS, default 200,000, for BENCH_USERS, default 50,000) through demo.sh with config.example.yaml's
@@ -85,12 +86,26 @@ print("%.1f %.1f %.1f %d %d %d %.1f" % (statistics.median(w), min(out), max(w), 
                                         min(ing) if ing else -1))
 PY
   }
-  echo "bench-budget: an SMS budget of $RATE/s over windows of $WINDOWS s (spread: $SPREAD), demand three times that for ${DURATION}s, 1 and 3 replicas and 3 with a SIGKILL, $ROUNDS rounds, $(nproc) cores" >&2
+  # The busy row (3c): 3 replicas with one process per core spinning for the whole run (scripts/test.sh
+  # --contended's load), for the windows in BUSY_WINDOWS (default 1; "" for none).
+  BUSY_WINDOWS=${BUSY_WINDOWS-1}
+  echo "bench-budget: an SMS budget of $RATE/s over windows of $WINDOWS s (spread: $SPREAD), demand three times that for ${DURATION}s, 1 and 3 replicas, 3 with a SIGKILL, and 3 with every core busy for windows of ${BUSY_WINDOWS:-none} s; $ROUNDS rounds, $(nproc) cores" >&2
+  hogs=()
+  trap 'if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; fi' EXIT
   for r in $(seq "$ROUNDS"); do
     for w in $WINDOWS; do
       limit=${LIMIT:-$((RATE * w))}
-      for n in ${ROWS:-1 3 3k}; do # 3k: three replicas, one SIGKILLed a third into the demand (ROWS picks some)
-        if [[ $n == 3k ]]; then res=$(deliver "$w" "$limit" 3 $((DURATION / 3)) $((DURATION + SESSION + 2 * w))); else res=$(deliver "$w" "$limit" "$n"); fi # a failed run ends the bench
+      runs="1 3 3k" # 3k: three replicas, one SIGKILLed a third into the demand
+      [[ " $BUSY_WINDOWS " == *" $w "* ]] && runs="$runs 3c"
+      if [[ -n ${ROWS:-} ]]; then # ROWS picks some of the rows (e.g. ROWS="1 3c")
+        runs=$(for n in $runs; do if [[ " $ROWS " == *" $n "* ]]; then echo "$n"; fi; done | xargs)
+      fi
+      for n in $runs; do
+        if [[ $n == 3c ]]; then
+          for _ in $(seq "$(nproc)"); do ( while :; do :; done ) & hogs+=($!); done
+        fi
+        if [[ $n == 3k ]]; then res=$(deliver "$w" "$limit" 3 $((DURATION / 3)) $((DURATION + SESSION + 2 * w))); else res=$(deliver "$w" "$limit" "${n%c}"); fi # a failed run ends the bench
+        if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi
         echo "$w $limit $n $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
       done
     done
@@ -103,12 +118,12 @@ for line in open(sys.argv[1]):
     rows.setdefault((int(w), int(limit), n), []).append([float(x) for x in v])
 print("| window (limit) | replicas | whole windows per run | delivered/limit, median window | minimum window | maximum window | windows below 95%% | most in any window | rounds (minimum window) | minimum window in the SIGKILL's grace (the session timeout, %d s, and a window) |" % int(sys.argv[2]))
 print("|---|---|---|---|---|---|---|---|---|---|")
-names = {"1": "1", "3": "3", "3k": "3, one SIGKILLed a third in (the other columns: outside that grace)"}
+names = {"1": "1", "3": "3", "3k": "3, one SIGKILLed a third in (the other columns: outside that grace)", "3c": "3, every core busy"}
 for (w, limit, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[2]))):
     med = [statistics.median(c) for c in zip(*rows[(w, limit, n)])]
     grace = "%.1f%% (%s)" % (med[6], ", ".join("%.1f%%" % r[6] for r in rows[(w, limit, n)])) if n == "3k" else "-"
     print("| %d s (%d) | %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %d | %s | %s |" % (w, limit, names[n], med[4], med[0], med[1], med[2], med[5], med[3], ", ".join("%.1f%%" % r[1] for r in rows[(w, limit, n)]), grace))
-print("goal: every whole window at least 95%%, none over 100%%; with a SIGKILL, back to 95%% within the session timeout (%d s) and a window" % int(sys.argv[2]))
+print("goal: every whole window at least 95%% (90%% with every core busy), none over 100%%; with a SIGKILL, back to 95%% within the session timeout (%d s) and a window" % int(sys.argv[2]))
 PY
   exit 0
 fi
