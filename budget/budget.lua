@@ -43,7 +43,7 @@
 --          still be counted right. A bucket is kept that long after it leaves the window: a call whose clock
 --          reads earlier than one before it (a worker that read its clock and was then descheduled, or whose
 --          clock runs behind) counts every bucket of its own window. Dropped at the newer call's window, the
---          oldest bucket was missing from the older call's, which granted its tokens again: 15 in a window of 10
+--          oldest bucket was missing from the older call's, which granted its tokens again: 1,010 in a window of 1,000
 --          (TestAStaleClockKeepsTheBound), and with every core busy 55 SMS in a second of 50 by decision time.
 -- KEYS[4]  (with named wants) the promises by job, e.g. fc:b:{sms}:j (same slot): a sorted set, member = a
 --          job's name, score = the time it was promised. A promise is the job's, not its copy's: a copy of a
