@@ -23,6 +23,13 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 ROUNDS=${ROUNDS:-3}
 
+# The busy rows (3c): one spinning process per core from busy to calm (scripts/test.sh --contended's load),
+# stopped at exit too (bench-lib.sh's at_exit: a trap of this script's own would replace its cleanup).
+hogs=()
+busy() { for _ in $(seq "$(nproc)"); do ( while :; do :; done ) & hogs+=($!); done; }
+calm() { if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi; }
+at_exit+=(calm)
+
 # killed_at reads demo.sh's output on stdin and prints when it SIGKILLed a worker (Unix seconds; "" if none).
 killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }
 
@@ -90,8 +97,6 @@ PY
   # --contended's load), for the windows in BUSY_WINDOWS (default 1; "" for none).
   BUSY_WINDOWS=${BUSY_WINDOWS-1}
   echo "bench-budget: an SMS budget of $RATE/s over windows of $WINDOWS s (spread: $SPREAD), demand three times that for ${DURATION}s, 1 and 3 replicas, 3 with a SIGKILL, and 3 with every core busy for windows of ${BUSY_WINDOWS:-none} s; $ROUNDS rounds, $(nproc) cores" >&2
-  hogs=()
-  trap 'if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; fi' EXIT
   for r in $(seq "$ROUNDS"); do
     for w in $WINDOWS; do
       limit=${LIMIT:-$((RATE * w))}
@@ -101,11 +106,9 @@ PY
         runs=$(for n in $runs; do if [[ " $ROWS " == *" $n "* ]]; then echo "$n"; fi; done | xargs)
       fi
       for n in $runs; do
-        if [[ $n == 3c ]]; then
-          for _ in $(seq "$(nproc)"); do ( while :; do :; done ) & hogs+=($!); done
-        fi
+        [[ $n == 3c ]] && busy
         if [[ $n == 3k ]]; then res=$(deliver "$w" "$limit" 3 $((DURATION / 3)) $((DURATION + SESSION + 2 * w))); else res=$(deliver "$w" "$limit" "${n%c}"); fi # a failed run ends the bench
-        if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi
+        calm
         echo "$w $limit $n $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
       done
     done
@@ -148,8 +151,6 @@ if [[ $1 == burst ]]; then
   SESSION=${SESSION:-6} KILL_AT=${KILL_AT:-4} RESTART_AFTER=${RESTART_AFTER:-2} KILL_BURST=${KILL_BURST:-30}
   KILL_WINDOWS=${KILL_WINDOWS-1} BUSY_WINDOWS=${BUSY_WINDOWS-1}
   echo "bench-budget burst: $BURST windows' limit at once, an SMS budget of $RATE/s over windows of $WINDOWS s, 1 and 3 replicas; a SIGKILL row ($KILL_BURST windows' limit, session timeout $SESSION s) for windows of ${KILL_WINDOWS:-none} s and a busy row for ${BUSY_WINDOWS:-none} s; $ROUNDS rounds, $(nproc) cores" >&2
-  hogs=()
-  trap 'if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; fi' EXIT
   for r in $(seq "$ROUNDS"); do
     for w in $WINDOWS; do
       limit=$((RATE * w))
@@ -169,12 +170,10 @@ if [[ $1 == burst ]]; then
           jobs=$((KILL_BURST * limit))
           env=(DEMO_KILL_AFTER="$KILL_AT" DEMO_RESTART_AFTER="$RESTART_AFTER" CAPPER_KAFKA_SESSION_TIMEOUT="${SESSION}s")
         fi
-        if [[ $n == 3c ]]; then
-          for _ in $(seq "$(nproc)"); do ( while :; do :; done ) & hogs+=($!); done
-        fi
+        [[ $n == 3c ]] && busy
         out=$(env "${env[@]}" DEMO_CONFIG="$work/burst$w.yaml" DEMO_JOBS=$jobs DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$((${n%[kc]} - 1)) \
           DEMO_LOADGEN_ARGS="--channels sms --duplicates 1e-9" scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
-        if ((${#hogs[@]})); then kill "${hogs[@]}" 2>/dev/null; hogs=(); fi
+        calm
         grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-budget: the burst run failed" >&2; exit 1; }
         echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $n] /" >&2
         python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$(killed_at <<<"$out")" "$SESSION" "$work" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
