@@ -357,7 +357,9 @@ rules:
 	a.waitReady(t)
 	b := start(s, true)
 	b.waitReady(t)
-	// Both replicas know their partitions of each tier (the groups settled).
+	// Both replicas know their partitions of each tier, and own two of the
+	// input's (every group settled: the input's may still be rebalancing
+	// after the tiers' have).
 	for end := time.Now().Add(90 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		known := 0
 		for _, w := range []*worker{a, b} {
@@ -366,12 +368,15 @@ rules:
 					known++
 				}
 			}
+			if in, _ := s.ProcessPartitions(t, "", s.Topics[0], w.cmd.Process.Pid); len(in) == 2 {
+				known++
+			}
 		}
-		if known == 4 {
+		if known == 6 {
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatalf("the replicas never owned 3 partitions of each tier (%d of 4 known)", known)
+			t.Fatalf("the replicas never owned 3 partitions of each tier and 2 of the input (%d of 6 known)", known)
 		}
 	}
 	a.kill(t)
