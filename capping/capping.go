@@ -270,8 +270,13 @@ type Request struct {
 	// refused in the same call, so that a later copy of it (a redelivery, a
 	// resend) is answered RefusedBefore instead of decided, and every job
 	// keeps one final outcome. At most 200 bytes; the mark is kept for
-	// Retention, which a refusal needs.
+	// Retention (which a refusal needs) and MarkFor.
 	Refused string
+	// MarkFor, with Refused, is how much longer than Retention the mark is
+	// kept: how long another copy of the job may still come back from the
+	// delay tiers (the rules' longest hold), when that is longer than the
+	// history the caps need.
+	MarkFor time.Duration
 	// Arbitration, when above 0, is the arbitration window of the request's
 	// Arbitrated caps: a send that would take the last slot of one of them is
 	// not recorded but answered Candidate, to be decided again at RetryAt
@@ -324,6 +329,9 @@ func (r *Request) validate() error {
 	}
 	if r.Refused != "" && (!r.DuplicateOnly || len(r.Refused) > 200) {
 		return errors.New("a refusal's name without a duplicate check, or longer than 200 bytes")
+	}
+	if r.MarkFor < 0 || (r.MarkFor > 0 && r.Refused == "") {
+		return errors.New("a mark's keep without a refusal's name, or below 0")
 	}
 	if len(r.Caps) == 0 && r.Retention <= 0 && (!r.DuplicateOnly || r.Refused != "") {
 		return errors.New("no caps and no retention (an external send and a refusal's mark need one)")

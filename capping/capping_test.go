@@ -521,6 +521,47 @@ func TestRefusedMark(t *testing.T) {
 	}
 }
 
+// TestRefusedMarkKeptForItsHold: a mark made with MarkFor outlives the
+// retention by that much, through writes of the user's other sends, and the
+// log's TTL covers it: a copy held longer than the caps' history comes back
+// to the mark. Past retention and MarkFor it ages out.
+func TestRefusedMarkKeptForItsHold(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	minute := capping.Cap{Name: "minute", Window: time.Minute, Limit: 10}
+	d := e.decide(t, capping.Request{UserID: 9, JobID: "j1", Channel: "sms", DuplicateOnly: true, Refused: "minute", Retention: time.Minute, MarkFor: time.Hour})[0]
+	if d.Allowed || d.RefusedBefore {
+		t.Fatalf("the refusal's look: %+v, want the zero decision", d)
+	}
+	key := e.lim.Key(0, 9)
+	if ttl := e.rdb.PTTL(ctx, key).Val(); ttl <= time.Hour+time.Minute {
+		t.Fatalf("PTTL of a log made by a mark kept an hour %v, want beyond the hour and the retention", ttl)
+	}
+	for i := range 3 { // the user's other sends, past the retention each time: the log is written again
+		e.clock.Add(2 * time.Minute)
+		if d := e.decide(t, capping.Request{UserID: 9, JobID: fmt.Sprint("other-", i), Channel: "sms", Caps: []capping.Cap{minute}})[0]; !d.Allowed {
+			t.Fatalf("another job: %+v, want allowed", d)
+		}
+	}
+	if ttl := e.rdb.PTTL(ctx, key).Val(); ttl <= 50*time.Minute {
+		t.Errorf("PTTL after the user's other sends %v, want it to cover the mark (about 54 minutes and the retention)", ttl)
+	}
+	if d := e.decide(t, capping.Request{UserID: 9, JobID: "j1", Channel: "sms", Caps: []capping.Cap{minute}})[0]; d.Allowed || !d.RefusedBefore {
+		t.Errorf("a copy of j1 six minutes on: %+v, want refused before (its mark is kept an hour)", d)
+	}
+	again := capping.Request{UserID: 9, JobID: "j1", Channel: "sms", DuplicateOnly: true, Refused: "minute", Retention: time.Minute, MarkFor: time.Hour}
+	if d := e.decide(t, again)[0]; d.Allowed || d.Duplicate || !d.At.Equal(e.clock.Now()) {
+		t.Errorf("a copy of j1 refused for good again: %+v, want looked and not found", d)
+	}
+	if n := testenv.LogLen(t, e.rdb, key); n != 2 {
+		t.Errorf("the log holds %d items, want the last other job and j1's one mark", n)
+	}
+	e.clock.Add(time.Hour)
+	if d := e.decide(t, capping.Request{UserID: 9, JobID: "j1", Channel: "sms", Caps: []capping.Cap{minute}})[0]; !d.Allowed || d.RefusedBefore {
+		t.Errorf("j1 past the mark's keep and the retention: %+v, want allowed", d)
+	}
+}
+
 // TestExceededNamesEveryRefusingCap: a send refused by two caps names both
 // (the one that decides retry-at first in Cap); a shadow cap and a cap whose
 // scope the send is not in are not named.

@@ -2,7 +2,7 @@
 -- decide.lua: check sends against their users' caps and, for each send that every cap passes, record it.
 -- Sliding log: one string per user: 8 bytes (i8) of the worker's ms until which the key's TTL was last set, then
 -- the entries packed one after the other (struct: '>i8I2' then the member; a tally item '>BB' then the member):
---   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time; a
+--   score   i8, the send's time (ms); a mark of a refused send (see below) has minus the refusal's time and keep; a
 --           tally item has instead one byte, tallyhead (1), where an entry's score starts with 0 and a mark's
 --           with 255
 --   member  its length (I2; a tally item's B), then the send's digests: bytes 1-8 job id, 9-10 channel, 11-14
@@ -38,8 +38,9 @@
 --          decimal costs as much again):
 --   i8 now        ms since the epoch, from the worker's clock (never the server's)
 --   B  mode       modeRecord (1): record an allowed send, evict old entries, refresh the TTL (also on a
---                 duplicate); modeMark (3): a send refused outside this script (expired, quiet hours, a budget): unless it is in
---                 the log (a duplicate) or marked already, mark it refused as ARGV[3] names it; no caps;
+--                 duplicate); modeMark (3): a send refused for good (expired, quiet hours, a budget, its caps' slot beyond
+--                 its max_hold): unless it is in the log (a duplicate) or marked already, mark it refused as ARGV[3]
+--                 names it; no caps: the header may be followed by the mark's keep (i8 ms, see readLog);
 --                 modeExact (2): as modeRecord, at exactly now (a send made elsewhere, at its time), not after
 --                 the log's latest; modeLook (0): look only, write nothing
 --                 modeAppend (4): the worker decided the send allowed from its copy of the log, ARGV[3], which it holds
@@ -418,9 +419,11 @@ local function answer(status, hit, retry_at, counts, ncaps)
 end
 
 -- readLog reads a user's log (see load): the marks of refused sends, then the entries, oldest first. A send
--- refused outside this script (modeMark) is marked with score minus the time of its refusal and member
+-- refused for good (modeMark) is marked with score minus the time of its refusal plus its keep (how much longer
+-- than the retention other copies may come: the rules' longest hold, after the request's header) and member
 -- byte(#m) .. m .. the refusal's name, so that a later copy of the same job (a redelivery, a resend) is refused
--- too (statusRefused) rather than allowed: one final topic per job. Marks come first and count in no window.
+-- too (statusRefused) rather than allowed: one final topic per job. Marks come first and count in no window;
+-- the log's TTL covers them.
 -- Entries and marks older than the retention are left out (a look keeps them) and dropped by the next write.
 -- It returns the log and whether it is a sorted set; each kept entry's score, and where its member starts in
 -- log (the members are made into strings only when a step needs them: a scoped cap, preferences, the near
@@ -469,6 +472,7 @@ local function readLog(key, record, now, retention)
         refused, marks = refused or {}, marks or {}
         refused[string.sub(m, 2, 1 + len)] = string.sub(m, 2 + len)
         marks[#marks + 1] = string.sub(log, pos, nxt - 1)
+        tkeep = math.max(tkeep, retention - s) -- the log outlives the mark
       else
         stale = stale + 1
       end
@@ -947,8 +951,9 @@ local function arbitrate(arbkey, member, record, now, window, priority, last, la
 end
 
 -- decide decides one request: its packed values (the header's fields read by the caller, then its caps from
--- position first on), member, refusal's name (modeMark) and keys (KEYS[1..3]).
-local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first)
+-- position first on), member, refusal's name and the mark's keep (modeMark) and keys (KEYS[1..3]).
+local function decide(packed, member, named, key, arbkey, prefkey, now, mode, retention, maxlog, window, priority, first,
+    keep)
   local record = mode ~= modeLook
   local log, zset, scores, starts, n, marks, refused, stale, from, gap, expires, items, tkeep, spill =
     readLog(key, record, now, retention)
@@ -971,8 +976,8 @@ local function decide(packed, member, named, key, arbkey, prefkey, now, mode, re
   if mode == modeMark then
     if status == statusAllowed then
       local m = string.char(#member) .. member .. named
-      save(key, now, ttl, retention, log, expires, zset or stale > 0, marks, tallyOf(log, items), starts, n, from,
-        gap, struct.pack(entryhead, -now, #m) .. m, true)
+      save(key, now, math.max(ttl, keep + retention + slack), retention, log, expires, zset or stale > 0, marks,
+        tallyOf(log, items), starts, n, from, gap, struct.pack(entryhead, -(now + keep), #m) .. m, true)
       return struct.pack('>BI2i8', statusAllowed, 0, 0)
     end
     return struct.pack('>BI2i8', statusDuplicate, 0, recorded)
@@ -1147,8 +1152,10 @@ local function run(KEYS, ARGV)
     if prefs == 1 then
       prefkey, j = ARGV[j], j + 1
     end
-    local ok, reply = true, nil
-    if mode == modeAppend then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
+    local ok, reply, keep = true, nil, 0
+    if mode == modeMark and #packed >= first + 7 then -- the mark's keep (Request.MarkFor) follows the header
+      keep, first = struct.unpack('>i8', packed, first)
+    elseif mode == modeAppend then -- append if the log is the worker's copy (a GET that fails, WRONGTYPE, is not it)
       if redis.pcall('GET', key) == ARGV[i + 2] and not (prefkey and redis.call('EXISTS', prefkey) == 1) then
         redis.call('APPEND', key, struct.pack(entryhead, now, #ARGV[i + 1]) .. ARGV[i + 1])
         reply = replyWritten
@@ -1192,7 +1199,7 @@ local function run(KEYS, ARGV)
     end
     if not reply then
       ok, reply = pcall(decide, packed, ARGV[i + 1], ARGV[i + 2], key, arbkey, prefkey, now, mode, retention, maxlog,
-        window, priority, first)
+        window, priority, first, keep)
     end
     if not ok then
       local msg = type(reply) == 'table' and reply.err or tostring(reply)

@@ -11,7 +11,7 @@ import (
 // LogEntry is one item of a user's log as decide.lua keeps it.
 type LogEntry struct {
 	Member string // the send's member (see Member); a mark's is its length byte, the member, the refusal's name
-	At     int64  // ms the send was recorded at; a mark of a refused send: minus the refusal's time
+	At     int64  // ms the send was recorded at; a mark of a refused send: minus the refusal's time and keep
 }
 
 // ReadLog returns the log at key (see Limiter.Key), marks first, then the

@@ -51,7 +51,7 @@ const (
 	modeLook    = 0 // decide, write nothing (Peek, capper check)
 	modeRecord  = 1 // decide, and record the send if allowed
 	modeExact   = 2 // as modeRecord, at exactly the send's time (a send made elsewhere)
-	modeMark    = 3 // mark a send refused outside the script (expired, quiet hours, a budget)
+	modeMark    = 3 // mark a send refused for good (expired, quiet hours, a budget, its caps' slot beyond its max_hold)
 	modeAppend  = 4 // append the send if the log is still the worker's copy, else as modeRecord
 	modeNewLog  = 5 // write the new log if the user has none (nor preferences), else as modeRecord
 	modePatch   = 6 // patch the log if it is still the worker's copy (a send with tally caps), else as modeRecord
@@ -136,6 +136,7 @@ type reqArgs struct {
 	now       int64     // at in ms
 	member    string
 	retention int64 // ms
+	markFor   int64 // ms, with a refusal's name (mode 3): Request.MarkFor
 	// caps are the caps decided: the request's, or for Decide only those
 	// that apply to the send (see newArgs), each named as in the request.
 	caps   []Cap
@@ -244,6 +245,9 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 			}
 		}
 		a.retention = (retention + margin).Milliseconds()
+		if r.Refused != "" {
+			a.markFor = r.MarkFor.Milliseconds()
+		}
 		if caps != nil { // the indices of the caps that apply; kept only when some do not
 			a.applying = true
 			start := len(orig)
@@ -371,6 +375,9 @@ func packedLen(a *reqArgs) int {
 	if a.patch != "" {
 		n += 2 + len(a.patch)
 	}
+	if a.markFor > 0 {
+		n += 8
+	}
 	for i := range a.caps {
 		n += packedCap + a.caps[i].filterLen()
 	}
@@ -419,6 +426,9 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 	if mode == modePatch {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(a.patch)))
 		b = append(b, a.patch...)
+	}
+	if mode == modeMark && a.markFor > 0 { // a mark has no caps: its keep follows the header
+		b = binary.BigEndian.AppendUint64(b, uint64(a.markFor))
 	}
 	for i := range a.caps {
 		c := &a.caps[i]
