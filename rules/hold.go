@@ -136,6 +136,7 @@ type holdRules struct {
 	segQuiet     map[string]*quiet // segment ("" for users in no segment) -> quiet hours
 	catQuiet     map[string]*quiet
 	anyHold      bool
+	longest      time.Duration // the longest a send may wait on the delay tiers (Plan.LongestHold)
 	longestQuiet time.Duration
 }
 
@@ -210,8 +211,13 @@ func (r *Rules) segmentKey(segment string, inSegment bool) string {
 
 func (h *holdRules) notePolicy(p *Policy) {
 	if p != nil && p.Hold {
-		h.anyHold = true
+		h.noteHold(p.MaxHold)
 	}
+}
+
+// noteHold notes that a send may wait on the delay tiers up to d.
+func (h *holdRules) noteHold(d time.Duration) {
+	h.anyHold, h.longest = true, max(h.longest, d)
 }
 
 // compileHold compiles the hold policies and quiet hours of c.

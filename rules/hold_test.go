@@ -164,3 +164,34 @@ func TestHoldRulesRejected(t *testing.T) {
 		})
 	}
 }
+
+// TestLongestHold: a plan carries the longest a send may wait on the delay
+// tiers under the rules (how long a refusal's mark must outlive it): the
+// longest max_hold of a hold policy or a budget, or arbitration window.
+func TestLongestHold(t *testing.T) {
+	hold := func(d time.Duration) *rules.OnCapped { return &rules.OnCapped{Policy: "hold", MaxHold: rules.Duration(d)} }
+	day := rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(1)}
+	ownHold := day
+	ownHold.OnCapped = hold(72 * time.Hour)
+	arbitrated := day
+	window := rules.Duration(2 * time.Minute)
+	arbitrated.Arbitration = &window
+	for _, c := range []struct {
+		name string
+		cfg  rules.Config
+		want time.Duration
+	}{
+		{"drop: none", rules.Config{DefaultCaps: []rules.Cap{day}}, 0},
+		{"the rules' policy", rules.Config{OnCapped: hold(2 * time.Hour), DefaultCaps: []rules.Cap{day}}, 2 * time.Hour},
+		{"a cap's own, longer", rules.Config{OnCapped: hold(2 * time.Hour), DefaultCaps: []rules.Cap{ownHold}}, 72 * time.Hour},
+		{"a category's", rules.Config{DefaultCaps: []rules.Cap{day}, Categories: []rules.Category{{Name: "promo", OnCapped: hold(5 * time.Hour)}}}, 5 * time.Hour},
+		{"a budget's default max_hold", rules.Config{OnCapped: hold(2 * time.Hour), DefaultCaps: []rules.Cap{day},
+			Budgets: []rules.Budget{{Name: "sms", Limit: limit(10), Window: rules.Duration(time.Second)}}}, 24 * time.Hour},
+		{"an arbitration window", rules.Config{DefaultCaps: []rules.Cap{arbitrated}}, 2 * time.Minute},
+	} {
+		r := compile(t, c.cfg)
+		if got := r.Plan(rules.Job{Channel: "email", Category: "marketing"}, time.Now(), nil).LongestHold; got != c.want {
+			t.Errorf("%s: LongestHold %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -51,6 +51,11 @@ type Plan struct {
 	Wants []budget.Want
 	// Retention is how long its user's log must keep it.
 	Retention time.Duration
+	// LongestHold is the longest any send may wait on the delay tiers under
+	// these rules (a hold policy's or a budget's max_hold, an arbitration
+	// window): how long after a copy of a job is refused for good another
+	// copy held before may still come back.
+	LongestHold time.Duration
 	// FailOpenAfter is how long Redis may be unavailable before the send
 	// goes out unchecked; 0: never (fail-closed).
 	FailOpenAfter time.Duration
@@ -106,7 +111,7 @@ func (r *Rules) Plan(job Job, now time.Time, b *Buffers) Plan {
 	}
 	segKey := r.segmentKey(job.Segment, job.InSegment)
 	p := Plan{Policies: r.policiesOf(segKey, job.Category),
-		Exempt: r.exempt[job.Category], CountOnly: r.countOnly[job.Category], Retention: r.retention,
+		Exempt: r.exempt[job.Category], CountOnly: r.countOnly[job.Category], Retention: r.retention, LongestHold: r.hold.longest,
 		FailOpenAfter: r.FailOpenAfter(job.Category, job.Segment)}
 	p.Priority = job.Priority
 	if !job.HasPriority {

@@ -343,7 +343,9 @@ func Compile(c Config, version int64) (*Rules, error) {
 	}
 	r.arbitration[""] = longestArbitration(r.def)
 	for _, w := range r.arbitration {
-		r.hold.anyHold = r.hold.anyHold || w > 0 // a candidate waits on the delay tiers
+		if w > 0 { // a candidate waits on the delay tiers
+			r.hold.noteHold(w)
+		}
 	}
 	exempt := c.ExemptCategories
 	if exempt == nil {
@@ -388,7 +390,9 @@ func Compile(c Config, version int64) (*Rules, error) {
 	if err := r.compileCollapse(c.Collapse); err != nil {
 		return nil, err
 	}
-	r.hold.anyHold = r.hold.anyHold || len(r.budgets) > 0 // a job short of a token waits for it
+	for _, d := range r.budgetHold { // a job short of a token waits for it
+		r.hold.noteHold(d)
+	}
 	r.compilePolicies()
 	return r, nil
 }
