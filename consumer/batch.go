@@ -353,6 +353,9 @@ func (w *Worker) request(e *entry) capping.Request {
 		Tags: e.tags, Retention: e.plan.Retention}
 	if e.out.Ask == AskDuplicate {
 		r.DuplicateOnly, r.Refused = true, e.out.Cap
+		if r.Refused != "" { // marked until the copies held before may come back
+			r.MarkFor = e.plan.LongestHold
+		}
 		return r
 	}
 	r.Caps, r.Preferences = e.plan.Caps, w.cfg.Preferences && !e.plan.CountOnly // a count-only send is never capped
@@ -400,26 +403,32 @@ func (w *Worker) decide(ctx context.Context, es []entry) error {
 		failed, again := false, pending[:0]
 		for j, i := range pending {
 			e := &es[i]
+			a := &e.facts.redis
+			if a.asked { // the caps refused it for good: this was the look that marks it (markRefusal)
+				a = &e.facts.mark
+			}
 			switch {
 			case re != nil && re[j] != nil && errors.Is(re[j], capping.ErrInvalidRequest):
-				e.facts.redis = answer{asked: true, invalid: re[j].Error()}
+				*a = answer{asked: true, invalid: re[j].Error()}
 			case re != nil && re[j] != nil:
 				failed = true
 				if !w.failOpen(e, now) {
 					again = append(again, i)
 					continue
 				}
-				e.facts.redis = answer{asked: true, unchecked: true}
+				*a = answer{asked: true, unchecked: true}
 			default:
-				e.facts.redis = answer{asked: true, dec: ds[j]}
+				*a = answer{asked: true, dec: ds[j]}
 			}
-			w.route(e)
+			if w.route(e); e.out.Ask == AskDuplicate { // to be marked refused now
+				again = append(again, i)
+			}
 		}
 		w.redisHealth(failed, err, now)
 		if len(again) == 0 {
 			return nil
 		}
-		if !retry.wait(ctx, "redis decisions failed; retrying", len(again), err) {
+		if failed && !retry.wait(ctx, "redis decisions failed; retrying", len(again), err) {
 			return fmt.Errorf("consumer: stopped with %d undecided jobs (left uncommitted): %w", len(again), ctx.Err())
 		}
 		pending = again

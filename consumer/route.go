@@ -47,6 +47,7 @@ type facts struct {
 	collapse  collapsed
 	tokens    grant
 	redis     answer
+	mark      answer // to the look that marks it refused after the caps refused it for good (markRefusal)
 }
 
 // grant is what the budgets answered.
@@ -188,14 +189,44 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	case d.Candidate: // no delay tiers (arbitrates says no): capped until the window ends
 		return Outcome{Kind: Capped, Cap: d.Cap, RetryAt: d.RetryAt, DecidedAt: at, Hold: f.arrived}
 	}
-	o := holdOrRefuse(f, strictest(p, d), d.RetryAt, d.Cap, "cap", wheel, at)
+	pol := strictest(p, d)
+	o := holdOrRefuse(f, pol, d.RetryAt, d.Cap, "cap", wheel, at)
 	if o.Kind != Held {
 		o = Outcome{Kind: Capped, Cap: d.Cap, Reason: o.Reason, RetryAt: d.RetryAt, DecidedAt: at, Hold: f.arrived}
+		if marked, ok := markRefusal(f, pol, d, wheel, at); ok {
+			return marked
+		}
 	}
 	if d.Reserved {
 		_, o.ReservedFor = p.Reservation(d.Cap)
 	}
 	return o
+}
+
+// markRefusal marks refused a held job that its caps refuse for good back
+// from the delay tiers (its next slot after its max_hold or its expiry),
+// under a policy that holds, so that its other copies end alike: a resend,
+// submitted later and so with a later max_hold, may be waiting on the tiers
+// for that slot and would find it free. It asks Redis first (AskDuplicate:
+// the look that marks), which then says whether another copy went meanwhile
+// (a duplicate). ok is false when the caps' refusal stands: marked (or marked
+// before, by another copy), or not to be: the drop policy, no slot ever,
+// Redis failing, or a first decision (each such mark would cost the batch a
+// second round trip to Redis, most of them for refusals the near cache
+// decides without one: docs/contract.md).
+func markRefusal(f *facts, pol rules.Policy, d *capping.Decision, wheel *hold.Wheel, at time.Time) (o Outcome, ok bool) {
+	m := &f.mark
+	switch {
+	case !pol.Hold || wheel == nil || d.RetryAt.IsZero() || f.arrived.Count == 0:
+		return o, false
+	case !m.asked:
+		return Outcome{Ask: AskDuplicate, Cap: d.Cap}, true
+	case m.unchecked || m.invalid != "":
+		return o, false
+	case m.dec.Duplicate:
+		return Outcome{Kind: Duplicate, DecidedAt: cmp.Or(m.dec.Recorded, m.dec.At, at), Hold: f.arrived}, true
+	}
+	return o, false
 }
 
 // routeCopy routes a job whose budget token another copy of it claimed

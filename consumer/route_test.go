@@ -71,6 +71,7 @@ func TestRoute(t *testing.T) {
 	keyed := func(j rules.Job) rules.Job { j.CollapseKey = "k1"; return j }
 	priceDrop := rules.Job{Channel: "push", Category: "marketing", Campaign: "c9", Tags: []string{"marketing", "price_drop", "product:42"}}
 	mayGo := collapsed{asked: true}
+	back := hold.State{Count: 1, Since: noon.Add(-46 * h), Reason: "daily"} // from a delay tier
 	replaced := collapsed{asked: true, by: "job-9", why: "newer"}
 	for _, c := range []struct {
 		name    string
@@ -89,7 +90,17 @@ func TestRoute(t *testing.T) {
 			want: "held cap=daily due=15:00:00 by=cap count=3 tier=1h"},
 		{name: "beyond max_hold", job: email, f: facts{since: noon.Add(-46 * h), redis: capped(3 * h)},
 			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
-		{name: "its slot comes after it expires", job: email, f: facts{since: noon, expiresAt: noon.Add(2 * h), redis: capped(3 * h)},
+		{name: "beyond max_hold after a hold: a duplicate check, which marks it refused", job: email, f: facts{since: noon.Add(-46 * h), arrived: back, redis: capped(3 * h)},
+			want: "pending ask=duplicate refused-as=daily"},
+		{name: "beyond max_hold after a hold", job: email, f: facts{since: noon.Add(-46 * h), arrived: back, redis: capped(3 * h), mark: notFound},
+			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
+		{name: "beyond max_hold after a hold, another copy allowed meanwhile: a duplicate", job: email, f: facts{since: noon.Add(-46 * h), arrived: back, redis: capped(3 * h), mark: dup},
+			want: "duplicate at=11:00:00"},
+		{name: "beyond max_hold after a hold, Redis down beyond fail-open for the mark: capped", job: email, f: facts{since: noon.Add(-46 * h), arrived: back, redis: capped(3 * h), mark: answer{asked: true, unchecked: true}},
+			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
+		{name: "never after a hold: no mark (every copy is refused alike)", job: email, f: facts{since: noon, arrived: back, redis: capped(0)},
+			want: "capped cap=daily reason=never at=12:00:00"},
+		{name: "its slot comes after it expires", job: email, f: facts{since: noon, expiresAt: noon.Add(2 * h), redis: capped(3 * h), mark: notFound},
 			want: "capped cap=daily reason=expired retry=15:00:00 at=12:00:00"},
 		{name: "never: a limit of 0 under hold", job: email, f: facts{since: noon, redis: capped(0)},
 			want: "capped cap=daily reason=never at=12:00:00"},
@@ -97,7 +108,7 @@ func TestRoute(t *testing.T) {
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
 		{name: "two caps refuse it, one drops: dropped", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Exceeded: []string{"daily", "promo-day"}}}},
 			want: "capped cap=daily retry=15:00:00 at=12:00:00"},
-		{name: "two caps refuse it, both hold: the shorter max_hold", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Exceeded: []string{"daily", "weekly"}}}},
+		{name: "two caps refuse it, both hold: the shorter max_hold", job: email, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Exceeded: []string{"daily", "weekly"}}}, mark: notFound},
 			want: "capped cap=daily reason=beyond max_hold retry=15:00:00 at=12:00:00"},
 		{name: "capped by a reservation: says for which priority", job: email, noWheel: true, f: facts{since: noon, redis: answer{asked: true, dec: capping.Decision{Cap: "daily", RetryAt: noon.Add(3 * h), At: noon, Reserved: true}}},
 			want: "capped cap=daily reserved-for=7 retry=15:00:00 at=12:00:00"},
