@@ -260,16 +260,17 @@ type Request struct {
 	// window of any cap the rules may apply to the user. Zero: the longest of Caps.
 	Retention time.Duration
 	// DuplicateOnly asks only whether the job id is in the user's log, for a
-	// send that must not go (expired, in quiet hours, short of a budget token)
-	// but may be a redelivery of one that went: nothing is checked, recorded
-	// or evicted, and Caps must be empty. Its Decision is Duplicate (with
-	// Recorded) when the job is in the log, else the zero decision.
+	// send that must not go (expired, in quiet hours, short of a budget token,
+	// refused for good by its caps back from a hold) but may be a redelivery
+	// of one that went: nothing is checked, recorded or evicted, and Caps
+	// must be empty. Its Decision is Duplicate (with Recorded) when the job
+	// is in the log, else the zero decision.
 	DuplicateOnly bool
 	// Refused, with DuplicateOnly, names what refuses the send (an expiry,
-	// quiet hours, a budget): unless the job is in the log, it is marked
-	// refused in the same call, so that a later copy of it (a redelivery, a
-	// resend) is answered RefusedBefore instead of decided, and every job
-	// keeps one final outcome. At most 200 bytes; the mark is kept for
+	// quiet hours, a budget, a cap): unless the job is in the log, it is
+	// marked refused in the same call, so that a later copy of it (a
+	// redelivery, a resend) is answered RefusedBefore instead of decided, and
+	// every job keeps one final outcome. At most 200 bytes; the mark is kept for
 	// Retention (which a refusal needs) and MarkFor.
 	Refused string
 	// MarkFor, with Refused, is how much longer than Retention the mark is
