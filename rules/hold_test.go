@@ -169,7 +169,9 @@ func TestHoldRulesRejected(t *testing.T) {
 // tiers under the rules (how long a refusal's mark must outlive it): the
 // longest max_hold of a hold policy or a budget, or arbitration window.
 func TestLongestHold(t *testing.T) {
-	hold := func(d time.Duration) *rules.OnCapped { return &rules.OnCapped{Policy: "hold", MaxHold: rules.Duration(d)} }
+	hold := func(d time.Duration) *rules.OnCapped {
+		return &rules.OnCapped{Policy: "hold", MaxHold: rules.Duration(d)}
+	}
 	day := rules.Cap{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: limit(1)}
 	ownHold := day
 	ownHold.OnCapped = hold(72 * time.Hour)
