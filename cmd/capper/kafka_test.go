@@ -147,8 +147,8 @@ func TestBrokerRestartMidStream(t *testing.T) {
 // TestStalledReaderIsNotReady: a reader that cannot fetch is not refused
 // (nothing a grant fixes), it only stops; kafka-go retries inside and says
 // nothing the worker could classify. An idle worker whose partitions hold
-// nothing stays ready past the stall bound (3 fetch waits + the session
-// timeout, 7.5 s here); with the broker gone (SIGKILL) the input reader has
+// nothing stays ready past the stall bound (3 fetch waits, a late reply's
+// grace and the session timeout, 8.5 s here); with the broker gone (SIGKILL) the input reader has
 // not fetched for the bound and its lag cannot be told: not ready, one error
 // line naming the reader. With the broker back it reads again, decides what
 // came meanwhile and is ready.
@@ -160,7 +160,7 @@ func TestStalledReaderIsNotReady(t *testing.T) {
 	s.CollectJobs(first, 60*time.Second)
 	waitReadyz(t, w, 200)
 	// Idle with nothing waiting, beyond the bound and a check: still ready.
-	const bound, check = 7500 * time.Millisecond, 2 * time.Second
+	const bound, check = 8500 * time.Millisecond, 2 * time.Second
 	for idle := time.Now(); time.Since(idle) < bound+2*check; time.Sleep(200 * time.Millisecond) {
 		if code := readyz(t, w.metrics); code != 200 {
 			t.Fatalf("/readyz answers %d while the worker is idle with nothing waiting:\n%s", code, w.logText())

@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -185,9 +186,46 @@ func KafkaClients(c config.Kafka) (*kafka.Dialer, *kafka.Transport, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("kafka.sasl_mechanism: %w", err)
 	}
-	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: tc, SASLMechanism: mech}
+	dialer := &kafka.Dialer{Timeout: 10 * time.Second, DialFunc: dialWithReadGrace, TLS: tc, SASLMechanism: mech}
 	transport := &kafka.Transport{TLS: tc, SASL: mech, Dial: (&net.Dialer{Timeout: 10 * time.Second}).DialContext}
 	return dialer, transport, nil
+}
+
+// fetchReplyGrace is how late past the read deadline kafka-go sets a broker's
+// reply may come on a connection of KafkaClients' dialer. kafka-go's reader
+// gives a fetch the deadline of its MaxWait and asks the broker to wait three
+// quarters of it, so a broker that answers an idle fetch a quarter of MaxWait
+// late (25 ms on the 100 ms tiers; a broker busy with a drain does) ends the
+// connection: the reader logs an i/o timeout, dials again and reads the
+// partition's offsets before it fetches, and a held send due then comes back
+// that much later. Java's consumer gives the same reply request.timeout.ms
+// (30 s). The grace also delays by as much kafka-go's finding of a broker that
+// stopped answering (one that closed the connection is found at once).
+const fetchReplyGrace = time.Second
+
+// dialWithReadGrace dials as kafka-go's dialer does and gives the connection's
+// read deadlines fetchReplyGrace more; its write deadlines are kept.
+func dialWithReadGrace(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	return graceConn{c}, nil
+}
+
+type graceConn struct{ net.Conn }
+
+func (c graceConn) SetReadDeadline(t time.Time) error { return c.Conn.SetReadDeadline(withGrace(t)) }
+
+func (c graceConn) SetDeadline(t time.Time) error {
+	return errors.Join(c.Conn.SetReadDeadline(withGrace(t)), c.Conn.SetWriteDeadline(t))
+}
+
+func withGrace(t time.Time) time.Time {
+	if t.IsZero() {
+		return t
+	}
+	return t.Add(fetchReplyGrace)
 }
 
 // NewWriter returns a synchronous writer that waits for all in-sync replicas

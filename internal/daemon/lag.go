@@ -131,16 +131,16 @@ func (d *Daemon) measureLag(ctx context.Context, client *kafka.Client, c config.
 
 // A reader stalls when it has partitions, has not fetched for stallBound and
 // they hold messages not committed (consumer.ReaderFaults.CheckStall): three
-// of the longest fetch waits plus the session timeout, so that a rebalance
-// after a replica died, which stops every reader for up to the session
-// timeout, is not one. Checked every stallCheck.
+// of the longest fetch waits, a late reply's grace (fetchReplyGrace) and the
+// session timeout, so that a rebalance after a replica died, which stops every
+// reader for up to the session timeout, is not one. Checked every stallCheck.
 const (
 	readerMaxWait = 500 * time.Millisecond // kafka.ReaderConfig.MaxWait of a reader (newReader), the longest
 	stallCheck    = 2 * time.Second
 )
 
 func stallBound(c config.Kafka) time.Duration {
-	return 3*readerMaxWait + time.Duration(c.SessionTimeout)
+	return 3*readerMaxWait + fetchReplyGrace + time.Duration(c.SessionTimeout)
 }
 
 // watchedReader is a reader the stall watch checks: its faults, its topic and

@@ -193,3 +193,48 @@ func TestTierFetchWaits(t *testing.T) {
 		r.Close()
 	}
 }
+
+// TestALateFetchReplyKeepsItsConnection: a broker frozen for 300 ms (a long
+// collection pause, a starved machine) answers an idle 100 ms tier's fetch
+// late. The reader waits for the reply on its connection (fetchReplyGrace):
+// no error, no new dial, and a send produced after the pause is read.
+// kafka-go alone ends the connection a quarter of the fetch wait past the
+// broker's wait ("i/o timeout"), dials again and reads the offsets first.
+func TestALateFetchReplyKeepsItsConnection(t *testing.T) {
+	brokers := testenv.KafkaBrokers(t)
+	topic := testenv.Unique("late-reply")
+	testenv.CreateTopics(t, brokers, 1, topic)
+	c := config.Kafka{Brokers: brokers, GroupID: testenv.Unique("late-reply"), SessionTimeout: config.Duration(6 * time.Second), RebalanceTimeout: config.Duration(3 * time.Second)}
+	_, transport, err := KafkaClients(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	tier := hold.Tier{Name: "100ms", Delay: 100 * time.Millisecond, Topic: topic}
+	r, err := newTierReader(c, tier, newMember(), &consumer.ReaderFaults{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	produce(ctx, t, c, transport, topic, kafka.Message{Value: []byte("before")})
+	if m, err := r.FetchMessage(ctx); err != nil || string(m.Value) != "before" {
+		t.Fatalf("first fetch: %q, %v", m.Value, err)
+	}
+	r.Stats()                               // the counts from here on
+	for fetches := int64(0); fetches < 3; { // fetching idle
+		if ctx.Err() != nil {
+			t.Fatal("the reader did not fetch again")
+		}
+		time.Sleep(50 * time.Millisecond)
+		fetches += r.Stats().Fetches
+	}
+	testenv.PauseKafka(t, 300*time.Millisecond)
+	produce(ctx, t, c, transport, topic, kafka.Message{Value: []byte("after")})
+	if m, err := r.FetchMessage(ctx); err != nil || string(m.Value) != "after" {
+		t.Fatalf("fetch after the pause: %q, %v", m.Value, err)
+	}
+	if st := r.Stats(); st.Errors != 0 || st.Dials != 0 {
+		t.Errorf("over the pause the reader had %d errors and dialed %d times, want none", st.Errors, st.Dials)
+	}
+}

@@ -194,14 +194,7 @@ func KillRedis(t testing.TB, addr string) (restart func()) {
 // later tests find a broker.
 func StopKafka(t testing.TB, sig syscall.Signal) (restart func()) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(StackDir(t), "kafka", "kafka.pid"))
-	if err != nil {
-		t.Fatalf("pid of the broker: %v", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatalf("pid file of the broker: %v", err)
-	}
+	pid := kafkaPID(t)
 	if err := syscall.Kill(pid, sig); err != nil {
 		t.Fatalf("kill -%d the broker: %v", sig, err)
 	}
@@ -223,6 +216,34 @@ func StopKafka(t testing.TB, sig syscall.Signal) (restart func()) {
 	}
 	t.Cleanup(restart)
 	return restart
+}
+
+// PauseKafka freezes the stack's broker (SIGSTOP) for d, as a long
+// collection pause or a starved machine does, and thaws it (SIGCONT).
+func PauseKafka(t testing.TB, d time.Duration) {
+	t.Helper()
+	pid := kafkaPID(t)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("kill -STOP the broker: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) }) // should the test end in the pause
+	time.Sleep(d)
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatalf("kill -CONT the broker: %v", err)
+	}
+}
+
+func kafkaPID(t testing.TB) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(StackDir(t), "kafka", "kafka.pid"))
+	if err != nil {
+		t.Fatalf("pid of the broker: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("pid file of the broker: %v", err)
+	}
+	return pid
 }
 
 // ReplicaOf returns the address of a replica of the master at addr.
