@@ -221,8 +221,9 @@ func TestALateFetchReplyKeepsItsConnection(t *testing.T) {
 	if m, err := r.FetchMessage(ctx); err != nil || string(m.Value) != "before" {
 		t.Fatalf("first fetch: %q, %v", m.Value, err)
 	}
-	r.Stats()                               // the counts from here on
-	for fetches := int64(0); fetches < 3; { // fetching idle
+	r.Stats() // the counts from here on
+	// It fetches idle a few times before the pause.
+	for fetches := int64(0); fetches < 3; {
 		if ctx.Err() != nil {
 			t.Fatal("the reader did not fetch again")
 		}
