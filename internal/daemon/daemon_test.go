@@ -1,13 +1,11 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,29 +17,16 @@ import (
 	"github.com/capper-dev/capper/internal/testenv"
 )
 
-// syncBuffer is a log sink safe for the daemon's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 // startDaemon runs a daemon in process on the test's slice of the stack and
 // stops it (SIGTERM's path: the context ends, Run drains and returns nil)
 // when the test ends.
-func startDaemon(t *testing.T, s *testenv.Stack) (*daemon.Daemon, *syncBuffer) {
+func startDaemon(t *testing.T, s *testenv.Stack) (*daemon.Daemon, *testenv.LogBuffer) {
 	t.Helper()
 	return startDaemonWith(t, s, daemon.Options{})
 }
 
 // startDaemonWith is startDaemon with opts (ConfigPath and Stderr are set here).
-func startDaemonWith(t *testing.T, s *testenv.Stack, opts daemon.Options) (*daemon.Daemon, *syncBuffer) {
+func startDaemonWith(t *testing.T, s *testenv.Stack, opts daemon.Options) (*daemon.Daemon, *testenv.LogBuffer) {
 	t.Helper()
 	t.Setenv("AWS_ACCESS_KEY_ID", "test")
 	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
@@ -51,7 +36,7 @@ func startDaemonWith(t *testing.T, s *testenv.Stack, opts daemon.Options) (*daem
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := &syncBuffer{}
+	log := &testenv.LogBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	opts.ConfigPath, opts.Stderr = s.Config, log
 	d, err := daemon.New(ctx, cfg, opts)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -120,7 +121,11 @@ func checkKafka(ctx context.Context, c config.Kafka, w *hold.Wheel, log *slog.Lo
 			return merr
 		}
 		d := retry.Next()
-		if retry.Attempt() == 1 || retry.Attempt()%5 == 0 { // one line when it starts, then every few attempts
+		var unserved unservedPartitions
+		switch {
+		case errors.As(err, &unserved) && retry.Attempt() < 5: // a leader settles within a second or so
+			log.Info("waiting for the leaders of new partitions", "partitions", len(unserved), "err", err, "attempt", retry.Attempt(), "in", d)
+		case retry.Attempt() == 1 || retry.Attempt()%5 == 0: // one line when it starts, then every few attempts
 			log.Warn("kafka not ready; retrying", "err", err, "attempt", retry.Attempt(), "in", d,
 				"check", "kafka.brokers ("+envOf("kafka.brokers")+") and that the brokers run", "gives_up_after", backendStartup.String())
 		}
@@ -294,6 +299,9 @@ func describe(ctx context.Context, client *kafka.Client, group string, topics []
 	if len(missing) > 0 {
 		return missingTopics{missing, w}
 	}
+	if err := served(ctx, client, md, topics); err != nil {
+		return err
+	}
 	parts := map[string][]int{}
 	for _, t := range md.Topics {
 		if t.Name == topics[0] {
@@ -318,6 +326,53 @@ func describe(ctx context.Context, client *kafka.Client, group string, topics []
 		}
 	}
 	return probeRead(ctx, client, reads)
+}
+
+// unservedPartitions are partitions whose leader does not serve them yet: a
+// topic just created, or a leader just moved. Start-up waits for them, so
+// that the readers and writers start on partitions that answer (each of a
+// reader's refused first requests is a warning of kafka-go's).
+type unservedPartitions []string
+
+func (u unservedPartitions) Error() string {
+	return "partitions not served by their leader yet (new topics, or a leader moving): " + strings.Join(u, ", ")
+}
+
+// served asks the leader of every partition of topics (md's) for its first
+// offset, as a reader does before it fetches: a retriable refusal
+// (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE) is an unservedPartitions,
+// any other the error.
+func served(ctx context.Context, client *kafka.Client, md *kafka.MetadataResponse, topics []string) error {
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, t := range md.Topics {
+		if slices.Contains(topics, t.Name) {
+			for _, p := range t.Partitions {
+				req.Topics[t.Name] = append(req.Topics[t.Name], kafka.FirstOffsetOf(p.ID))
+			}
+		}
+	}
+	res, err := client.ListOffsets(ctx, req)
+	if err != nil {
+		return err
+	}
+	var waiting unservedPartitions
+	for t, ps := range res.Topics {
+		for _, p := range ps {
+			var kerr kafka.Error
+			switch {
+			case p.Error == nil:
+			case errors.As(p.Error, &kerr) && kerr.Temporary():
+				waiting = append(waiting, fmt.Sprintf("%s/%d", t, p.Partition))
+			default:
+				return fmt.Errorf("topic %s partition %d: %w", t, p.Partition, p.Error)
+			}
+		}
+	}
+	if len(waiting) > 0 {
+		slices.Sort(waiting)
+		return waiting
+	}
+	return nil
 }
 
 // read is a topic the worker consumes and the group it consumes it in.

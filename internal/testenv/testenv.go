@@ -7,6 +7,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -291,3 +292,18 @@ func WaitMaster(t testing.TB, addr string, timeout time.Duration) time.Time {
 	t.Fatalf("%s was not promoted to master within %v", addr, timeout)
 	return time.Time{}
 }
+
+// LogBuffer is a log sink safe for concurrent writers (a worker's goroutines),
+// read back whole by String.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LogBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
