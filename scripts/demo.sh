@@ -267,6 +267,13 @@ fi
 worker_pid=""
 if [[ -s $work/worker.log ]]; then
   say "worker warnings and errors"
+  lines=$(wc -l <"$work/worker.log")
+  if ((lines > 20)); then # the count of each, before the last lines
+    echo "$lines lines, by message (numbers as N):" >&2
+    sed -nE 's/.*"level":"([A-Z]+)","msg":"([^"]{0,90}).*/\1 \2/p' "$work/worker.log" | sed -E 's/[0-9]+/N/g' |
+      sort | uniq -c | sort -rn | head -10 >&2
+    echo "the last 20:" >&2
+  fi
   tail -20 "$work/worker.log" >&2
 fi
 exit $status

@@ -335,7 +335,12 @@ func describe(ctx context.Context, client *kafka.Client, group string, topics []
 type unservedPartitions []string
 
 func (u unservedPartitions) Error() string {
-	return "partitions not served by their leader yet (new topics, or a leader moving): " + strings.Join(u, ", ")
+	const most = 5
+	names := strings.Join(u[:min(len(u), most)], ", ")
+	if len(u) > most {
+		names += fmt.Sprintf(" and %d more", len(u)-most)
+	}
+	return "partitions not served by their leader yet (new topics, or a leader moving): " + names
 }
 
 // served asks the leader of every partition of topics (md's) for its first
