@@ -25,12 +25,12 @@ ROUNDS=${ROUNDS:-3}
 
 # The busy rows (1c, 3c): one spinning process per core from busy to calm (scripts/test.sh --contended's load),
 # stopped at exit too (bench-lib.sh's at_exit: a trap of this script's own would replace its cleanup). Where the
-# kernel groups processes by session for scheduling (/proc/sys/kernel/sched_autogroup_enabled, Debian's
-# default), a group's share of a core is split among its threads: BUSY_GROUP=own (the default) starts the
-# spinners in a session of their own, as another service's processes run in a cgroup of their own (a container,
-# a systemd unit); BUSY_GROUP=shared in this script's session, the one demo.sh starts the workers in and
-# scripts/stack.sh the broker in (each Redis node daemonizes into a session of its own). calm prints how many
-# cores the spinners used, so a row shows the load it ran under.
+# kernel groups processes by session for scheduling (/proc/sys/kernel/sched_autogroup_enabled is 1), a core is
+# shared between groups, then a group's time among its threads: BUSY_GROUP=own (the default) starts the
+# spinners in a session of their own, as another service's processes run in a cgroup of their own (a
+# container, a systemd unit); BUSY_GROUP=shared in this script's session, the one demo.sh starts the workers
+# in and scripts/stack.sh the broker in (each Redis node daemonizes into a session of its own): see "A busy
+# machine" in docs/design.md. calm prints how many cores the spinners used, so a row shows its load.
 hogs=() hogs_since=0
 busy() {
   local i
