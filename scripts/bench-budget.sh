@@ -20,6 +20,8 @@
 # second: every job takes a token, none waits), alternated ROUNDS times. Prints the medians of jobs/s and
 # worker CPU per job, the budget's Redis calls per 1,000 jobs, and budget / none.
 set -euo pipefail
+BUSY_GROUP=${BUSY_GROUP:-own}
+[[ $BUSY_GROUP == own || $BUSY_GROUP == shared ]] || { echo "bench-budget: BUSY_GROUP is own or shared, not $BUSY_GROUP" >&2; exit 2; }
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 ROUNDS=${ROUNDS:-3}
 
@@ -35,11 +37,7 @@ hogs=() hogs_since=0
 busy() {
   local i
   for i in $(seq "$(nproc)"); do
-    case ${BUSY_GROUP:-own} in
-    own) setsid bash -c 'while :; do :; done' & ;;
-    shared) ( while :; do :; done ) & ;;
-    *) echo "bench-budget: BUSY_GROUP is own or shared, not $BUSY_GROUP" >&2; exit 2 ;;
-    esac
+    if [[ $BUSY_GROUP == own ]]; then setsid bash -c 'while :; do :; done' & else ( while :; do :; done ) & fi
     hogs+=($!)
   done
   hogs_since=$(date +%s%N)
@@ -49,7 +47,7 @@ calm() {
     local ticks=0 p
     for p in "${hogs[@]}"; do ticks=$((ticks + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); done
     kill "${hogs[@]}" 2>/dev/null
-    awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v ns=$(($(date +%s%N) - hogs_since)) -v n="${#hogs[@]}" -v g="${BUSY_GROUP:-own}" \
+    awk -v t="$ticks" -v hz="$(getconf CLK_TCK)" -v ns=$(($(date +%s%N) - hogs_since)) -v n="${#hogs[@]}" -v g="$BUSY_GROUP" \
       'BEGIN { printf "  busy: %d spinning processes (BUSY_GROUP=%s) used %.2f cores over the run\n", n, g, t / hz / (ns / 1e9) }' >&2
     hogs=()
   fi
