@@ -73,6 +73,7 @@ type Checker struct {
 	allowedAt  []int64   // decision time (ns since the epoch) of its first allowed output; 0: none
 	allowedBy  []uint32  // the line of that output's message
 	heldDue    map[uint32]time.Time
+	heldCapped []lineAt          // capped outputs of held jobs, with budgets (BudgetDelivery.HeldCapped)
 	arbitrated map[uint32]string // won or lost, from its final output
 	// Arbitration candidates: user -> arbitration window's end -> their lines.
 	windows     map[uint32]map[time.Time][]uint32
@@ -261,6 +262,9 @@ func (c *Checker) account(o *Output) {
 		return
 	}
 	c.roles[job] = c.roles[job].with(o.Role)
+	if o.Role == RoleCapped && o.HoldCount > 0 && len(c.j.budgets) > 0 {
+		c.heldCapped = append(c.heldCapped, lineAt{uint32(i), o.at().UnixNano()})
+	}
 	if o.Role == RoleAllowed && o.Decision != output.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
 		c.r.Violations++
 		c.r.problem("job %q allowed at %s, at or after its expires_at %s", c.m.JobID(i), o.at().Format(time.RFC3339Nano), s.ExpiresAt.Format(time.RFC3339Nano))
@@ -510,6 +514,27 @@ func (c *Checker) arbitrations() {
 	}
 }
 
+// lineAt is a manifest line's output decided at a time (ns since the epoch).
+type lineAt struct {
+	line uint32
+	at   int64
+}
+
+// budgetKeys calls f with the budget key of each budget whose scope s is in.
+func (c *Checker) budgetKeys(s *Sent, f func(b *jbudget, key string)) {
+	for k := range c.j.budgets {
+		b := &c.j.budgets[k]
+		if !b.scope.matches(s, nil) {
+			continue
+		}
+		key := b.name
+		if b.scope.perCampaign {
+			key += ":" + s.Campaign
+		}
+		f(b, key)
+	}
+}
+
 // budgets checks every budget: in any window, at most its limit plus a
 // fortieth of it (the documented bound by decision time) of the allowed
 // sends in its scope.
@@ -517,20 +542,20 @@ func (c *Checker) budgets(jobs []uint32) {
 	if len(c.j.budgets) == 0 {
 		return
 	}
+	heldCapped := map[string][]int64{}
+	once := map[int]bool{} // a job's copies capped twice count once
+	for _, h := range c.heldCapped {
+		if job := c.m.job(int(h.line)); !once[job] {
+			once[job] = true
+			c.budgetKeys(c.m.attrsOf(int(h.line)), func(_ *jbudget, key string) { heldCapped[key] = append(heldCapped[key], h.at) })
+		}
+	}
 	byKey := map[string][]int64{}
 	lastHeld := map[string]int64{} // the last send of a job that was held: the demand waited until then
 	limits, spec := map[string]int{}, map[string]int{}
 	windows := map[string]time.Duration{}
 	for _, job := range jobs {
-		s := c.m.attrsOf(int(c.allowedBy[job]))
-		for _, b := range c.j.budgets {
-			if !b.scope.matches(s, nil) {
-				continue
-			}
-			key := b.name
-			if b.scope.perCampaign {
-				key += ":" + s.Campaign
-			}
+		c.budgetKeys(c.m.attrsOf(int(c.allowedBy[job])), func(b *jbudget, key string) {
 			byKey[key] = append(byKey[key], c.allowedAt[job])
 			if _, held := c.heldDue[job]; held {
 				lastHeld[key] = max(lastHeld[key], c.allowedAt[job])
@@ -538,7 +563,7 @@ func (c *Checker) budgets(jobs []uint32) {
 			limits[key] = b.limit + b.limit/40 // the documented bound by decision time (docs/design.md, Budgets)
 			spec[key] = b.limit
 			windows[key] = b.window
-		}
+		})
 	}
 	keys := make([]string, 0, len(byKey))
 	for key := range byKey {
@@ -583,6 +608,12 @@ func (c *Checker) budgets(jobs []uint32) {
 				rest += per[i]
 				if i < end {
 					d.Demand[i-1] = min(spec[key], rest)
+				}
+			}
+			d.HeldCapped = make([]int, end-1)
+			for _, t := range heldCapped[key] {
+				if w := (t - ts[0]) / window; t >= ts[0] && w >= 1 && w < int64(end) {
+					d.HeldCapped[w-1]++
 				}
 			}
 		}

@@ -335,6 +335,21 @@ func TestCheckBudget(t *testing.T) {
 	}
 	add("slow", 12, 200*time.Millisecond) // 5 per second
 	add("other", 5, time.Millisecond)     // its own budget key
+	// Capped in the whole window [1,2): a held send of slow's (counted in
+	// it), a send of slow's never held and a held send of other's (not).
+	capped := func(campaign string, held bool) {
+		id := fmt.Sprintf("%s-capped-%d", campaign, len(sent))
+		sent = append(sent, loadtest.Sent{ID: id, JobID: id, UserID: uint32(len(sent) + 1), Channel: "push", Category: "marketing", Kind: loadtest.KindJob, Campaign: campaign})
+		o := output.Output{Decision: "capped", Cap: "daily", DecidedAt: t0.Add(1500 * time.Millisecond)}
+		if held {
+			o.HoldCount, o.DueAt = 1, o.DecidedAt
+			outs = append(outs, loadtest.Output{Role: loadtest.RoleHeld, ID: id, Output: output.Output{Decision: "held", Cap: "speed", DueAt: o.DecidedAt}})
+		}
+		outs = append(outs, loadtest.Output{Role: loadtest.RoleCapped, ID: id, Output: o})
+	}
+	capped("slow", true)
+	capped("slow", false)
+	capped("other", true)
 	r := loadtest.Check(sent, outs, p, t0.Add(time.Hour))
 	if r.Violations != 0 {
 		t.Fatalf("within the budget: %v", r.Problems)
@@ -342,9 +357,10 @@ func TestCheckBudget(t *testing.T) {
 	// What each key delivered: per whole window from its first send (t0),
 	// the first and the last left out (0..2.2 s: windows [0,1) [1,2) [2,3)).
 	got := fmt.Sprint(r.Budgets)
-	if want := fmt.Sprintf("[{speed:other 5 1s [] [] %[1]d 5} {speed:slow 5 1s [5] [5] %[1]d 5}]", t0.UnixNano()); got != want {
+	if want := fmt.Sprintf("[{speed:other 5 1s [] [] [] %[1]d 5} {speed:slow 5 1s [5] [5] [1] %[1]d 5}]", t0.UnixNano()); got != want {
 		t.Errorf("budget delivery %s, want %s", got, want)
 	}
+	sent, outs = sent[:len(sent)-3], outs[:len(outs)-5]
 	// With produce stamps, only the windows that end by the last one count:
 	// the demand ended at 1.5 s, before the second window's end.
 	outs[0].ProducedAt = t0.Add(1500 * time.Millisecond)
@@ -367,7 +383,7 @@ func TestCheckBudget(t *testing.T) {
 		}
 	}
 	r = loadtest.Check(sent, outs, p, t0.Add(time.Hour))
-	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] [5] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
+	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] [5] [0] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
 		t.Errorf("a burst: %s (problems %v), want %s", got, r.Problems, want)
 	}
 	// The burst's end: a window that began with fewer sends to come than the

@@ -106,6 +106,12 @@ type BudgetDelivery struct {
 	Window time.Duration `json:"window_ns"`
 	Whole  []int         `json:"whole_windows"`
 	Demand []int         `json:"whole_demand"`
+	// HeldCapped is, for each whole window, the sends of its scope that were
+	// held and capped when they came back, in it by decision time: one its
+	// user's cap refused after it claimed its token left that token counted and
+	// unsent; one capped beyond its max_hold found its token taken by a late
+	// claim. A window short of the limit with such sends lost them there.
+	HeldCapped []int `json:"whole_held_capped"`
 	// First is when its first allowed send was decided (Unix ns): window i
 	// of Whole starts (i+1) windows after it.
 	First int64 `json:"first_ns"`
