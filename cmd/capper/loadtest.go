@@ -565,6 +565,9 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		}
 		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v%s; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, short, b.MaxAny, b.Window)
+		if slices.ContainsFunc(b.HeldCapped, func(n int) bool { return n > 0 }) {
+			fmt.Fprintf(w, "  budget %-8s held sends capped when they came back, per whole window (each costs its window a send) %v\n", b.Budget, b.HeldCapped)
+		}
 	}
 	if r.VIPJudged > 0 {
 		fmt.Fprintf(w, "  vip         %d sends decided while their user was VIP (the rules' caps may cap none)\n", r.VIPJudged)
