@@ -8,7 +8,9 @@
 # ROUNDS times (default 3; ROWS picks some of the rows "1 3 3k 3c", or 1c: 1 replica with every core busy). For
 # each run, capper report counts the allowed SMS per whole window (from the second window to the one before the
 # last, by decision time) and the most in any sliding window. Prints per window and replica count the medians
-# over the rounds of the windows' median, minimum and maximum as a share of the limit, and the most in any window.
+# over the rounds of the windows' median, minimum and maximum as a share of the limit, the windows below 95% and
+# how many of them held no held send capped when it came back (each such send costs its window a send), and
+# the most in any window. Each round's demand is a blast of its own loadgen seed (SEED, below).
 # Goal: every whole window at least 95% of the limit (90% with every core busy), none over it (the report's judge
 # allows one bucket's share more by decision time: limit + limit/40). The demand is loadgen's mix on one channel
 # (a tenth of the users get 30% of the jobs, so some are capped by config.example.yaml's caps after taking a
