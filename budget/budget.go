@@ -182,6 +182,8 @@ type state struct {
 	usedC, putBackC, lapsedC, grantedC prometheus.Counter
 	claimsC                            [2]prometheus.Counter // claims made, and missed
 	copiesC                            prometheus.Counter    // wants answered Copy
+	refusedC                           prometheus.Counter    // wants refused (held)
+	refusedAt                          time.Time             // when a call last refused a want (PutBack)
 }
 
 // New returns Budgets.
@@ -242,7 +244,7 @@ func (b *Budgets) state(w Want) *state {
 		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
 			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted"),
 			claimsC: [2]prometheus.Counter{b.m.claims.WithLabelValues(n, "made"), b.m.claims.WithLabelValues(n, "missed")},
-			copiesC: b.m.claims.WithLabelValues(n, "copy")}
+			copiesC: b.m.claims.WithLabelValues(n, "copy"), refusedC: b.m.refused.WithLabelValues(n)}
 		if len(b.keys) >= b.sweepAt {
 			b.sweep()
 		}
@@ -366,7 +368,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 		ch := make(chan struct{})
 		st.inflight = ch
 		st.mu.Unlock()
-		r, err := b.call(ctx, key, st.spec, now, ask, 0, wants, asked)
+		r, err := b.call(ctx, key, st.spec, now, ask, 0, wants, asked, false)
 		st.mu.Lock()
 		st.inflight = nil
 		close(ch)
@@ -378,37 +380,46 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 		// otherwise lapse them all and refuse sends within the budget): they
 		// are counted in their bucket, so the limit holds by token time. Only
 		// the lease beyond this demand can lapse.
-		width := st.spec.Window / Buckets
-		st.bucket, st.expires = r.bucket, time.UnixMilli(r.bucket).Add(width)
-		took, refused := 0, 0
-		for k, i := range asked {
-			if k < len(claims) {
-				st.claimsC[0].Inc()
-				if r.wants[k] > 0 {
-					st.claimsC[1].Inc()
-				}
-			}
-			if r.wants[k] == copyOf { // another copy of its job claimed the job's token
-				grants[i] = Grant{Copy: true}
-				st.copiesC.Inc()
-				continue
-			}
-			if at := r.wants[k]; at <= 0 { // -1: the token promised to it
-				grants[i] = Grant{OK: true, Until: st.expires, Claimed: at < 0}
-				took++
-			} else {
-				grants[i] = Grant{RetryAt: time.UnixMilli(at)}
-				refused++
-			}
-		}
+		st.bucket, st.expires = r.bucket, time.UnixMilli(r.bucket).Add(st.spec.Window/Buckets)
+		took := st.answer(r, asked, len(claims), now, st.expires, grants)
 		st.reserve, st.leased, st.used = r.extra, r.extra+took, took
-		st.grantedC.Add(float64(r.extra + took))
-		st.usedC.Add(float64(took))
-		if refused > 0 {
-			b.m.refused.WithLabelValues(st.spec.Name).Add(float64(refused))
-		}
+		st.grantedC.Add(float64(r.extra))
 		return nil
 	}
+}
+
+// answer fills grants from r, the answers to the wants asked (the first
+// nclaims of them claims) by a call at now, granted tokens lasting until, and
+// counts them; it returns the tokens the wants took.
+func (st *state) answer(r reply, asked []int, nclaims int, now, until time.Time, grants []Grant) (took int) {
+	refused := 0
+	for k, i := range asked {
+		if k < nclaims {
+			st.claimsC[0].Inc()
+			if r.wants[k] > 0 {
+				st.claimsC[1].Inc()
+			}
+		}
+		if r.wants[k] == copyOf { // another copy of its job claimed the job's token
+			grants[i] = Grant{Copy: true}
+			st.copiesC.Inc()
+			continue
+		}
+		if at := r.wants[k]; at <= 0 { // -1: the token promised to it
+			grants[i] = Grant{OK: true, Until: until, Claimed: at < 0}
+			took++
+		} else {
+			grants[i] = Grant{RetryAt: time.UnixMilli(at)}
+			refused++
+		}
+	}
+	st.grantedC.Add(float64(took))
+	st.usedC.Add(float64(took))
+	if refused > 0 {
+		st.refusedC.Add(float64(refused))
+		st.refusedAt = now
+	}
+	return took
 }
 
 // grant hands n tokens of the reserve to the first n wants of idx and
@@ -457,6 +468,40 @@ func (b *Budgets) Return(w Want, n int) {
 	}
 }
 
+// PutBack gives back n tokens of w that Take granted until until (their
+// Grant.Until) and that were not used: their send was capped after all (by a
+// cap of its user's, as a duplicate). While the key is short (a call of this
+// process refused a want within the last window: the last call alone is no
+// sign, a tier's claims are granted while the input's new wants are refused),
+// they go back to Redis, to the bucket they are counted in, as spare tokens:
+// for a tenth of a second the next new send of any replica may take them
+// whatever the promises after them count on (budget.lua), in the capped
+// send's place. In the reserve they lapsed at their bucket's end (10 ms of a
+// 1 s window) unless this process asked again within it, and each such
+// capped send cost its window a send (BenchmarkCappedClaims). A token given
+// back was counted and never sent, so the windows' bound holds. Otherwise
+// (the key not short, or Redis failing) they go to the reserve, as Return.
+func (b *Budgets) PutBack(ctx context.Context, w Want, until time.Time, n int) {
+	st := b.state(w)
+	now := b.cfg.Clock()
+	st.mu.Lock()
+	short := !st.refusedAt.IsZero() && now.Sub(st.refusedAt) < st.spec.Window
+	st.mu.Unlock()
+	if !short || n < 1 {
+		b.Return(w, n)
+		return
+	}
+	bucket := until.Add(-w.Spec.Window / Buckets).UnixMilli()
+	if _, err := b.call(ctx, w.Key, w.Spec, now, -n, bucket, nil, nil, true); err != nil {
+		b.Return(w, n)
+		return
+	}
+	st.mu.Lock()
+	st.used -= n
+	st.mu.Unlock()
+	st.putBackC.Add(float64(n))
+}
+
 // Unclaim gives back the token a claim of w took (Grant.Claimed, counted in
 // the bucket that ends at until) when its send was not a new one: a
 // duplicate, the job copied on the delay tiers (a tier's message delivered
@@ -466,7 +511,7 @@ func (b *Budgets) Return(w Want, n int) {
 // otherwise come back to nothing and wait a window more.
 func (b *Budgets) Unclaim(ctx context.Context, w Want, until time.Time) error {
 	bucket := until.Add(-w.Spec.Window / Buckets).UnixMilli()
-	if _, err := b.call(ctx, w.Key, w.Spec, b.cfg.Clock(), -1, bucket, []Want{w}, []int{0}); err != nil {
+	if _, err := b.call(ctx, w.Key, w.Spec, b.cfg.Clock(), -1, bucket, []Want{w}, []int{0}, false); err != nil {
 		return err
 	}
 	b.m.tokens.WithLabelValues(w.Spec.Name, "unclaimed").Inc()
@@ -498,7 +543,7 @@ func (b *Budgets) Close(ctx context.Context) error {
 		if n == 0 || !live {
 			continue
 		}
-		if _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket, nil, nil); err != nil {
+		if _, err := b.call(ctx, key, st.spec, b.cfg.Clock(), -n, bucket, nil, nil, false); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -515,7 +560,7 @@ type Usage struct {
 
 // Peek reads a budget key's usage without taking a token.
 func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
-	r, err := b.call(ctx, w.Key, w.Spec, b.cfg.Clock(), 0, 0, nil, nil)
+	r, err := b.call(ctx, w.Key, w.Spec, b.cfg.Clock(), 0, 0, nil, nil, false)
 	if err != nil {
 		return Usage{}, err
 	}
@@ -540,9 +585,10 @@ type reply struct {
 }
 
 // call runs the script for delta tokens (a new want's and a lease's; < 0:
-// give -delta back to bucket) and the wants asked, in order; each want's
-// answer is 0 (granted) or the ms at which it may come back.
-func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64, wants []Want, asked []int) (reply, error) {
+// give -delta back to bucket, kept for new wants a while when spare) and the
+// wants asked, in order; each want's answer is 0 (granted) or the ms at which
+// it may come back.
+func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, delta int, bucket int64, wants []Want, asked []int, spare bool) (reply, error) {
 	width := s.Window.Milliseconds() / Buckets
 	b.m.calls.WithLabelValues(s.Name).Inc()
 	k := b.RedisKey(key)
@@ -560,6 +606,9 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		args = append(args, promised, until, wants[i].Job)
 	}
 	args = append(args, b.cfg.Grace.Milliseconds())
+	if spare {
+		args = append(args, 1)
+	}
 	start := time.Now() // the call's own time, whatever the budgets' clock
 	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p", k + ":j", k + ":c"}, args...).Result()
 	b.m.seconds.WithLabelValues(s.Name).Observe(time.Since(start).Seconds())
@@ -591,7 +640,7 @@ type metrics struct {
 
 func (m *metrics) register(reg prometheus.Registerer) error {
 	m.tokens = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped, back in the reserve: used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown), unclaimed (a claim's token given back to Redis and its promise kept again: the send was a duplicate).",
+		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped: back in the reserve, or, while the budget refuses sends, in Redis for any replica's next send; used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown), unclaimed (a claim's token given back to Redis and its promise kept again: the send was a duplicate).",
 	}, []string{"budget", "kind"})
 	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another), copy (any want, a claim or not, of a job whose token another copy of it claimed: it takes none and is checked as a duplicate).",

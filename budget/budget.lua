@@ -45,6 +45,14 @@
 --          clock runs behind) counts every bucket of its own window. Dropped at the newer call's window, the
 --          oldest bucket was missing from the older call's, which granted its tokens again: 1,010 in a window of 1,000
 --          (TestAStaleClockKeepsTheBound), and with every core busy 55 SMS in a second of 50 by decision time.
+-- ARGV[11 + 3n] spare (1, with delta < 0 and no wants): the tokens given back were taken by sends that were then
+--          capped (Budgets.PutBack). For `early` buckets they are spare (sp, st in KEYS[2]: how many, until
+--          when): new wants may take them whatever the promises after them count on, in the capped send's place
+--          (a token so taken comes back a little after that send's would have; the claim promised it next
+--          follows it), and claims take no more room than they had without them. With every token promised, a
+--          token back at a random moment was otherwise owed to the promises due in the next few hundred
+--          milliseconds (free, below) or taken by a claim whose own token was not back yet (and then went
+--          unclaimed in turn): a new send took one in three of them, on a fixed clock.
 -- KEYS[4]  (with named wants) the promises by job, e.g. fc:b:{sms}:j (same slot): a sorted set, member = a
 --          job's name, score = the time it was promised. A promise is the job's, not its copy's: a copy of a
 --          held job decided again (its input redelivered after a rebalance, before its offset was committed)
@@ -74,6 +82,7 @@ local burst = tonumber(ARGV[7] or '0')
 local lapse = tonumber(ARGV[8] or '0')
 local n = tonumber(ARGV[9] or '0')
 local grace = tonumber(ARGV[10 + 3 * n] or '0')
+local spareBack = ARGV[11 + 3 * n] == '1'
 local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
 local buckets = window / width
@@ -100,17 +109,34 @@ for i = 1, n do
   named = named or G[i] ~= ''
 end
 
+local given = 0 -- tokens given back to their bucket
 if delta < 0 then
   local b = ARGV[6]
   local c = tonumber(redis.call('HGET', key, b) or '0')
   if c > 0 then
     local back = math.min(c, -delta)
+    given = back
     if back == c then
       redis.call('HDEL', key, b)
     else
       redis.call('HINCRBY', key, b, -back)
     end
   end
+end
+-- Spare tokens (ARGV[11 + 3n]): new wants may take them until st (read by every call that gives them or has
+-- wants).
+local spare, spareUntil, spareChanged = 0, 0, false
+local function readSpare()
+  local v = redis.call('HMGET', KEYS[2], 'sp', 'st')
+  if v[1] and tonumber(v[2] or '0') > now then
+    spare, spareUntil = tonumber(v[1]), tonumber(v[2])
+  end
+end
+if spareBack and given > 0 then
+  readSpare()
+  spare, spareUntil, spareChanged = spare + given, now + early * width, true
+elseif n > 0 then -- the claims below leave them to new wants
+  readSpare()
 end
 
 local used, oldest, counted = 0, nil, {}
@@ -313,7 +339,7 @@ for i = 1, n do
     reply[4 + i], skip[i] = other, true
   end
   if skip[i] then -- answered
-  elseif p > 0 and (promised[p] or 0) > 0 and used + claimed < limit then
+  elseif p > 0 and (promised[p] or 0) > 0 and used + claimed < limit - spare then
     promised[p] = promised[p] - 1
     changed[p] = true
     claimed = claimed + 1
@@ -384,7 +410,11 @@ end
 local granted = 0
 local ask = math.max(0, delta) + lapsedClaims
 if ask > 0 then
-  granted = math.min(ask, free())
+  local room = free()
+  if spare > 0 then -- a spare token is one a send that was capped took: a new send takes it in its place
+    room = math.max(room, math.min(spare, limit - used))
+  end
+  granted = math.min(ask, room)
   if burst > 0 then -- the rate paces new wants; claims were paced when they were promised
     granted = math.min(granted, math.max(0, math.floor(level + 1e-9)))
   end
@@ -393,6 +423,19 @@ end
 if claimed + granted > 0 then
   redis.call('HINCRBY', key, string.format('%d', cur), claimed + granted)
   redis.call('PEXPIRE', key, window + width + grace)
+end
+if spare > 0 and granted > 0 then -- new sends took them
+  spare, spareChanged = math.max(0, spare - granted), true
+end
+if spareChanged then
+  if spare > 0 then
+    redis.call('HSET', KEYS[2], 'sp', spare, 'st', string.format('%d', spareUntil))
+    if redis.call('PTTL', KEYS[2]) < window + width then
+      redis.call('PEXPIRE', KEYS[2], window + width)
+    end
+  else
+    redis.call('HDEL', KEYS[2], 'sp', 'st')
+  end
 end
 for k = 1, math.min(granted, #fresh) do
   local i = fresh[k]

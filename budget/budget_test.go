@@ -288,39 +288,18 @@ func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "deep", Limit: 50, Window: time.Second, Spread: true}
-	width := time.Second / Buckets
-	var windows []int
-	var held heldWants
 	missed, followed := 0, 0
-	for bucket := 0; bucket < 40*Buckets; bucket++ {
-		n := 1 + bucket%2 // 150 a second for 30 s
-		if bucket >= 30*Buckets {
-			n = 0
-		}
-		fresh := wants(spec, "deep", n)
-		for i := range fresh {
-			fresh[i].Until = c.Now().Add(10 * time.Second)
-		}
-		ws := append(held.due(c.Now()), fresh...)
-		gs := held.take(t, b, ws)
-		if bucket%Buckets == 0 {
-			windows = append(windows, 0)
-		}
-		for i, g := range gs {
-			if g.OK {
-				windows[len(windows)-1]++
-			}
-			// A token is taken from a promise due at most `early` (100 ms)
-			// before it comes back: that claim follows it, no further.
-			if p := ws[i].Promised; !p.IsZero() && !g.Claimed {
-				followed++
-				if g.OK || g.RetryAt.Sub(p) > 100*time.Millisecond {
-					missed++
-				}
+	windows, held := pacedHeld(t, b, c, spec, func(_ int, w Want, g Grant) bool {
+		// A token is taken from a promise due at most `early` (100 ms)
+		// before it comes back: that claim follows it, no further.
+		if p := w.Promised; !p.IsZero() && !g.Claimed {
+			followed++
+			if g.OK || g.RetryAt.Sub(p) > 100*time.Millisecond {
+				missed++
 			}
 		}
-		c.Add(width)
-	}
+		return true
+	})
 	// The last window is when the held sends run out.
 	whole := windows[1 : len(windows)-1]
 	if least := (95*spec.Limit + 99) / 100; slices.Min(whole) < least || slices.Max(whole) > spec.Limit {
@@ -330,6 +309,76 @@ func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 		t.Errorf("%d held sends came back on time to find their token missing and not back within 100 ms, want 0", missed)
 	}
 	t.Logf("sends per window: %v; %d held sends, %d of them told to follow their token", windows, held.promised, followed)
+}
+
+// pacedHeld runs the paced budget rows' steady state on a fixed clock: 150
+// new sends a second for 30 s (each may wait 10 s) under spec, then 10 s more,
+// every refused send held until the time it was told and then back for its
+// token. sent says whether a granted want's send goes out (false: capped after
+// it took its token) and sees every answer; pacedHeld returns the sends per
+// window of a second, and the held sends.
+func pacedHeld(tb testing.TB, b *Budgets, c *testclock.Clock, spec *Spec, sent func(bucket int, w Want, g Grant) bool) ([]int, *heldWants) {
+	var windows []int
+	held := &heldWants{}
+	for bucket := 0; bucket < 40*Buckets; bucket++ {
+		n := 1 + bucket%2 // 150 a second for 30 s
+		if bucket >= 30*Buckets {
+			n = 0
+		}
+		fresh := wants(spec, spec.Name, n)
+		for i := range fresh {
+			fresh[i].Until = c.Now().Add(10 * time.Second)
+		}
+		ws := append(held.due(c.Now()), fresh...)
+		gs, err := b.Take(context.Background(), ws)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		held.refused(ws, gs)
+		if bucket%Buckets == 0 {
+			windows = append(windows, 0)
+		}
+		for i, g := range gs {
+			if sent(bucket, ws[i], g) && g.OK {
+				windows[len(windows)-1]++
+			}
+		}
+		c.Add(spec.Window / Buckets)
+	}
+	return windows, held
+}
+
+// TestCappedClaimsTokensGoToNewSends: the steady state of
+// TestDeepPromisesDeliverEveryWindow (150 sends a second under 50 per 1 s for
+// 30 s, every refused send held until its promise), where one held send in 37
+// that comes back and claims its token is then capped by a cap of its user's
+// and the consumer puts its token back (PutBack). Counted and unsent, each
+// such token cost its window a send (BenchmarkCappedClaims: windows of 47 and
+// 48). Given back to Redis it went to whichever call found room first, as
+// often a claim whose own token was not back yet, and a new send's check of
+// the room found it owed to the promises after it: a third of them were sent.
+// Kept for new sends (spare), the next new send takes it in the capped send's
+// place: while new sends come every window gets 49, as with none capped. (Once
+// they stop, no send can take it: the held ones are all promised.)
+func TestCappedClaimsTokensGoToNewSends(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "capped", Limit: 50, Window: time.Second, Spread: true}
+	claims, capped := 0, 0
+	windows, _ := pacedHeld(t, b, c, spec, func(bucket int, w Want, g Grant) bool {
+		if g.Claimed {
+			if claims++; claims%37 == 0 && bucket >= 12*Buckets {
+				capped++
+				b.PutBack(context.Background(), w, g.Until, 1)
+				return false
+			}
+		}
+		return true
+	})
+	if least := slices.Min(windows[13:30]); least < 49 || slices.Max(windows) > spec.Limit {
+		t.Errorf("sends by window %v (%d held sends capped after their claim): want 49 or 50 in each from the 13th to the 29th, the last new sends' (none over 50)", windows, capped)
+	}
+	t.Logf("%d held sends capped after their claim; sends by window %v", capped, windows)
 }
 
 // heldWants plays the delay tiers: a refused want promised a token (its
@@ -460,6 +509,73 @@ func TestSingleFlight(t *testing.T) {
 		t.Errorf("%d of 10000 granted with %v Redis calls, at most %d in flight; want all, <= 500 calls, 1 in flight", got.Load(), calls, most.Load())
 	}
 	t.Logf("10,000 tokens taken by 50 goroutines one at a time: %v Redis calls", calls)
+}
+
+// TestPutBackWhileShort: a token whose send was capped after all goes back
+// to Redis while its budget refuses sends (a call of the process refused a
+// want within the last window), and another replica's next send takes it at
+// once; in the reserve it lapsed at its bucket's end unless this replica asked
+// again within it. The call that granted the token refused nothing (a tier's
+// claims are granted while the input's new sends are refused): the last call
+// is no sign. While the budget has room a token put back goes to the reserve,
+// with no call.
+func TestPutBackWhileShort(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	a, rdb := newBudgets(t, c, true)
+	other, err := New(Config{Client: rdb, KeyPrefix: KeyPrefix(a), Clock: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	spec := &Spec{Name: "back", Limit: 10, Window: time.Second}
+	var tiers heldWants
+	gs := tiers.take(t, a, wants(spec, "back", 4)) // room: a token put back goes to the reserve
+	calls := Calls(a, spec.Name)
+	a.PutBack(ctx, wants(spec, "back", 1)[0], gs[0].Until, 1)
+	if Calls(a, spec.Name) != calls {
+		t.Errorf("a token put back while the budget had room went to Redis, want the reserve")
+	}
+	if gs = tiers.take(t, a, wants(spec, "back", 8)); granted(gs) != 7 { // the reserve's, 6 more; 1 refused
+		t.Fatalf("%d of 8 granted with 7 left, want 7", granted(gs))
+	}
+	c.Add(500 * time.Millisecond)
+	if gs = tiers.take(t, a, wants(spec, "back", 1)); granted(gs) != 0 { // still short half a window on
+		t.Fatalf("a new send granted with the window full")
+	}
+	c.Set(tiers.wants[0].Promised) // the first bucket has left the window: its tokens are back
+	back := tiers.due(c.Now())
+	if len(back) != 2 {
+		t.Fatalf("%d held sends due, want 2", len(back))
+	}
+	cannotWait := func(n int) []Want {
+		ws := wants(spec, "back", n)
+		for i := range ws {
+			ws[i].Until = c.Now()
+		}
+		return ws
+	}
+	gs = tiers.take(t, a, append(back, cannotWait(8)...)) // the claims and 8 new sends: all granted
+	if granted(gs) != 10 || !gs[0].Claimed {
+		t.Fatalf("%d of 10 granted (claims %+v), want all, the claims their promised tokens", granted(gs), gs[:2])
+	}
+	a.PutBack(ctx, back[0], gs[0].Until, 1) // its send was capped by a user's cap after all
+	u, err := a.Peek(ctx, back[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Used != 9 {
+		t.Errorf("%d tokens counted after one was put back while short, want 9", u.Used)
+	}
+	got, err := other.Take(ctx, cannotWait(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if granted(got) != 1 {
+		t.Errorf("another replica's next sends: %d of 2 granted, want 1 (the token put back)", granted(got))
+	}
+	if u, _ := a.Peek(ctx, back[0]); u.Used != 10 {
+		t.Errorf("%d tokens counted, want the limit, 10", u.Used)
+	}
 }
 
 // countingScripter tracks how many script calls run at once.

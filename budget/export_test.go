@@ -23,4 +23,6 @@ func SetScripter(b *Budgets, s redis.Scripter) { b.cfg.Client = s }
 
 func Scripter(b *Budgets) redis.Scripter { return b.cfg.Client }
 
+func KeyPrefix(b *Budgets) string { return b.cfg.KeyPrefix }
+
 func PromiseLapse(s *Spec) time.Duration { return promiseLapse(s) }

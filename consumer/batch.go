@@ -313,13 +313,22 @@ func (w *Worker) holdsTokens(e *entry) bool {
 }
 
 // returnTokens gives back the tokens of jobs that were not forwarded after
-// all (capped, duplicate: sent before, dead-lettered), once per budget key.
-// A duplicate that claimed the token promised to it when it was held is a
-// copy of a job that claimed it before (a tier's message delivered twice):
-// its token goes back to Redis with the promise it took from another job
-// (budget.Budgets.Unclaim), or, if Redis fails, to the reserve as the others.
+// all (capped, duplicate: sent before, dead-lettered), once per budget key
+// (and bucket). A duplicate that claimed the token promised to it when it was
+// held is a copy of a job that claimed it before (a tier's message delivered
+// twice): its token goes back to Redis with the promise it took from another
+// job (budget.Budgets.Unclaim), or, if Redis fails, as the others. A send of
+// one budget knows the bucket its token is counted in (its grant's Until):
+// its token goes back with PutBack, to Redis while the budget is short. A
+// send of several holds tokens of several buckets and knows the first to end:
+// its tokens go to the reserve.
 func (w *Worker) returnTokens(ctx context.Context, es []entry) {
+	type bucket struct {
+		key   string
+		until time.Time
+	}
 	var back map[string]int
+	var put map[bucket]int
 	var wants map[string]budget.Want
 	for i := range es {
 		e := &es[i]
@@ -327,7 +336,7 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 			continue // forwarded: the tokens are used
 		}
 		if back == nil {
-			back, wants = map[string]int{}, map[string]budget.Want{}
+			back, put, wants = map[string]int{}, map[bucket]int{}, map[string]budget.Want{}
 		}
 		for _, wt := range e.plan.Wants {
 			if a := &e.facts.arrived; e.facts.tokens.claimed && e.out.Kind == Duplicate && a.Count > 0 && a.Reason == wt.Spec.Name {
@@ -335,15 +344,22 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 				if err := w.cfg.Budgets.Unclaim(ctx, wt, e.facts.tokens.until); err == nil {
 					continue
 				} else {
-					w.log.Warn("giving a duplicate's budget claim back failed; its token goes to the reserve", "budget", wt.Key, "err", err)
+					w.log.Warn("giving a duplicate's budget claim back failed; its token is put back as an unused one", "budget", wt.Key, "err", err)
 				}
 			}
-			back[wt.Key]++
 			wants[wt.Key] = wt
+			if len(e.plan.Wants) == 1 && !e.facts.tokens.until.IsZero() {
+				put[bucket{wt.Key, e.facts.tokens.until}]++
+			} else {
+				back[wt.Key]++
+			}
 		}
 	}
 	for key, n := range back {
 		w.cfg.Budgets.Return(wants[key], n)
+	}
+	for b, n := range put {
+		w.cfg.Budgets.PutBack(ctx, wants[b.key], b.until, n)
 	}
 }
 

@@ -37,6 +37,8 @@ type fakeBudgets struct {
 	after   func() // called at the end of each Take (a stall after the tokens)
 	// unclaimed are the wants whose claims were given back (Unclaim)
 	unclaimed []budget.Want
+	// putBack are the tokens given back by bucket (PutBack): key@until -> n
+	putBack map[string]int
 }
 
 func (b *fakeBudgets) Take(_ context.Context, wants []budget.Want) ([]budget.Grant, error) {
@@ -78,6 +80,16 @@ func (b *fakeBudgets) Return(w budget.Want, n int) {
 	defer b.mu.Unlock()
 	b.taken[w.Key] -= n
 	b.returns += n
+}
+
+func (b *fakeBudgets) PutBack(_ context.Context, w budget.Want, until time.Time, n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.taken[w.Key] -= n
+	if b.putBack == nil {
+		b.putBack = map[string]int{}
+	}
+	b.putBack[w.Key+"@"+until.UTC().Format(time.RFC3339Nano)] += n
 }
 
 func (b *fakeBudgets) Unclaim(_ context.Context, w budget.Want, _ time.Time) error {
@@ -145,6 +157,56 @@ func TestBudgetTokensFollowTheOutcome(t *testing.T) {
 	}
 	if got := b.balance(); got["sms"] != 1 || got["all-sms"] != 1 || len(got) != 2 {
 		t.Errorf("tokens kept: %v, want one of each budget (the forwarded send's)", got)
+	}
+}
+
+// TestCappedSendPutsItsTokenBack: a send of one budget that took its token
+// and was then capped by a user's cap gives it back by its bucket (PutBack,
+// with the grant's Until: to Redis while the budget is short); a send of two
+// budgets holds tokens of buckets it does not all know, and gives them to the
+// reserve (Return).
+func TestCappedSendPutsItsTokenBack(t *testing.T) {
+	until := t0.Add(7 * time.Millisecond)
+	b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
+		return budget.Grant{OK: true, Until: until}, nil
+	}}
+	d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
+		if r.JobID != "sent" {
+			return capping.Decision{Cap: "daily", RetryAt: t0.Add(time.Hour), At: t0}, nil
+		}
+		return capping.Decision{Allowed: true, At: t0}, nil
+	}}
+	rs := holdRules(t, rules.Config{
+		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: intp(10)}},
+		Budgets: []rules.Budget{
+			{Name: "push", Limit: intp(5), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "push"}, MaxHold: rules.Duration(time.Hour)},
+			{Name: "sms", Limit: intp(5), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "sms"}, MaxHold: rules.Duration(time.Hour)},
+			{Name: "all-sms", Limit: intp(50), Window: rules.Duration(time.Second), Scope: rules.Scope{Channel: "sms"}, MaxHold: rules.Duration(time.Hour)},
+		},
+	})
+	h := start(t, consumer.Config{Rules: rs, Decider: d, Budgets: b, Clock: func() time.Time { return t0 }, BatchSize: 4})
+	push := func(id string, user uint32) kafka.Message {
+		m := job(id, user, "")
+		m.Value = []byte(`{"job_id":"` + id + `","user_id":1,"campaign_id":"c","channel":"push"}`)
+		return m
+	}
+	h.send(push("sent", 1), push("capped-1", 2), push("capped-2", 3), smsJob("capped-sms", 4))
+	outs := byJob(h.waitOutputs(t, 4))
+	for id, want := range map[string]string{"sent": "allowed", "capped-1": "capped", "capped-2": "capped", "capped-sms": "capped"} {
+		if got := header(outs[id], output.HeaderDecision); got != want {
+			t.Errorf("%s: %q, want %q", id, got, want)
+		}
+	}
+	if got := b.balance(); got["push"] != 1 || len(got) != 1 {
+		t.Errorf("tokens kept: %v, want the forwarded push's alone", got)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if want := map[string]int{"push@" + until.Format(time.RFC3339Nano): 2}; !reflect.DeepEqual(b.putBack, want) {
+		t.Errorf("tokens put back by bucket %v, want %v (the two capped pushes', by their grant's bucket)", b.putBack, want)
+	}
+	if b.returns != 2 {
+		t.Errorf("%d tokens returned to the reserve, want 2 (the capped SMS's, of two budgets)", b.returns)
 	}
 }
 

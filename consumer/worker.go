@@ -54,6 +54,10 @@ type Budgeter interface {
 	// forwarded); Lapse counts n tokens that went unused past their bucket.
 	Return(w budget.Want, n int)
 	Lapse(w budget.Want, n int)
+	// PutBack gives back n tokens of w granted until until (budget.Grant.Until)
+	// that were not used: to Redis while the budget refuses sends, where any
+	// replica's next send may take them, else as Return.
+	PutBack(ctx context.Context, w budget.Want, until time.Time, n int)
 	// Unclaim gives back the token a claim took (budget.Grant.Claimed) for a
 	// send that was a duplicate, and keeps the promise it took again.
 	Unclaim(ctx context.Context, w budget.Want, until time.Time) error
