@@ -126,10 +126,10 @@ end
 -- Spare tokens (ARGV[11 + 3n]): new wants may take them until st (read by every call that gives them or has
 -- wants).
 local spare, spareUntil, spareChanged = 0, 0, false
-local function readSpare()
-  local v = redis.call('HMGET', KEYS[2], 'sp', 'st')
-  if v[1] and tonumber(v[2] or '0') > now then
-    spare, spareUntil = tonumber(v[1]), tonumber(v[2])
+local function readSpare() -- (HGET: the worker's Redis ACL grants it, not HMGET)
+  local st = tonumber(redis.call('HGET', KEYS[2], 'st') or '0')
+  if st > now then
+    spare, spareUntil = tonumber(redis.call('HGET', KEYS[2], 'sp') or '0'), st
   end
 end
 if spareBack and given > 0 then

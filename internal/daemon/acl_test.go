@@ -150,6 +150,22 @@ func TestRedisACLCoversEveryCommand(t *testing.T) {
 			t.Fatalf("budget take as capper (spread %v): %v %v", spread, gs, err)
 		}
 	}
+	// A token of a send capped after all, put back while the budget refuses
+	// sends: to Redis as a spare token (HGET, HINCRBY, HSET, PTTL, PEXPIRE),
+	// taken by the next new send (HGET, HDEL).
+	back := &budget.Spec{Name: "acl", Limit: 2, Window: time.Minute, Spread: true}
+	want := budget.Want{Spec: back, Key: "acl-back"}
+	gs, err := b.Take(ctx, []budget.Want{want, want, want}) // 2 granted, 1 refused: short
+	if err != nil || !gs[0].OK || gs[2].OK {
+		t.Fatalf("budget take as capper: %v %v, want 2 of 3 granted", gs, err)
+	}
+	b.PutBack(ctx, want, gs[0].Until, 1)
+	if u, err := b.Peek(ctx, want); err != nil || u.Used != 1 {
+		t.Fatalf("budget put back as capper: %d tokens counted after one of 2 was put back (%v), want 1", u.Used, err)
+	}
+	if gs, err := b.Take(ctx, []budget.Want{want}); err != nil || !gs[0].OK {
+		t.Fatalf("budget spare token taken as capper: %v %v", gs, err)
+	}
 	// Named wants (a held job's promise kept by job): refused and promised
 	// (ZADD), asked again by a copy (ZSCORE), claimed (ZADD, ZREM), lapsed
 	// ones dropped (ZREMRANGEBYSCORE).
