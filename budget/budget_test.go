@@ -578,6 +578,58 @@ func TestPutBackWhileShort(t *testing.T) {
 	}
 }
 
+// TestSpareTokenIsNotALateClaimsOwn: a token put back while the budget is
+// short is spare for new sends. A claim whose own token is not back yet
+// (here it comes before its promise; on the stack, a claim whose token a late
+// claim took) must not take it in its own token's place: it follows its own
+// token, and the next new send takes the spare one, as it would have taken
+// the capped send's. Taken by the claim, the spare token would be spent on a
+// send its own token serves a moment later, and the new send held.
+func TestSpareTokenIsNotALateClaimsOwn(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
+	a, _ := newBudgets(t, c, true)
+	ctx := context.Background()
+	spec := &Spec{Name: "late", Limit: 10, Window: time.Second}
+	var tiers heldWants
+	tiers.take(t, a, wants(spec, "late", 1)) // the first bucket's token
+	c.Add(900 * time.Millisecond)
+	ws := wants(spec, "late", 11)
+	gs := tiers.take(t, a, ws)
+	if granted(gs) != 9 || tiers.promised != 2 {
+		t.Fatalf("%d of 11 granted and %d held, want 9 and 2 held", granted(gs), tiers.promised)
+	}
+	first := tiers.wants[0] // promised the first bucket's token, back a window and a bucket after it
+	if want := time.UnixMilli(1_800_000_001_010); !first.Promised.Equal(want) {
+		t.Fatalf("the first held send was promised %v, want %v", first.Promised, want)
+	}
+	c.Add(20 * time.Millisecond)
+	a.PutBack(ctx, ws[0], gs[0].Until, 1) // its send was capped after it took its token
+	if u, err := a.Peek(ctx, first); err != nil || u.Used != 9 {
+		t.Fatalf("%d tokens counted after one was put back (err %v), want 9", u.Used, err)
+	}
+	c.Add(20 * time.Millisecond) // 70 ms before its token is back
+	claim, err := a.Take(ctx, []Want{first})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if claim[0].OK || claim[0].RetryAt.Before(first.Promised) {
+		t.Errorf("a claim 70 ms before its token is back: %+v, want told to follow it (to %v or later), the spare token left to new sends", claim[0], first.Promised)
+	}
+	now := wants(spec, "late", 1)
+	now[0].Until = c.Now()
+	if got, err := a.Take(ctx, now); err != nil || granted(got) != 1 {
+		t.Errorf("the next new send: %+v (err %v), want the spare token", got, err)
+	}
+	if u, _ := a.Peek(ctx, first); u.Used != 10 {
+		t.Errorf("%d tokens counted, want the limit, 10", u.Used)
+	}
+	c.Set(claim[0].RetryAt)
+	first.Promised = claim[0].RetryAt
+	if got, err := a.Take(ctx, []Want{first}); err != nil || !got[0].OK {
+		t.Errorf("the claim back when told: %+v (err %v), want its token", got, err)
+	}
+}
+
 // countingScripter tracks how many script calls run at once.
 type countingScripter struct {
 	redis.Scripter
