@@ -195,7 +195,7 @@ func replayAKill(tb testing.TB, lag time.Duration) killReplay {
 				switch {
 				case g.OK:
 					stamps = append(stamps, g.Until.Add(-width)) // the bucket it is counted in
-				case g.RetryAt.Before(ws[i].Until):
+				case g.Promised:
 					w := ws[i]
 					w.Promised = g.RetryAt
 					k++

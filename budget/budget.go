@@ -105,11 +105,18 @@ type Grant struct {
 	Until time.Time
 	// RetryAt, when not OK, is when a token is expected back for this job:
 	// the start of the earliest bucket with a token no replica has promised
-	// to another job. The token is promised to it (kept for it in Redis, for
-	// its Want.Promised to claim) when that is before its Want.Until. So
-	// released jobs arrive as tokens come back, as many as come back, and
-	// find them.
+	// to another job. So released jobs arrive as tokens come back, as many
+	// as come back, and find them.
 	RetryAt time.Time
+	// Promised, when not OK, says the token expected at RetryAt is kept for
+	// the job (in Redis, for its Want.Promised to claim): a new want's when
+	// RetryAt is a tenth of a second (at most a tenth of the window) before
+	// its Want.Until, a claim's that follows its token when it is before its
+	// Want.Until. Not promised, the job cannot wait for it: it is capped,
+	// and the token goes to a job that can. The room before Until is for a
+	// claim whose token comes back late (its previous holder released late)
+	// to follow it.
+	Promised bool
 	// Claimed, when OK, says the token is the one promised to the want
 	// (Want.Promised): if its send turns out not to be a new one, Unclaim
 	// gives it back and keeps the promise again.
@@ -396,7 +403,7 @@ func (st *state) answer(r reply, asked []int, nclaims int, now, until time.Time,
 	for k, i := range asked {
 		if k < nclaims {
 			st.claimsC[0].Inc()
-			if r.wants[k] > 0 {
+			if at := r.wants[k]; at > 0 || at < copyOf {
 				st.claimsC[1].Inc()
 			}
 		}
@@ -405,11 +412,11 @@ func (st *state) answer(r reply, asked []int, nclaims int, now, until time.Time,
 			st.copiesC.Inc()
 			continue
 		}
-		if at := r.wants[k]; at <= 0 { // -1: the token promised to it
-			grants[i] = Grant{OK: true, Until: until, Claimed: at < 0}
+		if at := r.wants[k]; at == 0 || at == claimedOwn {
+			grants[i] = Grant{OK: true, Until: until, Claimed: at == claimedOwn}
 			took++
-		} else {
-			grants[i] = Grant{RetryAt: time.UnixMilli(at)}
+		} else { // the time it may come back: promised to it, or (less than 0) not
+			grants[i] = Grant{RetryAt: time.UnixMilli(max(at, -at)), Promised: at > 0}
 			refused++
 		}
 	}
@@ -574,6 +581,10 @@ func (b *Budgets) Peek(ctx context.Context, w Want) (Usage, error) {
 // copyOf is budget.lua's answer to a want whose job's token another copy of
 // it claimed.
 const copyOf = -2
+
+// claimedOwn is budget.lua's answer to a claim granted the token promised to
+// it.
+const claimedOwn = -1
 
 // reply is budget.lua's answer to a call.
 type reply struct {

@@ -210,7 +210,7 @@ func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 	}
 	gs, _ := b.Take(ctx, ws)
 	for i, g := range gs {
-		if g.OK || !g.RetryAt.Equal(back) {
+		if g.OK || !g.RetryAt.Equal(back) || g.Promised != (i >= 3) {
 			t.Errorf("want %d: %+v, want refused and told %v (a bucket's share, 3, then promised)", i, g, back)
 		}
 	}
@@ -218,16 +218,24 @@ func TestNoTokenPromisedToAJobThatCannotWait(t *testing.T) {
 	if g := gs[0]; g.OK || !g.RetryAt.Equal(back.Add(w)) {
 		t.Errorf("the 7th: %+v, want refused until %v", g, back.Add(w))
 	}
-	// A job that can wait until a fraction of a millisecond after a bucket's
-	// start is held until then (its due time is before its max_hold), so a
-	// token is promised to it: of the three next, the 8th and 9th take the
-	// bucket's two tokens left, and the 10th is told the bucket after.
-	ws = wants(spec, "u", 3)
-	ws[0].Until = back.Add(w + 300*time.Microsecond)
+	// A token is promised only a tenth of a second (at most a tenth of the
+	// window) before the job's until: the room a claim needs to follow its
+	// token when the send before it released late. The 8th can wait until
+	// exactly that long after the bucket's start: told it, promised nothing.
+	// The 9th can wait a fraction of a millisecond longer: promised a token;
+	// the 10th takes the bucket's last, and the 11th is told the bucket after.
+	margin := 100 * time.Millisecond
+	ws = wants(spec, "u", 4)
+	ws[0].Until = back.Add(w + margin)
+	ws[1].Until = back.Add(w + margin + 300*time.Microsecond)
 	gs, _ = b.Take(ctx, ws)
-	if !gs[0].RetryAt.Equal(back.Add(w)) || !gs[1].RetryAt.Equal(back.Add(w)) || !gs[2].RetryAt.Equal(back.Add(2*w)) {
-		t.Errorf("the 8th, which can wait until %v, the 9th and the 10th told %v, %v, %v; want %v, %v, %v (the 8th promised a token)",
-			ws[0].Until, gs[0].RetryAt, gs[1].RetryAt, gs[2].RetryAt, back.Add(w), back.Add(w), back.Add(2*w))
+	for i, want := range []struct {
+		at       time.Time
+		promised bool
+	}{{back.Add(w), false}, {back.Add(w), true}, {back.Add(w), true}, {back.Add(2 * w), true}} {
+		if g := gs[i]; g.OK || !g.RetryAt.Equal(want.at) || g.Promised != want.promised {
+			t.Errorf("the %dth (until %v): %+v, want told %v, promised %v", 8+i, ws[i].Until, g, want.at, want.promised)
+		}
 	}
 }
 
@@ -405,7 +413,7 @@ func (h *heldWants) refused(ws []Want, gs []Grant) {
 	for i, g := range gs {
 		switch {
 		case g.OK:
-		case ws[i].Until.IsZero() || g.RetryAt.Before(ws[i].Until):
+		case g.Promised:
 			w := ws[i]
 			w.Promised = g.RetryAt
 			h.wants = append(h.wants, w)

@@ -235,6 +235,9 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		if !g.OK && (t.short == "" || g.RetryAt.After(t.retryAt)) {
 			t.short, t.retryAt = wants[j].Spec.Name, g.RetryAt
 		}
+		if !g.OK && !g.Copy && !g.Promised {
+			t.unkept = true
+		}
 		if g.OK && (t.until.IsZero() || g.Until.Before(t.until)) {
 			t.until = g.Until
 		}
@@ -298,7 +301,7 @@ func (w *Worker) followClaims(es []entry, wants []budget.Want, grants []budget.G
 	for j, g := range grants {
 		wt := wants[j]
 		switch {
-		case g.OK, g.Copy, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !wt.Until.IsZero() && !g.RetryAt.Before(wt.Until):
+		case g.OK, g.Copy, wt.Promised.IsZero(), g.RetryAt.Sub(now) > followWait, !g.Promised:
 			continue // granted, another copy's, not a claim, promised too late, or not promised at all
 		case j > 0 && owners[j-1] == owners[j], j+1 < len(owners) && owners[j+1] == owners[j]:
 			continue // a send of several budgets

@@ -215,13 +215,16 @@ func TestCappedSendPutsItsTokenBack(t *testing.T) {
 // Redis, and gives back the tokens of its other budgets. Without delay tiers
 // it is capped naming the budget, with the retry-at, after Redis only
 // checked whether it is a redelivery (an earlier version capped it by a cap
-// called "refused" with no retry-at).
+// called "refused" with no retry-at). So is a send whose expected token the
+// budget does not keep for it (budget.Grant.Promised: it comes back too
+// close to its max_hold), beyond max_hold, though the time is before it.
 func TestBudgetShortHoldsOrCaps(t *testing.T) {
 	due := t0.Add(1500 * time.Millisecond)
-	for _, tiers := range []bool{true, false} {
+	for _, c := range []struct{ tiers, kept bool }{{true, true}, {false, true}, {true, false}} {
+		tiers := c.tiers
 		b := &fakeBudgets{grant: func(_ int, w budget.Want) (budget.Grant, error) {
 			if w.Key == "sms" {
-				return budget.Grant{RetryAt: due}, nil
+				return budget.Grant{RetryAt: due, Promised: c.kept}, nil
 			}
 			return budget.Grant{OK: true}, nil
 		}}
@@ -231,7 +234,14 @@ func TestBudgetShortHoldsOrCaps(t *testing.T) {
 		}
 		h := start(t, cfg)
 		h.send(smsJob("short", 1))
-		if tiers {
+		if !c.kept {
+			o := h.waitOutputs(t, 1)[0]
+			if o.Topic != "capped" || header(o, output.HeaderCap) != "sms" || header(o, output.HeaderReason) != "beyond max_hold" ||
+				header(o, output.HeaderRetryAt) != "2026-11-22T12:00:01.5Z" {
+				t.Errorf("its token not kept for it: on %q, cap %q, reason %q, retry-at %q; want capped by sms beyond max_hold, retry at 12:00:01.5",
+					o.Topic, header(o, output.HeaderCap), header(o, output.HeaderReason), header(o, output.HeaderRetryAt))
+			}
+		} else if tiers {
 			outs := h.waitOutputs(t, 2)
 			var audit, tier kafka.Message
 			for _, o := range outs {
@@ -259,7 +269,7 @@ func TestBudgetShortHoldsOrCaps(t *testing.T) {
 			}
 		}
 		if got := b.balance(); len(got) != 0 {
-			t.Errorf("tiers %v: tokens kept %v, want none (all-sms's token given back)", tiers, got)
+			t.Errorf("%+v: tokens kept %v, want none (all-sms's token given back)", c, got)
 		}
 	}
 }
@@ -457,7 +467,7 @@ func TestMissedClaimMovesToItsToken(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				claims = append(claims, w.Promised)
-				return budget.Grant{RetryAt: t0.Add(c.follow)}, nil // the token is not back yet: promised the next one
+				return budget.Grant{RetryAt: t0.Add(c.follow), Promised: true}, nil // the token is not back yet: promised the next one
 			}}
 			d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
 				return capping.Decision{Allowed: true, At: r.At}, nil

@@ -60,6 +60,7 @@ type grant struct {
 	promise time.Time // the promise it claimed: its hold's due time
 	copy    bool      // another copy of the job claimed its token (budget.Grant.Copy): short names the budget
 	follow  bool      // its promised token was missing, the next is promised to it shortly: it moves on to it (followClaims)
+	unkept  bool      // a token it was refused is not kept for it (budget.Grant.Promised): it cannot wait for it
 }
 
 // answer is what Redis answered to the job's request.
@@ -147,6 +148,9 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	case f.tokens.short != "":
 		b := f.tokens.short
 		o := holdOrRefuse(f, p.OnShort(b), f.tokens.retryAt, b, "budget", wheel, now)
+		if o.Kind == Held && f.tokens.unkept { // its token comes back too close to its until (budget.Grant.Promised)
+			o = Outcome{Reason: tooLate(f, p.OnShort(b))}
+		}
 		if o.Kind == Held && f.tokens.follow { // on to its new promise, as a job not due yet: no new hold
 			o.Kind, o.Cap, o.HeldBy, o.Hold.Count = Moved, "", "", f.arrived.Count
 		}
@@ -289,6 +293,15 @@ func holdUntil(f *facts, pol rules.Policy, wheel *hold.Wheel, now time.Time) tim
 		until = f.expiresAt
 	}
 	return until
+}
+
+// tooLate is the reason a job cannot wait under policy pol for what comes
+// back only at holdUntil's time: expired when its expiry comes first.
+func tooLate(f *facts, pol rules.Policy) string {
+	if !f.expiresAt.IsZero() && !f.since.Add(pol.MaxHold).Before(f.expiresAt) {
+		return ReasonExpired
+	}
+	return ReasonMaxHold
 }
 
 // holdOrRefuse holds the job until due under policy pol, for cause (a cap,
