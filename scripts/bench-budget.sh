@@ -69,7 +69,8 @@ killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }
 # those in it, for the rows of both modes: windows(budget, killed, window, session) -> (all, out, in the grace,
 # how many of out are below 95% with no held send capped in them). A held send capped when it came back (by a
 # cap of its user's after it claimed its token, or beyond its max_hold) costs its window a send: capper
-# report's whole_held_capped counts them per window, and each run prints those of its windows below 95%.
+# report's whole_held_capped counts them per window, and each run prints those of its windows below 95%, and
+# whole_held_capped_by what capped them over all whole windows.
 cat >"$work/windows.py" <<'PY'
 import sys
 
@@ -89,6 +90,9 @@ def windows(b, killed, window, session):
     if low:
         print("  below 95% outside the grace (window: sends, held sends capped when back in it):",
               ", ".join("%d: %d, %d" % x for x in low), file=sys.stderr)
+    if b.get("whole_held_capped_by"):
+        print("  held sends capped when back, by what capped them (their reason, else their cap):",
+              ", ".join("%s %d" % x for x in sorted(b["whole_held_capped_by"].items())), file=sys.stderr)
     return (w, [x for x, g in zip(w, grace) if not g], [x for x, g in zip(w, grace) if g],
             sum(c == 0 for _, _, c in low))
 PY

@@ -566,7 +566,7 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 		fmt.Fprintf(w, "  budget %-8s limit %d per %v; allowed per whole window while the demand lasts (from the second) %v%s; at most %d in any %v\n",
 			b.Budget, b.Limit, b.Window, b.Whole, short, b.MaxAny, b.Window)
 		if slices.ContainsFunc(b.HeldCapped, func(n int) bool { return n > 0 }) {
-			fmt.Fprintf(w, "  budget %-8s held sends capped when they came back, per whole window (each costs its window a send) %v\n", b.Budget, b.HeldCapped)
+			fmt.Fprintf(w, "  budget %-8s held sends capped when they came back, per whole window (each costs its window a send) %v; by what capped them %v\n", b.Budget, b.HeldCapped, b.HeldCappedBy)
 		}
 	}
 	if r.VIPJudged > 0 {

@@ -74,6 +74,7 @@ type Checker struct {
 	allowedBy  []uint32  // the line of that output's message
 	heldDue    map[uint32]time.Time
 	heldCapped []lineAt          // capped outputs of held jobs, with budgets (BudgetDelivery.HeldCapped)
+	heldCause  []string          // what capped each of heldCapped: its reason, else its cap
 	arbitrated map[uint32]string // won or lost, from its final output
 	// Arbitration candidates: user -> arbitration window's end -> their lines.
 	windows     map[uint32]map[time.Time][]uint32
@@ -264,6 +265,7 @@ func (c *Checker) account(o *Output) {
 	c.roles[job] = c.roles[job].with(o.Role)
 	if o.Role == RoleCapped && o.HoldCount > 0 && len(c.j.budgets) > 0 {
 		c.heldCapped = append(c.heldCapped, lineAt{uint32(i), o.at().UnixNano()})
+		c.heldCause = append(c.heldCause, cmp.Or(o.Reason, o.Cap))
 	}
 	if o.Role == RoleAllowed && o.Decision != output.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
 		c.r.Violations++
@@ -542,12 +544,15 @@ func (c *Checker) budgets(jobs []uint32) {
 	if len(c.j.budgets) == 0 {
 		return
 	}
-	heldCapped := map[string][]int64{}
+	heldCapped, heldCause := map[string][]int64{}, map[string][]string{}
 	once := map[int]bool{} // a job's copies capped twice count once
-	for _, h := range c.heldCapped {
+	for k, h := range c.heldCapped {
 		if job := c.m.job(int(h.line)); !once[job] {
 			once[job] = true
-			c.budgetKeys(c.m.attrsOf(int(h.line)), func(_ *jbudget, key string) { heldCapped[key] = append(heldCapped[key], h.at) })
+			c.budgetKeys(c.m.attrsOf(int(h.line)), func(_ *jbudget, key string) {
+				heldCapped[key] = append(heldCapped[key], h.at)
+				heldCause[key] = append(heldCause[key], c.heldCause[k])
+			})
 		}
 	}
 	byKey := map[string][]int64{}
@@ -611,9 +616,13 @@ func (c *Checker) budgets(jobs []uint32) {
 				}
 			}
 			d.HeldCapped = make([]int, end-1)
-			for _, t := range heldCapped[key] {
+			for k, t := range heldCapped[key] {
 				if w := (t - ts[0]) / window; t >= ts[0] && w >= 1 && w < int64(end) {
 					d.HeldCapped[w-1]++
+					if d.HeldCappedBy == nil {
+						d.HeldCappedBy = map[string]int{}
+					}
+					d.HeldCappedBy[heldCause[key][k]]++
 				}
 			}
 		}

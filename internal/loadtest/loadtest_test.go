@@ -355,9 +355,10 @@ func TestCheckBudget(t *testing.T) {
 		t.Fatalf("within the budget: %v", r.Problems)
 	}
 	// What each key delivered: per whole window from its first send (t0),
-	// the first and the last left out (0..2.2 s: windows [0,1) [1,2) [2,3)).
+	// the first and the last left out (0..2.2 s: windows [0,1) [1,2) [2,3)),
+	// and its held sends capped when they came back, by what capped them.
 	got := fmt.Sprint(r.Budgets)
-	if want := fmt.Sprintf("[{speed:other 5 1s [] [] [] %[1]d 5} {speed:slow 5 1s [5] [5] [1] %[1]d 5}]", t0.UnixNano()); got != want {
+	if want := fmt.Sprintf("[{speed:other 5 1s [] [] [] map[] %[1]d 5} {speed:slow 5 1s [5] [5] [1] map[daily:1] %[1]d 5}]", t0.UnixNano()); got != want {
 		t.Errorf("budget delivery %s, want %s", got, want)
 	}
 	sent, outs = sent[:len(sent)-3], outs[:len(outs)-5]
@@ -383,7 +384,7 @@ func TestCheckBudget(t *testing.T) {
 		}
 	}
 	r = loadtest.Check(sent, outs, p, t0.Add(time.Hour))
-	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] [5] [0] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
+	if got, want := fmt.Sprint(r.Budgets[0]), fmt.Sprintf("{speed:burst 5 1s [5] [5] [0] map[] %d 5}", t0.UnixNano()); r.Violations != 0 || got != want {
 		t.Errorf("a burst: %s (problems %v), want %s", got, r.Problems, want)
 	}
 	// The burst's end: a window that began with fewer sends to come than the

@@ -112,6 +112,9 @@ type BudgetDelivery struct {
 	// unsent; one capped beyond its max_hold found its token taken by a late
 	// claim. A window short of the limit with such sends lost them there.
 	HeldCapped []int `json:"whole_held_capped"`
+	// HeldCappedBy counts those of HeldCapped by what capped them: the
+	// reason (beyond max_hold, refused before, ...), else the cap.
+	HeldCappedBy map[string]int `json:"whole_held_capped_by,omitempty"`
 	// First is when its first allowed send was decided (Unix ns): window i
 	// of Whole starts (i+1) windows after it.
 	First int64 `json:"first_ns"`
