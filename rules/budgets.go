@@ -21,8 +21,10 @@ type Budget struct {
 	Window Duration `yaml:"window"`
 	// Scope, as for caps; per_campaign makes one budget per campaign id. Empty: every send.
 	Scope `yaml:",inline"`
-	// MaxHold bounds how long after submission a job may wait for a token;
-	// later it is capped with reason "beyond max_hold". Defaults to 24h.
+	// MaxHold bounds how long after submission a job may wait for a token:
+	// one whose token comes back later, or less than a tenth of a second
+	// before (budget.Grant.Promised), is capped with reason "beyond
+	// max_hold". Defaults to 24h.
 	MaxHold Duration `yaml:"max_hold"`
 	// Spread spreads the sends over the window (budget.Spec.Spread): under
 	// sustained demand they go at the limit's pace and every window gets
