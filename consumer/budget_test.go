@@ -433,7 +433,9 @@ func TestDuplicateGivesItsClaimBack(t *testing.T) {
 // hold record, its hold count and since unchanged, its due time the new
 // promise), and a job granted a token in the same batch is decided at once;
 // one promised beyond that wait, and a job of two budgets, are held again
-// until their new promise.
+// until their new promise; one told the next token but not promised it (it
+// comes back past its max_hold: budget.Grant.Promised) is capped beyond
+// max_hold.
 func TestMissedClaimMovesToItsToken(t *testing.T) {
 	oneBudget := holdRules(t, rules.Config{
 		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: intp(10)}},
@@ -448,11 +450,13 @@ func TestMissedClaimMovesToItsToken(t *testing.T) {
 		follow time.Duration // the next token back, from the clock
 		other  bool          // a job granted a token shares the batch
 		want   string        // the claiming job's output topic
+		lost   bool          // the next token is not promised to it (past its max_hold)
 	}{
-		{"promised again soon", oneBudget, 40 * time.Millisecond, false, "delay.1s"},
-		{"promised again soon, a granted token in the batch", oneBudget, 40 * time.Millisecond, true, "delay.1s"},
-		{"promised again later", oneBudget, 5 * time.Second, false, "held"},
-		{"two budgets", budgetRules(t), 40 * time.Millisecond, false, "held"},
+		{"promised again soon", oneBudget, 40 * time.Millisecond, false, "delay.1s", false},
+		{"promised again soon, a granted token in the batch", oneBudget, 40 * time.Millisecond, true, "delay.1s", false},
+		{"promised again later", oneBudget, 5 * time.Second, false, "held", false},
+		{"two budgets", budgetRules(t), 40 * time.Millisecond, false, "held", false},
+		{"the next token not promised to it", oneBudget, 40 * time.Millisecond, false, "capped", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var mu sync.Mutex
@@ -467,7 +471,7 @@ func TestMissedClaimMovesToItsToken(t *testing.T) {
 				mu.Lock()
 				defer mu.Unlock()
 				claims = append(claims, w.Promised)
-				return budget.Grant{RetryAt: t0.Add(c.follow), Promised: true}, nil // the token is not back yet: promised the next one
+				return budget.Grant{RetryAt: t0.Add(c.follow), Promised: !c.lost}, nil // the token is not back yet: promised the next one
 			}}
 			d := &fakeDecider{decide: func(_ int, r capping.Request) (capping.Decision, error) {
 				return capping.Decision{Allowed: true, At: r.At}, nil
@@ -486,6 +490,7 @@ func TestMissedClaimMovesToItsToken(t *testing.T) {
 				n++ // its hold record and its message on the tier
 			}
 			var topics []string
+			var reason string
 			for _, o := range h.waitOutputs(t, n) { // a batch's outputs are written together
 				if o.Key != nil && string(o.Key) != string(batch[0].Key) {
 					if c.other && o.Topic != "allowed" {
@@ -494,6 +499,9 @@ func TestMissedClaimMovesToItsToken(t *testing.T) {
 					continue
 				}
 				topics = append(topics, o.Topic)
+				if o.Topic == "capped" {
+					reason = header(o, output.HeaderReason)
+				}
 				if o.Topic == "held" || o.Topic == "delay.1s" {
 					if got := header(o, output.HeaderDueAt); got != output.FormatTime(t0.Add(c.follow)) {
 						t.Errorf("%s until %s, want its new promise %s", o.Topic, got, output.FormatTime(t0.Add(c.follow)))
@@ -512,6 +520,9 @@ func TestMissedClaimMovesToItsToken(t *testing.T) {
 			}
 			if !slices.Contains(topics, c.want) || c.want != "held" && len(topics) != 1 {
 				t.Errorf("the claiming job's outputs went to %v, want %s", topics, c.want)
+			}
+			if c.lost && reason != consumer.ReasonMaxHold {
+				t.Errorf("capped with reason %q, want %q", reason, consumer.ReasonMaxHold)
 			}
 			mu.Lock()
 			defer mu.Unlock()
