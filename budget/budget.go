@@ -111,11 +111,11 @@ type Grant struct {
 	// Promised, when not OK, says the token expected at RetryAt is kept for
 	// the job (in Redis, for its Want.Promised to claim): a new want's when
 	// RetryAt is a tenth of a second before its Want.Until (a tenth of a
-	// window shorter than a second, a bucket of one longer than 10 s), a claim's that follows its token when it is before its
-	// Want.Until. Not promised, the job cannot wait for it: it is capped,
-	// and the token goes to a job that can. The room before Until is for a
-	// claim whose token comes back late (its previous holder released late)
-	// to follow it.
+	// window shorter than a second, a bucket of one longer than 10 s), a
+	// claim's that follows its token when it is before its Want.Until. Not
+	// promised, the job cannot wait for it: it is capped, and the token goes
+	// to a job that can. The room before Until is for a claim whose token
+	// comes back late (its previous holder released late) to follow it.
 	Promised bool
 	// Claimed, when OK, says the token is the one promised to the want
 	// (Want.Promised): if its send turns out not to be a new one, Unclaim

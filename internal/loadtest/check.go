@@ -265,7 +265,7 @@ func (c *Checker) account(o *Output) {
 	c.roles[job] = c.roles[job].with(o.Role)
 	if o.Role == RoleCapped && o.HoldCount > 0 && len(c.j.budgets) > 0 {
 		c.heldCapped = append(c.heldCapped, lineAt{uint32(i), o.at().UnixNano()})
-		c.heldCause = append(c.heldCause, cmp.Or(o.Reason, o.Cap))
+		c.heldCause = append(c.heldCause, c.in.get(cmp.Or(o.Reason, o.Cap)))
 	}
 	if o.Role == RoleAllowed && o.Decision != output.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
 		c.r.Violations++
