@@ -148,8 +148,9 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 	case f.tokens.short != "":
 		b := f.tokens.short
 		o := holdOrRefuse(f, p.OnShort(b), f.tokens.retryAt, b, "budget", wheel, now)
-		if o.Kind == Held && f.tokens.unkept { // its token comes back too close to its until (budget.Grant.Promised)
-			o = Outcome{Reason: tooLate(f, p.OnShort(b))}
+		if o.Kind == Held && f.tokens.unkept { // its token comes back too close to its until (budget.Grant.Promised):
+			// refused as a wait until that bound would be (expired, beyond max_hold)
+			o = holdOrRefuse(f, p.OnShort(b), holdUntil(f, p.OnShort(b), wheel, now), b, "budget", wheel, now)
 		}
 		if o.Kind == Held && f.tokens.follow { // on to its new promise, as a job not due yet: no new hold
 			o.Kind, o.Cap, o.HeldBy, o.Hold.Count = Moved, "", "", f.arrived.Count
@@ -293,15 +294,6 @@ func holdUntil(f *facts, pol rules.Policy, wheel *hold.Wheel, now time.Time) tim
 		until = f.expiresAt
 	}
 	return until
-}
-
-// tooLate is the reason a job cannot wait under policy pol for what comes
-// back only at holdUntil's time: expired when its expiry comes first.
-func tooLate(f *facts, pol rules.Policy) string {
-	if !f.expiresAt.IsZero() && !f.since.Add(pol.MaxHold).Before(f.expiresAt) {
-		return ReasonExpired
-	}
-	return ReasonMaxHold
 }
 
 // holdOrRefuse holds the job until due under policy pol, for cause (a cap,

@@ -73,8 +73,7 @@ type Checker struct {
 	allowedAt  []int64   // decision time (ns since the epoch) of its first allowed output; 0: none
 	allowedBy  []uint32  // the line of that output's message
 	heldDue    map[uint32]time.Time
-	heldCapped []lineAt          // capped outputs of held jobs, with budgets (BudgetDelivery.HeldCapped)
-	heldCause  []string          // what capped each of heldCapped: its reason, else its cap
+	heldCapped []heldCap         // capped outputs of held jobs, with budgets (BudgetDelivery.HeldCapped)
 	arbitrated map[uint32]string // won or lost, from its final output
 	// Arbitration candidates: user -> arbitration window's end -> their lines.
 	windows     map[uint32]map[time.Time][]uint32
@@ -264,8 +263,7 @@ func (c *Checker) account(o *Output) {
 	}
 	c.roles[job] = c.roles[job].with(o.Role)
 	if o.Role == RoleCapped && o.HoldCount > 0 && len(c.j.budgets) > 0 {
-		c.heldCapped = append(c.heldCapped, lineAt{uint32(i), o.at().UnixNano()})
-		c.heldCause = append(c.heldCause, c.in.get(cmp.Or(o.Reason, o.Cap)))
+		c.heldCapped = append(c.heldCapped, heldCap{uint32(i), o.at().UnixNano(), c.in.get(cmp.Or(o.Reason, o.Cap))})
 	}
 	if o.Role == RoleAllowed && o.Decision != output.DecisionDuplicate && !s.ExpiresAt.IsZero() && !o.at().Before(s.ExpiresAt) {
 		c.r.Violations++
@@ -516,10 +514,12 @@ func (c *Checker) arbitrations() {
 	}
 }
 
-// lineAt is a manifest line's output decided at a time (ns since the epoch).
-type lineAt struct {
-	line uint32
-	at   int64
+// heldCap is a manifest line's capped output of a held job, decided at a
+// time (ns since the epoch), and what capped it: its reason, else its cap.
+type heldCap struct {
+	line  uint32
+	at    int64
+	cause string
 }
 
 // budgetKeys calls f with the budget key of each budget whose scope s is in.
@@ -544,15 +544,12 @@ func (c *Checker) budgets(jobs []uint32) {
 	if len(c.j.budgets) == 0 {
 		return
 	}
-	heldCapped, heldCause := map[string][]int64{}, map[string][]string{}
+	heldCapped := map[string][]heldCap{}
 	once := map[int]bool{} // a job's copies capped twice count once
-	for k, h := range c.heldCapped {
+	for _, h := range c.heldCapped {
 		if job := c.m.job(int(h.line)); !once[job] {
 			once[job] = true
-			c.budgetKeys(c.m.attrsOf(int(h.line)), func(_ *jbudget, key string) {
-				heldCapped[key] = append(heldCapped[key], h.at)
-				heldCause[key] = append(heldCause[key], c.heldCause[k])
-			})
+			c.budgetKeys(c.m.attrsOf(int(h.line)), func(_ *jbudget, key string) { heldCapped[key] = append(heldCapped[key], h) })
 		}
 	}
 	byKey := map[string][]int64{}
@@ -616,13 +613,13 @@ func (c *Checker) budgets(jobs []uint32) {
 				}
 			}
 			d.HeldCapped = make([]int, end-1)
-			for k, t := range heldCapped[key] {
-				if w := (t - ts[0]) / window; t >= ts[0] && w >= 1 && w < int64(end) {
+			for _, h := range heldCapped[key] {
+				if w := (h.at - ts[0]) / window; h.at >= ts[0] && w >= 1 && w < int64(end) {
 					d.HeldCapped[w-1]++
 					if d.HeldCappedBy == nil {
 						d.HeldCappedBy = map[string]int{}
 					}
-					d.HeldCappedBy[heldCause[key][k]]++
+					d.HeldCappedBy[h.cause]++
 				}
 			}
 		}
