@@ -62,6 +62,27 @@ calm() {
 }
 at_exit+=(calm)
 
+# demo ENV... runs demo.sh with ENV and prints its output. A run during which the machine stalled (bench-lib.sh's
+# stalls_start: a paused VM, a starved guest) measured the host: it is printed with its stalls and run again, up
+# to STALL_RETRIES times (default 2); if every try stalled the last stands. The summary counts such runs.
+STALL_RETRIES=${STALL_RETRIES:-2}
+demo() {
+  local try rc out stalls
+  for try in $(seq 0 "$STALL_RETRIES"); do
+    stalls_start "$work/stalls"
+    rc=0
+    out=$(env "$@" scripts/demo.sh 2>&1) || rc=$?
+    stalls_stop
+    [[ -s $work/stalls ]] || break
+    stalls=$(while read -r t g; do printf '%.1f s to %s ' "$g" "$(date -d "@${t%.*}" +%T)"; done <"$work/stalls")
+    echo "  the machine stalled during this run (${stalls% }): $(if ((try < STALL_RETRIES)); then echo "run again"; else echo "kept, every try stalled"; fi)" >&2
+    echo "$stalls" >>"$work/stalled.txt"
+  done
+  echo "$out"
+  return "$rc"
+}
+stalled_runs() { [[ -s $work/stalled.txt ]] && echo "runs during which the machine stalled: $(wc -l <"$work/stalled.txt") (each printed above, and what became of it)"; return 0; }
+
 # killed_at reads demo.sh's output on stdin and prints when it SIGKILLed a worker (Unix seconds; "" if none).
 killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }
 
@@ -122,9 +143,9 @@ if [[ ${1:-delivery} == delivery ]]; then
     sed "s/^  budgets: \[\]/  budgets: [{name: sms, channel: sms, limit: $limit, window: ${w}s, max_hold: 10s, spread: $SPREAD}]/" \
       "$work/decide.yaml" >"$work/sms$w.yaml"
     grep -q 'name: sms, channel: sms' "$work/sms$w.yaml" || { echo "bench-budget: cannot derive the budget config" >&2; exit 1; }
-    out=$(DEMO_CONFIG="$work/sms$w.yaml" DEMO_JOBS=$((rate * secs)) DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$(($3 - 1)) \
+    out=$(demo DEMO_CONFIG="$work/sms$w.yaml" DEMO_JOBS=$((rate * secs)) DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$(($3 - 1)) \
       DEMO_KILL_AFTER="${4:-}" \
-      DEMO_LOADGEN_ARGS="--rate $rate --channels sms $LOADGEN_EXTRA $(seed)" scripts/demo.sh 2>&1) || rc=$?
+      DEMO_LOADGEN_ARGS="--rate $rate --channels sms $LOADGEN_EXTRA $(seed)") || rc=$?
     if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
       echo "$out" >&2; echo "bench-budget: the run with $3 replicas failed" >&2; exit 1
     fi
@@ -174,6 +195,7 @@ for (w, limit, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[2])))
     print("| %d s (%d) | %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %.0f | %d | %s | %s |" % (w, limit, names[n], med[4], med[0], med[1], med[2], med[5], med[7], med[3], ", ".join("%.1f%%" % r[1] for r in rows[(w, limit, n)]), grace))
 print("goal: every whole window at least 95%% (90%% with every core busy), none over 100%%; with a SIGKILL, back to 95%% within the session timeout (%d s) and a window" % int(sys.argv[2]))
 PY
+  stalled_runs
   exit 0
 fi
 if [[ $1 == burst ]]; then
@@ -217,8 +239,8 @@ if [[ $1 == burst ]]; then
           env=(DEMO_KILL_AFTER="$KILL_AT" DEMO_RESTART_AFTER="$RESTART_AFTER" CAPPER_KAFKA_SESSION_TIMEOUT="${SESSION}s")
         fi
         [[ $n == *c ]] && busy
-        out=$(env "${env[@]}" DEMO_CONFIG="$work/burst$w.yaml" DEMO_JOBS=$jobs DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$((${n%[kc]} - 1)) \
-          DEMO_LOADGEN_ARGS="--channels sms --duplicates 1e-9 $(seed)" scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
+        out=$(demo "${env[@]}" DEMO_CONFIG="$work/burst$w.yaml" DEMO_JOBS=$jobs DEMO_USERS=1000000 DEMO_EXTRA_WORKERS=$((${n%[kc]} - 1)) \
+          DEMO_LOADGEN_ARGS="--channels sms --duplicates 1e-9 $(seed)") || { echo "$out" >&2; exit 1; }
         calm
         grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-budget: the burst run failed" >&2; exit 1; }
         echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $n] /" >&2
@@ -250,6 +272,7 @@ for (w, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[1]))):
     print("| %d s | %s | %d | %.1f%% | %.1f%% | %.0f | %.0f | %d (%d) | %.2f | %s | %s |" % (w, names[n], med[6], med[0], med[1], med[2], med[8], med[3], med[4], med[5], ", ".join("%.1f%%" % x[1] for x in rows[(w, n)]), grace))
 print("goal: the median whole window at least 97%, every one at least 95% (90% with every core busy; after a SIGKILL from the session timeout and a window on), none over the limit; at most 1.3 hold records per job")
 PY
+  stalled_runs
   exit 0
 fi
 [[ $1 == cost ]] || { echo "usage: scripts/bench-budget.sh [delivery|burst|cost]" >&2; exit 2; }

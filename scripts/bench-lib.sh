@@ -22,3 +22,29 @@ sed -E 's/, arbitration: [^,}]+//' "$work/drop.yaml" >"$work/decide.yaml"
 if grep -qE '^[^#]*arbitration:' "$work/decide.yaml"; then
   echo "bench-lib: cannot take the arbitration windows out of config.example.yaml (its format changed?)" >&2; exit 1
 fi
+
+# A stalled machine: a VM paused for a snapshot or a migration, or a host that gives the guest no CPU, stops every
+# process at once, and the windows it covers measure the host, not capper (a paused VM's wall clock is stepped on
+# when it resumes: "virtual machine fork" in the kernel's log). stalls_start FILE starts a watcher that wakes every
+# 20 ms and appends "UNIX_SECONDS GAP_SECONDS" to FILE when a wakeup comes more than STALL_GAP seconds (default 1)
+# of wall time after the last, or the wall clock stepped that far against the monotonic one; stalls_stop stops it.
+STALL_GAP=${STALL_GAP:-1}
+stalls_pid=
+stalls_start() {
+  : >"$1"
+  python3 -u - "$STALL_GAP" >>"$1" 2>/dev/null <<'PY' &
+import sys, time
+limit = float(sys.argv[1])
+wall, mono = time.time(), time.monotonic()
+while True:
+    time.sleep(0.02)
+    w, m = time.time(), time.monotonic()
+    gap = max(w - wall, abs((w - m) - (wall - mono)))
+    if gap > limit:
+        print("%.3f %.3f" % (w, gap))
+    wall, mono = w, m
+PY
+  stalls_pid=$!
+}
+stalls_stop() { [[ -n $stalls_pid ]] && { kill "$stalls_pid" 2>/dev/null; wait "$stalls_pid" 2>/dev/null; stalls_pid=; }; return 0; }
+at_exit+=(stalls_stop)
