@@ -27,18 +27,28 @@ fi
 # process at once, and the windows it covers measure the host, not capper (a paused VM's wall clock is stepped on
 # when it resumes: "virtual machine fork" in the kernel's log). stalls_start FILE starts a watcher that wakes every
 # 20 ms and appends "UNIX_SECONDS GAP_SECONDS" to FILE when a wakeup comes more than STALL_GAP seconds (default 1)
-# of wall time after the last, or the wall clock stepped that far against the monotonic one; stalls_stop stops it.
+# of wall time after the last, or the wall clock stepped that far against the monotonic one; stalls_stop stops it,
+# and the watcher appends "late P50 P99 MAX": how late its wakeups came, in ms (a host that gives the guest less
+# CPU without pausing it shows there, not as a stall: a quiet machine's p99 is well under a millisecond).
 STALL_GAP=${STALL_GAP:-1}
 stalls_pid=
 stalls_start() {
   : >"$1"
   python3 -u - "$STALL_GAP" >>"$1" 2>/dev/null <<'PY' &
-import sys, time
+import signal, sys, time
 limit = float(sys.argv[1])
+late = []
+def done(*_):
+    late.sort()
+    q = lambda f: 1000 * late[min(len(late) - 1, int(f * len(late)))] if late else 0
+    print("late %.1f %.1f %.1f" % (q(0.5), q(0.99), q(1)))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, done)
 wall, mono = time.time(), time.monotonic()
 while True:
     time.sleep(0.02)
     w, m = time.time(), time.monotonic()
+    late.append(max(0, m - mono - 0.02))
     gap = max(w - wall, abs((w - m) - (wall - mono)))
     if gap > limit:
         print("%.3f %.3f" % (w, gap))
