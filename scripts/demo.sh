@@ -214,7 +214,7 @@ fi
 
 say "waiting for capper to drain"
 for _ in $(seq 1800); do
-  handled=$(for addr in "${metrics_addrs[@]}"; do curl -fsS "http://$addr/metrics" 2>/dev/null || true; done | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
+  handled=$(for addr in "${metrics_addrs[@]}"; do curl -fsS -m 2 "http://$addr/metrics" 2>/dev/null || true; done | awk '/^capper_jobs_total\{/ {n += $2} END {printf "%d", n}')
   ((handled >= JOBS)) && break
   kill -0 "$worker_pid" 2>/dev/null || break
   sleep 0.2
@@ -232,7 +232,7 @@ say "report"
 status=0
 "$capper" report --config "$REPORT_CONFIG" --manifest "$work/manifest.csv" --idle 30s || status=$?
 
-# Every replica lives to the end but the one SIGKILLed on purpose: the report finds nothing lost when one dies
+# Every replica lives (and answers) to the end but the one SIGKILLed on purpose: the report finds nothing lost when one dies
 # (its partitions move to the others), but the run did not measure what it says, and a death is a defect.
 for i in "${!extra_pids[@]}"; do
   p=${extra_pids[$i]}
@@ -240,6 +240,11 @@ for i in "${!extra_pids[@]}"; do
   if ! kill -0 "$p" 2>/dev/null; then
     rc=0; wait "$p" || rc=$?
     echo "demo: replica $((i + 2)) (capper run) exited during the run (status $rc); its log:" >&2
+    tail -50 "$work/worker$((i + 1)).log" >&2
+    exit 1
+  fi
+  if ! curl -fsS -m 5 "http://${metrics_addrs[$((i + 1))]}/metrics" >/dev/null; then # alive but hung
+    echo "demo: replica $((i + 2)) (capper run) did not answer on ${metrics_addrs[$((i + 1))]} within 5 s; its log:" >&2
     tail -50 "$work/worker$((i + 1)).log" >&2
     exit 1
   fi
