@@ -76,6 +76,7 @@ func (w *Worker) prepare(ctx context.Context, batch []kafka.Message) (*decided, 
 	es = es[:len(batch)]
 	clear(es)
 	w.buf.plans.Reset()
+	w.buf.tags = w.buf.tags[:0]
 	defer func() { w.buf.entries = es }()
 	for i := range batch {
 		e := &es[i]
@@ -131,7 +132,9 @@ func (w *Worker) decode(e *entry, segs *segmenters, now time.Time) bool {
 		}
 		w.m.releaseLag.Observe(now.Sub(e.facts.arrived.Due).Seconds())
 	}
-	e.job, e.tags = job, job.AllTags()
+	n := len(w.buf.tags)
+	w.buf.tags = jobs.AppendAllTags(w.buf.tags, job.Category, job.Tags)
+	e.job, e.tags = job, w.buf.tags[n:len(w.buf.tags):len(w.buf.tags)] // its own capacity: an append to it copies
 	e.facts.expiresAt = job.ExpiresAt
 	e.facts.since = cmp.Or(m.Time, now) // submitted now, or when its producer stamped it
 	if e.facts.arrived.Count > 0 {

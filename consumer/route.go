@@ -147,10 +147,11 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 		return routeCopy(p, f, wheel, now)
 	case f.tokens.short != "":
 		b := f.tokens.short
-		o := holdOrRefuse(f, p.OnShort(b), f.tokens.retryAt, b, "budget", wheel, now)
+		policy := p.OnShort(b)
+		o := holdOrRefuse(f, policy, f.tokens.retryAt, b, "budget", wheel, now)
 		if o.Kind == Held && f.tokens.unkept { // its token comes back too close to its until (budget.Grant.Promised):
 			// refused as a wait until that bound would be (expired, beyond max_hold)
-			o = holdOrRefuse(f, p.OnShort(b), holdUntil(f, p.OnShort(b), wheel, now), b, "budget", wheel, now)
+			o = holdOrRefuse(f, policy, holdUntil(f, policy, wheel, now), b, "budget", wheel, now)
 		}
 		if o.Kind == Held && f.tokens.follow { // on to its new promise, as a job not due yet: no new hold
 			o.Kind, o.Cap, o.HeldBy, o.Hold.Count = Moved, "", "", f.arrived.Count

@@ -202,6 +202,7 @@ type Worker struct {
 		entries []entry
 		reqs    []capping.Request
 		plans   rules.Buffers
+		tags    []string // the batch's jobs' tags (entry.tags), one after the other
 	}
 }
 

@@ -67,14 +67,20 @@ func (j *Job) AllTags() []string { return AllTags(j.Category, j.Tags) }
 // AllTags returns category followed by tags, without repeats: the tags of a
 // job or an event, as the log records them and tag scopes match them.
 func AllTags(category string, tags []string) []string {
-	out := make([]string, 1, 1+len(tags))
-	out[0] = category
+	return AppendAllTags(make([]string, 0, 1+len(tags)), category, tags)
+}
+
+// AppendAllTags appends AllTags(category, tags) to dst, as append does: a
+// batch cuts every job's tags from one array.
+func AppendAllTags(dst []string, category string, tags []string) []string {
+	n := len(dst)
+	dst = append(dst, category)
 	for _, t := range tags {
-		if !slices.Contains(out, t) {
-			out = append(out, t)
+		if !slices.Contains(dst[n:], t) {
+			dst = append(dst, t)
 		}
 	}
-	return out
+	return dst
 }
 
 // Bounds of a job's fields, and of an event's.
@@ -150,10 +156,9 @@ func Decode(value []byte, maxBytes int) (Job, error) {
 	if maxBytes > 0 && len(value) > maxBytes {
 		return bad("message of %d bytes exceeds %d", len(value), maxBytes)
 	}
-	var r rawJob
+	var r rawJob // on the stack: the fallback decodes into a copy of its own, which escapes to json
 	if !scanJob(value, &r) {
-		r = rawJob{}
-		err = json.Unmarshal(value, &r)
+		r, err = unmarshalJob(value)
 	}
 	if err != nil {
 		var te *json.UnmarshalTypeError
@@ -219,6 +224,14 @@ func Decode(value []byte, maxBytes int) (Job, error) {
 		j.Category = DefaultCategory
 	}
 	return j, nil
+}
+
+// unmarshalJob decodes value with encoding/json, for what scanJob does not
+// take (escapes, other spellings of the keys, anything malformed).
+func unmarshalJob(value []byte) (rawJob, error) {
+	var r rawJob
+	err := json.Unmarshal(value, &r)
+	return r, err
 }
 
 func jsonKind(k reflect.Kind) string {

@@ -57,6 +57,11 @@ func TestDecode(t *testing.T) {
 			jobs.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing", CollapseKey: "price-drop:sku-1"}, ""},
 		{"long collapse key", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","collapse_key":"` + strings.Repeat("k", 129) + `"}`, jobs.Job{}, "collapse_key is 129 bytes, at most 128"},
 		{"bad campaign end", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","campaign_ends_at":"January"}`, jobs.Job{}, `campaign_ends_at "January" is not an RFC 3339 time`},
+		{"escapes and non-ASCII in the payload", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","payload":{"q":"say \"hi\"\n","\u00e9t\u00e9":"été \\ ✓"}}`,
+			jobs.Job{JobID: "j", UserID: 1, CampaignID: "c", Channel: "e", Category: "marketing"}, ""},
+		{"control byte in a string", "{\"job_id\":\"j\",\"user_id\":1,\"campaign_id\":\"c\",\"channel\":\"e\",\"payload\":\"a\tb\"}", jobs.Job{}, "not a JSON object"},
+		{"string not ended", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","payload":"abc`, jobs.Job{}, "not a JSON object"},
+		{"bad escape", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","payload":"\x41"}`, jobs.Job{}, "not a JSON object"},
 		{"tags not a list", `{"job_id":"j","user_id":1,"campaign_id":"c","channel":"e","tags":"promotional"}`, jobs.Job{}, "tags must be a list of strings"},
 	}
 	for _, tt := range tests {
@@ -94,6 +99,22 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("accepted an invalid job %+v", j)
 		}
 	})
+}
+
+func TestAppendAllTags(t *testing.T) {
+	var all []string
+	all = jobs.AppendAllTags(all, "marketing", []string{"promotional", "marketing", "promotional", "newsletter"})
+	n := len(all)
+	all = jobs.AppendAllTags(all, "promotional", []string{"newsletter", "marketing"}) // repeats the first job's, not its own
+	if got, want := strings.Join(all[:n], ","), "marketing,promotional,newsletter"; got != want {
+		t.Errorf("first job's tags %q, want %q", got, want)
+	}
+	if got, want := strings.Join(all[n:], ","), "promotional,newsletter,marketing"; got != want {
+		t.Errorf("second job's tags %q, want %q", got, want)
+	}
+	if got := jobs.AllTags("receipt", nil); !reflect.DeepEqual(got, []string{"receipt"}) {
+		t.Errorf("AllTags without tags = %q", got)
+	}
 }
 
 func BenchmarkDecode(b *testing.B) {

@@ -244,27 +244,56 @@ func (s *scanner) str() (k0, k1 int, plain bool) {
 	}
 	start := s.i
 	plain = true
-	for s.i < len(s.b) {
-		c := s.b[s.i]
-		switch {
-		case c == '"':
+	for {
+		i := s.i
+		for i < len(s.b) && strClass[s.b[i]] == strPlain { // most of a string: one load and compare a byte
+			i++
+		}
+		if s.i = i; i == len(s.b) {
+			return -1, 0, false
+		}
+		switch strClass[s.b[i]] {
+		case strQuote:
 			s.i++
 			return start, s.i - 1, plain
-		case c == '\\':
+		case strEscape:
 			plain = false
 			if !s.escape() {
 				return -1, 0, false
 			}
-			continue
-		case c < 0x20:
+		case strControl:
 			return -1, 0, false
-		case c >= 0x80:
+		default: // non-ASCII
 			plain = false
+			s.i++
 		}
-		s.i++
 	}
-	return -1, 0, false
 }
+
+// What a byte is inside a JSON string (str).
+const (
+	strPlain = iota
+	strQuote
+	strEscape
+	strControl
+	strNonASCII
+)
+
+var strClass = func() (t [256]uint8) {
+	for c := range t {
+		switch {
+		case c == '"':
+			t[c] = strQuote
+		case c == '\\':
+			t[c] = strEscape
+		case c < 0x20:
+			t[c] = strControl
+		case c >= 0x80:
+			t[c] = strNonASCII
+		}
+	}
+	return t
+}()
 
 // escape reads one escape sequence at i (at the backslash).
 func (s *scanner) escape() bool {
