@@ -32,8 +32,9 @@ before=$(redis_bytes)
 began=$(date +%s.%N)
 rc=0
 # DEMO_KEEP_KEYS=1: the run's logs stay in Redis, so that the memory they take is measured below.
-out=$(DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PREPRODUCE=${BLAST_PREPRODUCE:-1} DEMO_KEEP_KEYS=1 \
-  scripts/demo.sh 2>&1) || rc=$?
+# Under bench-lib.sh's watcher, not run again if the machine stalls (its keys stay): a stall is said.
+out=$(STALL_RETRIES=0 watched env DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PREPRODUCE=${BLAST_PREPRODUCE:-1} DEMO_KEEP_KEYS=1 \
+  scripts/demo.sh) || rc=$?
 ended=$(date +%s.%N)
 after=$(redis_bytes)
 echo "$out" | grep -E '^(  (decisions|throughput|checks|held|memory)|worker:|broker:|capper handled|drain:|loadgen: .*jobs/s)' >&2

@@ -62,27 +62,9 @@ calm() {
 }
 at_exit+=(calm)
 
-# demo ENV... runs demo.sh with ENV and prints its output. A run during which the machine stalled (bench-lib.sh's
-# stalls_start: a paused VM, a starved guest) measured the host: it is printed with its stalls and run again, up
-# to STALL_RETRIES times (default 2); if every try stalled the last stands. The summary counts such runs.
-STALL_RETRIES=${STALL_RETRIES:-2}
-demo() {
-  local try rc out stalls
-  for try in $(seq 0 "$STALL_RETRIES"); do
-    stalls_start "$work/stalls"
-    rc=0
-    out=$(env "$@" scripts/demo.sh 2>&1) || rc=$?
-    stalls_stop
-    awk '$1 == "late" { printf "  the machine: the watcher'"'"'s 20 ms wakeups late by p50 %s ms, p99 %s ms, at most %s ms\n", $2, $3, $4 }' "$work/stalls" >&2
-    grep -qv '^late' "$work/stalls" || break
-    stalls=$(grep -v '^late' "$work/stalls" | while read -r t g; do printf '%.1f s to %s ' "$g" "$(date -d "@${t%.*}" +%T)"; done)
-    echo "  the machine stalled during this run (${stalls% }): $(if ((try < STALL_RETRIES)); then echo "run again"; else echo "kept, every try stalled"; fi)" >&2
-    echo "$stalls" >>"$work/stalled.txt"
-  done
-  echo "$out"
-  return "$rc"
-}
-stalled_runs() { [[ -s $work/stalled.txt ]] && echo "runs during which the machine stalled: $(wc -l <"$work/stalled.txt") (each printed above, and what became of it)"; return 0; }
+# demo ENV... runs demo.sh with ENV under bench-lib.sh's watcher (watched: a run during which the machine stalled,
+# a paused VM or a starved guest, measured the host and runs again) and prints its output.
+demo() { watched env "$@" scripts/demo.sh; }
 
 # killed_at reads demo.sh's output on stdin and prints when it SIGKILLed a worker (Unix seconds; "" if none).
 killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }

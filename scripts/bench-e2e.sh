@@ -23,7 +23,8 @@
 # the S3 endpoint (and loadgen and the report, which only measure) run on the last core, the broker and the
 # worker on the others (taskset), in every run, the pass-through's too; the job rows' ratios then compare what
 # capper and the pass-through get from the same cores, not also what Redis takes from them.
-# Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
+# Each run goes under bench-lib.sh's stall watcher (watched: its wakeups' lateness printed, run again if the
+# machine stalled). Prints the medians: jobs/s; the Redis masters' CPU per job (INFO cpu), the worker's and the broker's (Apache
 # Kafka's JVM) from /proc, from the worker's start to the drain; script calls and cache hits per job; and
 # the ratios against the seed's script and the pass-through.
 set -euo pipefail
@@ -43,8 +44,8 @@ esac
 run() { # run LABEL PASSTHROUGH(0|1) CACHE_SIZE [SCRIPT_ONLY] -> prints "jobs_per_sec cpu_us calls_per_job hits_per_job broker_us redis_us sent_per_job new_logs appends in_full" (the last four per job)
   local out
   local rc=0
-  out=$(CAPPER_REDIS_NEAR_CACHE_SIZE=$3 CAPPER_REDIS_SCRIPT_ONLY=${4:-false} DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" DEMO_PREPRODUCE=$preproduce \
-    "${on_last[@]}" scripts/demo.sh 2>&1) || rc=$?
+  out=$(watched env CAPPER_REDIS_NEAR_CACHE_SIZE=$3 CAPPER_REDIS_SCRIPT_ONLY=${4:-false} DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_PASSTHROUGH="$2" DEMO_PREPRODUCE=$preproduce \
+    "${on_last[@]}" scripts/demo.sh) || rc=$?
   # The baseline forwards everything, so its report finds cap violations; it must still lose nothing.
   if { [[ $2 != 1 ]] && ((rc)); } || ! grep -q '"unaccounted":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-e2e: $1 run failed" >&2; exit 1
@@ -174,3 +175,4 @@ print("jobs/s (cache on) / decide.lua FCALL ceiling (%.0f/s) %.0f%%" % (ceil, 10
 PY
 )
 printf '%s\n' "${results[@]}" | python3 -c "$summary" "$ceiling" "$calls" "$history"
+stalled_runs

@@ -58,3 +58,26 @@ PY
 }
 stalls_stop() { [[ -n $stalls_pid ]] && { kill "$stalls_pid" 2>/dev/null; wait "$stalls_pid" 2>/dev/null; stalls_pid=; }; return 0; }
 at_exit+=(stalls_stop)
+
+# watched CMD... runs CMD under the watcher (its output and errors captured) and prints its output and how late
+# the watcher's wakeups came. A run during which the machine stalled measured the host: it is said so with its
+# stalls and run again, up to STALL_RETRIES times (default 2; 0 for a run that cannot be repeated as it is); if
+# every try stalled the last stands. Returns CMD's status. stalled_runs prints how many runs stalled.
+STALL_RETRIES=${STALL_RETRIES:-2}
+watched() {
+  local try rc out stalls
+  for try in $(seq 0 "$STALL_RETRIES"); do
+    stalls_start "$work/stalls"
+    rc=0
+    out=$("$@" 2>&1) || rc=$?
+    stalls_stop
+    awk '$1 == "late" { printf "  the machine: the watcher'"'"'s 20 ms wakeups late by p50 %s ms, p99 %s ms, at most %s ms\n", $2, $3, $4 }' "$work/stalls" >&2
+    grep -qv '^late' "$work/stalls" || break
+    stalls=$(grep -v '^late' "$work/stalls" | while read -r t g; do printf '%.1f s to %s ' "$g" "$(date -d "@${t%.*}" +%T)"; done)
+    echo "  the machine stalled during this run (${stalls% }): $(if ((try < STALL_RETRIES)); then echo "run again"; else echo "kept"; fi)" >&2
+    echo "$stalls" >>"$work/stalled.txt"
+  done
+  echo "$out"
+  return "$rc"
+}
+stalled_runs() { [[ -s $work/stalled.txt ]] && echo "runs during which the machine stalled: $(wc -l <"$work/stalled.txt") (each printed above, and what became of it)"; return 0; }
