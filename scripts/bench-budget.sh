@@ -268,7 +268,7 @@ grep -q 'name: everything' "$work/budget.yaml" || { echo "bench-budget: cannot d
 
 run() { # run CONFIG -> prints "jobs_per_sec cpu_us budget_calls"
   local out rc=0
-  out=$(DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || rc=$?
+  out=$(watched env DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh) || rc=$? # under bench-lib.sh's stall watcher
   if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
     echo "$out" >&2; echo "bench-budget: $1 run failed" >&2; exit 1
   fi
@@ -298,3 +298,4 @@ print(f"no budget     {njps:9.0f} jobs/s (median of {nall}), worker CPU {ncpu:.1
 print(f"with budget   {bjps:9.0f} jobs/s (median of {ball}), worker CPU {bcpu:.1f} us/job, {1000*bcalls/jobs:.2f} budget Redis calls per 1,000 jobs")
 print(f"budget / none {bjps/njps:.2f} throughput, {bcpu/ncpu:.2f} CPU per job")
 PY
+stalled_runs

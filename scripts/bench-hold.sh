@@ -23,7 +23,7 @@ sed -e 's/max_hold: 48h/max_hold: 2m/' -e 's/window: 24h/window: 10s/g' -e 's/wi
 
 run() { # run POLICY -> prints "jobs_per_sec cpu_us held_share"
   local out rc=0
-  out=$(DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || rc=$?
+  out=$(watched env DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh) || rc=$? # under bench-lib.sh's stall watcher
   echo "$out" >"$work/$1.out"
   if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
     echo "$out" >&2; echo "bench-hold: $1 run failed" >&2; exit 1
@@ -62,3 +62,4 @@ print(f"release run: {r['held']} holds, {r['released']} released jobs decided, r
       f"{r['unaccounted']} unaccounted, {r['violations']} violations, {r['pending']} still held")
 PY
 fi
+stalled_runs

@@ -86,9 +86,12 @@ for i, line in enumerate(src):
 open(sys.argv[2], 'w').write('\n'.join(out))
 PY
 grep -q 'campaign-life' "$work/lifetime.yaml" || { echo "bench-lifetime: cannot derive the lifetime config" >&2; exit 1; }
+# e2e's runs go under bench-lib.sh's stall watcher; returning's timed runs are not run again if the machine stalls
+# (the first try used up the users' history), a stall is said.
+e2e_retries=$STALL_RETRIES
 e2e() { # e2e CONFIG [WORKER_BIN [LOADGEN_ARGS]] -> "jobs_per_sec worker_us redis_us"
   local out
-  out=$(DEMO_CONFIG="$1" DEMO_WORKER_BIN="${2:-}" DEMO_LOADGEN_ARGS="${3:-}" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh 2>&1) || { echo "$out" >&2; exit 1; }
+  out=$(STALL_RETRIES=$e2e_retries watched env DEMO_CONFIG="$1" DEMO_WORKER_BIN="${2:-}" DEMO_LOADGEN_ARGS="${3:-}" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh) || { echo "$out" >&2; exit 1; }
   grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-lifetime: a run failed its report" >&2; exit 1; }
   python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$(grep '^worker:' <<<"$out" | tail -1)" "$(grep '^redis:' <<<"$out" | tail -1)" <<'PY'
 import json, re, sys
@@ -102,6 +105,7 @@ if [[ ${1:-} == returning ]]; then
   # under the lifetime cap) and the near cache starts empty, as after a deploy.
   echo "bench-lifetime returning: $ROUNDS rounds, $JOBS jobs for $USERS users with history, $(nproc) cores" >&2
   rows="$work/returning.txt"
+  e2e_retries=0
   for r in $(seq "$ROUNDS"); do
     for c in decide lifetime; do
       export DEMO_KEY_PREFIX="ret-$$-$r-$c"
@@ -116,6 +120,7 @@ if [[ ${1:-} == returning ]]; then
   echo "users with history, end to end, a lifetime cap on every job: median of the rounds' ratios $(ratio 4 1) (rounds $(rounds 4 1); goal >= 0.90)"
   awk -v j="$(col 1)" -v w="$(col 2)" -v rr="$(col 3)" -v lj="$(col 4)" -v lw="$(col 5)" -v lr="$(col 6)" 'BEGIN{
     printf "users with history, end to end: medians %.0f vs %.0f jobs/s: %.3f; worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", lj, j, lj/j, lw, w, lw/w, lr, rr, lr/rr }'
+  stalled_runs
   exit 0
 fi
 echo "bench-lifetime: $ROUNDS rounds of ${BENCHTIME} each (warm rows: $WARM_BATCHES batches), base $BASE, $(nproc) cores" >&2
@@ -160,3 +165,4 @@ awk -v ej="$ej" -v ew="$ew" -v er="$er" -v bj="$cbj" -v bw="$cbw" -v br="$cbr" -
   printf "end to end, a collapse key on every job: medians %.0f vs %.0f jobs/s without: %.3f; worker %.1f vs %.1f us/job (%.2fx), Redis masters %.1f vs %.1f us/job (%.2fx)\n", kj, ej, kj/ej, kw, ew, kw/ew, kr, er, kr/er }'
 echo "$mem" | awk '/bytes\/scope/{for(i=1;i<=NF;i++){if($i=="bytes/scope")s=$(i-1); if($i=="bytes/user-of-1-scope")u=$(i-1)}}
   END{printf "tally memory: %s bytes per scope (goal <= 32), %s bytes for a user of one scope\n", s, u}'
+stalled_runs

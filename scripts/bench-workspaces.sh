@@ -15,7 +15,7 @@ MANY=${MANY:-100}
 
 run() { # run WORKSPACES -> prints "jobs_per_sec rss_mib cpu_us"
   local out rc=0
-  out=$(DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_WORKSPACES=$1 scripts/demo.sh 2>&1) || rc=$?
+  out=$(watched env DEMO_CONFIG="$work/decide.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS DEMO_WORKSPACES=$1 scripts/demo.sh) || rc=$? # under bench-lib.sh's stall watcher
   if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out" || ! grep -q '"pending":0,' <<<"$out"; then
     echo "$out" >&2; echo "bench-workspaces: the run with $1 workspaces failed" >&2; exit 1
   fi
@@ -47,3 +47,4 @@ print(f"1 workspace     {ojps:9.0f} jobs/s (rounds {[round(r[0]) for r in orows]
 print(f"{n} workspaces  {mjps:9.0f} jobs/s (rounds {[round(r[0]) for r in mrows]}), worker {mcpu:.1f} us/job, peak rss {mrss:.0f} MiB (rounds {[round(r[1]) for r in mrows]})")
 print(f"{n} / 1         {mjps/ojps:.3f} jobs/s, {mcpu/ocpu:.2f} worker CPU per job; memory per workspace beyond the first {(mrss-orss)/(n-1)*1024:.0f} KiB")
 PY
+stalled_runs
