@@ -268,7 +268,7 @@ grep -q 'name: everything' "$work/budget.yaml" || { echo "bench-budget: cannot d
 
 run() { # run CONFIG -> prints "jobs_per_sec cpu_us budget_calls"
   local out rc=0
-  out=$(watched env DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS scripts/demo.sh) || rc=$? # under bench-lib.sh's stall watcher
+  out=$(demo DEMO_CONFIG="$work/$1.yaml" DEMO_JOBS=$JOBS DEMO_USERS=$USERS) || rc=$?
   if ((rc)) || ! grep -q '"unaccounted":0,"violations":0' <<<"$out"; then
     echo "$out" >&2; echo "bench-budget: $1 run failed" >&2; exit 1
   fi
