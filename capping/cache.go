@@ -309,7 +309,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 		case spill: // allowed by its other caps: the script counts its tally caps (mode 7)
 			if int64(be64(raw, 0))-a.now >= a.retention && spillOnly(log) && appendable(log, h, r, a) {
 				a.expect, a.spill = raw, true
-				*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // its tally caps' counts come with the reply
+				*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts, a.labels) // its tally caps' counts come with the reply
 				a.after = afterSend(e, h, a, 0)
 			}
 		case a.tally: // its tally items change: a patch, never a plain append
@@ -317,13 +317,13 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 				var items int
 				if a.patch, a.patched, items = patch(raw, log, a); a.patch != "" {
 					a.expect = raw
-					*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the patch: see run
+					*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts, a.labels) // kept for the patch: see run
 					a.after = afterSend(e, h, a, items)
 				}
 			}
 		case int64(be64(raw, 0))-a.now >= a.retention && appendable(log, h, r, a):
 			a.expect = raw
-			*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts) // kept for the append: see run
+			*d, _ = decisionOf(h, a.caps, a.member, a.at, a.counts, a.labels) // kept for the append: see run
 			a.after = afterSend(e, h, a, 0)
 		}
 		return false
@@ -332,7 +332,7 @@ func (sh *cacheShard) answer(slot int32, r *Request, a *reqArgs, d *Decision, bu
 		return false
 	}
 	var err error
-	if *d, err = decisionOf(h, a.caps, a.member, a.at, a.counts); err != nil {
+	if *d, err = decisionOf(h, a.caps, a.member, a.at, a.counts, a.labels); err != nil {
 		return false // cannot happen: evaluate returns a valid head
 	}
 	a.requestCounts(d)
@@ -558,6 +558,13 @@ func nth(log []logItem, c *Cap, scoped bool, since, k int64) int64 {
 // most one live slot).
 func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string, hint int32) {
 	var buf [cacheMaxLog]logItem
+	c.installWith(r, a, gen, tail, raw, hint, buf[:0])
+}
+
+// installWith is install with buf (capacity cacheMaxLog) to read the log
+// into: a round's, which a Decide's installs share, where an array of its
+// own on the stack was zeroed for each (1.5 KB).
+func (c *nearCache) installWith(r *Request, a *reqArgs, gen uint64, tail, raw string, hint int32, buf []logItem) {
 	log, size := buf[:0], 0
 	for p := 0; p < len(tail); {
 		m, score, next, ok := nextEntry(tail, p)
@@ -595,29 +602,42 @@ func (c *nearCache) install(r *Request, a *reqArgs, gen uint64, tail, raw string
 			e.nLatest++
 		}
 	}
-	c.place(r, e, gen, log, raw, hint)
+	if raw != "" {
+		e.flags = entryWhole
+	}
+	c.place(r, e, gen, log, raw, hint, nil)
 }
 
 // installAfter keeps raw, the whole log after a send Redis confirmed as
 // appended to the copy it was decided from (or its patch), as install
-// would, from what a.after knows of it.
+// would, from what a.after knows of it. An empty raw is the copy, a.expect,
+// with the send's entry appended (mode 4 or 7), which the arena is given
+// piece by piece: no string of it is made.
 func (c *nearCache) installAfter(r *Request, a *reqArgs, gen uint64, raw string, hint int32) {
 	f := &a.after
-	expires := rawUntil(raw, a) // no cap is full after the send (see afterSend)
-	if expires <= a.now || len(raw) > cacheMaxBytes {
+	head, size, send := raw, len(raw), false
+	if raw == "" {
+		head, size, send = a.expect, len(a.expect)+entryLen(a.member), true
+	}
+	expires := rawUntil(head, a) // no cap is full after the send (see afterSend); an append leaves the header
+	if expires <= a.now || size > cacheMaxBytes {
 		c.drop(r.who())
 		return
 	}
-	c.place(r, cacheEntry{expires: expires, n: uint8(f.n), size: uint16(len(raw)), latest: f.latest, nLatest: uint8(f.nLatest)}, gen, nil, raw, hint)
+	e := cacheEntry{expires: expires, n: uint8(f.n), size: uint16(size), latest: f.latest, nLatest: uint8(f.nLatest), flags: entryWhole}
+	if send {
+		c.place(r, e, gen, nil, head, hint, a)
+		return
+	}
+	c.place(r, e, gen, nil, raw, hint, nil)
 }
 
-// place keeps the copy e (its expiry, size and version set; its log in log,
-// or raw when whole) for r's user: see install.
-func (c *nearCache) place(r *Request, e cacheEntry, gen uint64, log []logItem, raw string, hint int32) {
-	e.user, e.space, e.flags = r.UserID, r.Space, entryLive
-	if raw != "" {
-		e.flags |= entryWhole
-	}
+// place keeps the copy e (its expiry, size and version set, entryWhole
+// when whole; its log in log, or raw when whole, then send's entry when send
+// is not nil) for r's user: see install.
+func (c *nearCache) place(r *Request, e cacheEntry, gen uint64, log []logItem, raw string, hint int32, send *reqArgs) {
+	e.user, e.space = r.UserID, r.Space
+	e.flags |= entryLive
 	if r.Preferences {
 		e.flags |= entryPrefs
 	}
@@ -643,24 +663,24 @@ func (c *nearCache) place(r *Request, e cacheEntry, gen uint64, log []logItem, r
 		}
 		sh.dead += int(old.size)
 		old.size = 0 // its bytes are dead: compact must not copy them
-		if e.off = sh.put(log, size, raw); e.off < 0 {
+		if e.off = sh.put(log, size, raw, send); e.off < 0 {
 			sh.remove(slot)
 			return
 		}
 		*old = e
 		return
 	}
-	if e.off = sh.put(log, size, raw); e.off < 0 {
+	if e.off = sh.put(log, size, raw, send); e.off < 0 {
 		return
 	}
 	sh.insert(c, e)
 }
 
 // put appends log (size bytes encoded, see cacheEntry), or raw when it is
-// not empty (the copy kept whole), to the arena and returns its offset; -1
-// when the arena would outgrow an int32 offset (a shard never holds that
-// much: the copy is not kept).
-func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
+// not empty (the copy kept whole; then send's entry, when send is not nil),
+// to the arena and returns its offset; -1 when the arena would outgrow an
+// int32 offset (a shard never holds that much: the copy is not kept).
+func (sh *cacheShard) put(log []logItem, size int, raw string, send *reqArgs) int32 {
 	if sh.dead >= arenaCompactMin && sh.dead > len(sh.arena)/4 {
 		sh.compact()
 	}
@@ -670,6 +690,9 @@ func (sh *cacheShard) put(log []logItem, size int, raw string) int32 {
 	}
 	if raw != "" {
 		sh.arena = append(sh.arena, raw...)
+		if send != nil {
+			sh.arena = appendEntry(sh.arena, send.now, send.member)
+		}
 		return int32(off)
 	}
 	for _, it := range log {
@@ -863,6 +886,6 @@ func (c *nearCache) stats() (entries, bytes, held int) {
 // appendedLog returns a's copy (expect) with a's send appended, as the
 // script's mode 4 appends it: the log after it, whole.
 func appendedLog(a *reqArgs) string {
-	b := appendEntry(append(make([]byte, 0, len(a.expect)+10+len(a.member)), a.expect...), a.now, a.member)
+	b := appendEntry(append(make([]byte, 0, len(a.expect)+entryLen(a.member)), a.expect...), a.now, a.member)
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }

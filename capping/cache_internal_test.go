@@ -478,11 +478,12 @@ func TestInstallAfterKeepsWhatInstallReads(t *testing.T) {
 		known++
 		read := newNearCache(100)
 		read.install(&r, a, read.gen.Load(), after[8:], after, 0)
-		c.installAfter(&r, a, c.gen.Load(), after, 0)
+		c.installAfter(&r, a, c.gen.Load(), a.patched, 0) // a plain append's copy made in the arena
 		got, want := copyOf(c, r.who()), copyOf(read, r.who())
+		gotBytes, wantBytes := copyBytes(c, got), copyBytes(read, want)
 		got.off, want.off = 0, 0
-		if got != want {
-			t.Fatalf("send %d (%d sends, caps %+v): installAfter kept %+v, install %+v", i, sends, caps, got, want)
+		if got != want || gotBytes != wantBytes {
+			t.Fatalf("send %d (%d sends, caps %+v): installAfter kept %+v %q, install %+v %q", i, sends, caps, got, gotBytes, want, wantBytes)
 		}
 	}
 	if known < 100 || unknown < 100 {
@@ -512,6 +513,12 @@ func BenchmarkReadWholeCopy(b *testing.B) {
 }
 
 // copyOf returns user's entry in c, or none.
+// copyBytes is the arena's bytes of e, a copy in c.
+func copyBytes(c *nearCache, e cacheEntry) string {
+	sh := c.shard(e.who())
+	return string(sh.arena[e.off : e.off+int32(e.size)])
+}
+
 func copyOf(c *nearCache, user uint64) cacheEntry {
 	sh := c.shard(user)
 	if slot := sh.find(user); slot >= 0 {

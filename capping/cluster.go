@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -129,10 +130,14 @@ func (b *batch) queue(ctx context.Context, pending []int) map[pipeKey]*pipe {
 	b.calls = b.calls[:0]
 	b.sets = b.sets[:0]
 	packed := grow(&b.sc.packed, b.packedBytes(pending)) // every request's packed values
+	keys := grow(&b.sc.keys, l.keysBytes(b.reqs, pending))[:0]
+	var setArgs []any // the new logs' SET commands' arguments, a few arrays a batch
 	for _, i := range pending {
 		r := &b.reqs[i]
 		a := &b.args[i]
-		a.key = l.Key(r.Space, r.UserID)
+		start := len(keys)
+		keys = l.appendKey(keys, r.Space, r.UserID)
+		a.key = unsafe.String(&keys[start], len(keys)-start) // keys has its room: never moved (see keysBytes)
 		nd, err := l.route(ctx, a.key)
 		if err != nil {
 			b.nodes[i], b.routeErr = nil, err
@@ -150,12 +155,16 @@ func (b *batch) queue(ctx context.Context, pending []int) map[pipeKey]*pipe {
 		var fresh string
 		if b.fresh != nil && b.fresh[i] {
 			m := newLogLen(a)
-			var ttl int64
-			fresh, ttl = newLog(packed[:0:m], a)
+			fresh, a.ttl = newLog(packed[:0:m], a)
 			packed = packed[m:]
 			if !r.Preferences {
 				a.packed = fresh
-				cmd := redis.NewStatusCmd(ctx, "set", &a.key, &a.packed, "nx", "px", ttl)
+				if cap(setArgs)-len(setArgs) < 6 {
+					setArgs = make([]any, 0, 6*64)
+				}
+				n := len(setArgs)
+				setArgs = append(setArgs, "set", &a.key, &a.packed, "nx", "px", &a.ttl)
+				cmd := redis.NewStatusCmd(ctx, setArgs[n:len(setArgs):len(setArgs)]...)
 				_ = o.p.Process(ctx, cmd)
 				b.sets = append(b.sets, set{cmd, i})
 				continue
@@ -183,6 +192,15 @@ func (b *batch) queue(ctx context.Context, pending []int) map[pipeKey]*pipe {
 		b.flush(ctx, o)
 	}
 	return pipes
+}
+
+// keysBytes is the room the keys of the pending requests take (appendKey).
+func (l *Limiter) keysBytes(reqs []Request, pending []int) int {
+	n := 0
+	for _, i := range pending {
+		n += len(l.prefix(reqs[i].Space)) + len(":{}") + 10 // a uint32's digits at most
+	}
+	return n
 }
 
 // packedBytes is the size of the pending requests' packed values and new logs.
@@ -214,7 +232,7 @@ func (b *batch) flush(ctx context.Context, o *pipe) {
 // read puts each request's answer, or its call's error, in b.results.
 func (b *batch) read() {
 	for _, st := range b.sets {
-		b.results[st.i] = result{v: st.cmd.Val(), err: st.cmd.Err()}
+		b.results[st.i] = result{err: st.cmd.Err()} // its "OK" is not read: a new log's decision is known (see round.decided)
 	}
 	for _, c := range b.calls {
 		v, err := c.cmd.Result()

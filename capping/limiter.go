@@ -169,10 +169,15 @@ func New(ctx context.Context, client Client, cfg Config) (*Limiter, error) {
 // Key returns the Redis key of the log of user userID of space s.
 func (l *Limiter) Key(s Space, userID uint32) string {
 	var buf [64]byte // one allocation (the string) for prefixes of up to 50 bytes
-	b := append(buf[:0], l.prefix(s)...)
+	return string(l.appendKey(buf[:0], s, userID))
+}
+
+// appendKey appends the Key of user userID of space s to b.
+func (l *Limiter) appendKey(b []byte, s Space, userID uint32) []byte {
+	b = append(b, l.prefix(s)...)
 	b = append(b, ":{"...)
 	b = strconv.AppendUint(b, uint64(userID), 10)
-	return string(append(b, '}'))
+	return append(b, '}')
 }
 
 // Decide decides every request and records the allowed ones. The batch is
@@ -411,7 +416,9 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 	v := b.results[i].v
 	var tail, raw string // the log after the decision: its entries, and whole when known (see install)
 	var err error
-	known := false // raw is the copy after a confirmed send whose facts the cache knows (see installAfter)
+	// known: the log is the copy after a confirmed send whose facts the cache
+	// knows (see installAfter): raw, or when empty, the copy with the send
+	known := false
 	switch a := &b.args[i]; {
 	case setNX && !inScript:
 		l.newLogs.Add(1)
@@ -426,16 +433,20 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 		l.spilledAppends.Add(1)
 		var raised bool
 		if r.decs[i], raised, err = a.spilledDecision(v.(string)); err == nil && !raised {
-			raw = appendedLog(a)
-			tail, known = raw[8:], a.after.known
+			if known = a.after.known; !known {
+				raw = appendedLog(a)
+				tail = raw[8:]
+			}
 		}
 	case a.expect != "" && v == replyWritten: // recorded by an APPEND to the copy's log, or its patch
 		l.copyAppends.Add(1)
-		raw = a.patched
-		if raw == "" {
-			raw = appendedLog(a) // decs[i]: the copy's decision (see decideAll)
+		raw = a.patched // decs[i]: the copy's decision (see decideAll)
+		if known = a.after.known; !known {
+			if raw == "" {
+				raw = appendedLog(a)
+			}
+			tail = raw[8:]
 		}
-		tail, known = raw[8:], a.after.known
 	default:
 		if a.expect != "" {
 			l.copyMisses.Add(1)
@@ -443,7 +454,7 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 		if inScript {
 			l.newLogMisses.Add(1)
 		}
-		r.decs[i], tail, raw, err = parseReply(v, a.caps, a.member, now, a.counts)
+		r.decs[i], tail, raw, err = parseReply(v, a.caps, a.member, now, a.counts, a.labels)
 	}
 	b.args[i].requestCounts(&r.decs[i])
 	if err == nil && ((r.decs[i].Allowed && r.record) || r.reqs[i].Refused != "") && !b.replicated(b.nodes[i]) {
@@ -453,17 +464,16 @@ func (r *round) decided(i int, setNX, inScript bool) error {
 		r.decs[i] = Decision{At: now} // looked, and not found
 	}
 	if c := r.cache; err == nil && c != nil && !r.reqs[i].DuplicateOnly { // a look changes nothing
-		if len(tail) > 0 {
-			var hint int32
-			if r.asked {
-				hint = b.sc.hints[i]
-			}
-			if known {
-				c.installAfter(&r.reqs[i], &b.args[i], r.gen, raw, hint)
-			} else {
-				c.install(&r.reqs[i], &b.args[i], r.gen, tail, raw, hint)
-			}
-		} else {
+		var hint int32
+		if r.asked {
+			hint = b.sc.hints[i]
+		}
+		switch {
+		case known:
+			c.installAfter(&r.reqs[i], &b.args[i], r.gen, raw, hint)
+		case len(tail) > 0:
+			c.installWith(&r.reqs[i], &b.args[i], r.gen, tail, raw, hint, b.sc.items())
+		default:
 			c.drop(r.reqs[i].who())
 		}
 	}

@@ -185,7 +185,7 @@ func (b *batch) newLogDecision(i int, now time.Time, log string) (Decision, stri
 	}
 	ints = ints[:3+len(a.caps)]
 	ints[0], ints[2] = statusAllowed, a.now // recorded at a.now
-	d, err := decisionOf(ints, a.caps, a.member, now, a.counts)
+	d, err := decisionOf(ints, a.caps, a.member, now, a.counts, a.labels)
 	if err != nil || b.maxLog == 0 {
 		return d, "", err
 	}

@@ -140,10 +140,11 @@ type reqArgs struct {
 	// caps are the caps decided: the request's, or for Decide only those
 	// that apply to the send (see newArgs), each named as in the request.
 	caps   []Cap
-	orig   []int   // per cap decided, its index in the request's Caps; nil when caps are the request's
-	since  []int64 // per cap decided: the first ms that counts
-	reset  []int64 // per cap decided: a rolling window's ms, or minus a calendar period's end
-	counts []int   // per cap decided: their counts
+	orig   []int      // per cap decided, its index in the request's Caps; nil when caps are the request's
+	since  []int64    // per cap decided: the first ms that counts
+	reset  []int64    // per cap decided: a rolling window's ms, or minus a calendar period's end
+	counts []int      // per cap decided: their counts
+	labels *labelSlab // the round's, for its Decisions' cap names
 	// applying: caps are only those that apply to the send (Decide; see
 	// newArgs), which pack tells the script so that it need not check.
 	applying bool
@@ -172,8 +173,9 @@ type reqArgs struct {
 	after copyAfter
 
 	// Set by send and pack for a call to Redis (the call points at them).
-	key, arbKey, prefKey string
+	key, arbKey, prefKey string // key in the batch's slab of keys
 	packed               string // decide.lua's ARGV[2], in the batch's slab
+	ttl                  int64  // a new log's, ms (its SET's PX)
 	named                string // its ARGV[3]: the refusal's name, or expect
 }
 
@@ -186,8 +188,8 @@ type reqArgs struct {
 // script. caps (from capSlab, nil without applying) holds the ones kept of
 // such requests. Their counts in the Decision are -1.
 //
-// The working arrays come from sc (nil: allocated); the counts, which the
-// Decisions keep, are always allocated.
+// The working arrays come from sc (nil: allocated); the counts and the
+// labels' slab, which the Decisions keep, are always allocated.
 func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, sc *scratch) []reqArgs {
 	ncaps := 0
 	for i := range reqs {
@@ -206,6 +208,7 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 	}
 	ints := grow(intsBuf, 2*ncaps)
 	counts := make([]int, ncaps)
+	labels := new(labelSlab)
 	var orig, all []int
 	if caps != nil {
 		*caps = (*caps)[:0]
@@ -219,7 +222,7 @@ func newArgs(reqs []Request, now time.Time, margin time.Duration, caps *[]Cap, s
 	for i := range reqs {
 		r := &reqs[i]
 		a := &args[i]
-		a.at, a.now = now, nowMs
+		a.at, a.now, a.labels = now, nowMs, labels
 		if !r.SentAt.IsZero() {
 			a.at, a.now = r.SentAt, r.SentAt.UnixMilli()
 		} else if !r.At.IsZero() {
@@ -447,7 +450,7 @@ func pack(buf []byte, r *Request, a *reqArgs, record bool, maxLog int, fresh str
 // and the log's pieces), that log (its header, then the same entries); it
 // never panics on a bad reply. member is the send's, to tell which shadow caps apply; counts
 // (of len(caps)) becomes the Decision's Counts, or nil.
-func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (d Decision, tail, whole string, err error) {
+func parseReply(v any, caps []Cap, member string, now time.Time, counts []int, labels *labelSlab) (d Decision, tail, whole string, err error) {
 	ncaps := len(caps)
 	s, ok := v.(string)
 	var pieces []any // the log whole, when the reply is an array
@@ -481,7 +484,7 @@ func parseReply(v any, caps []Cap, member string, now time.Time, counts []int) (
 	for i := range ncaps {
 		ints[3+i] = int64(be32(s, replyHead+4*i))
 	}
-	if d, err = decisionOf(ints, caps, member, now, counts); err != nil {
+	if d, err = decisionOf(ints, caps, member, now, counts, labels); err != nil {
 		return Decision{}, "", "", fmt.Errorf("unexpected script reply %v: %w", slices.Clone(ints), err)
 	}
 	rest := s[head:]
@@ -571,6 +574,46 @@ func nextEntry(log string, p int) (member string, score int64, next int, ok bool
 // score's: 0 for a send's time, 0xff for a mark's (minus a time).
 const tallyHead = 1
 
+// labelSlab holds the cap names of a round's Decisions (Exceeded, Shadow) in
+// a few arrays a batch, where a slice each cost a capped decision an
+// allocation. A Decision keeps its slice: nothing is written where one
+// points, and a slab is a round's alone (see newArgs).
+type labelSlab struct{ buf []string }
+
+// of returns the labels of the caps that in reports true for (nil when
+// none): in s's room, or allocated when s is nil.
+func (s *labelSlab) of(caps []Cap, in func(c *Cap, i int) bool) []string {
+	n := 0
+	for i := range caps {
+		if in(&caps[i], i) {
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	var out []string
+	if s == nil {
+		out = make([]string, 0, n)
+	} else {
+		if cap(s.buf)-len(s.buf) < n {
+			s.buf = make([]string, 0, max(n, 64))
+		}
+		k := len(s.buf)
+		s.buf = s.buf[:k+n]
+		out = s.buf[k : k : k+n]
+	}
+	for i := range caps {
+		if in(&caps[i], i) {
+			out = append(out, caps[i].label(i))
+		}
+	}
+	return out
+}
+
+// entryLen is the length of member's entry as appendEntry packs it.
+func entryLen(member string) int { return 8 + 2 + len(member) }
+
 // appendEntry appends an entry packed as decide.lua packs a log's (see
 // nextEntry, which reads it back).
 func appendEntry(b []byte, score int64, member string) []byte {
@@ -607,7 +650,7 @@ func be64(s string, i int) uint64 {
 // decisionOf turns a script's answer (status, cap, retry_at, counts...),
 // from Redis or the near cache, into a Decision. Its Counts are counts when
 // that has one per cap (the caller's array: no allocation per decision).
-func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts []int) (Decision, error) {
+func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts []int, labels *labelSlab) (Decision, error) {
 	ncaps := len(caps)
 	if len(counts) != ncaps {
 		counts = make([]int, ncaps)
@@ -616,10 +659,9 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 	for i := range d.Counts {
 		d.Counts[i] = int(ints[3+i])
 	}
-	for i, c := range caps {
-		if c.Shadow && ints[0] != statusDuplicate && d.Counts[i] >= c.Limit && c.Scope.Matches(member) {
-			d.Shadow = append(d.Shadow, c.label(i))
-		}
+	full := func(c *Cap, i int) bool { return d.Counts[i] >= c.Limit && c.Scope.Matches(member) }
+	if ints[0] != statusDuplicate {
+		d.Shadow = labels.of(caps, func(c *Cap, i int) bool { return c.Shadow && full(c, i) })
 	}
 	switch ints[0] {
 	case statusAllowed:
@@ -648,11 +690,7 @@ func decisionOf(ints []int64, caps []Cap, member string, now time.Time, counts [
 		i := int(ints[1]) - 1
 		d.Cap = caps[i].label(i)
 		d.Reserved = caps[i].Reserved > 0 && d.Counts[i] < caps[i].Limit+caps[i].Reserved
-		for j, c := range caps {
-			if !c.Shadow && d.Counts[j] >= c.Limit && c.Scope.Matches(member) {
-				d.Exceeded = append(d.Exceeded, c.label(j))
-			}
-		}
+		d.Exceeded = labels.of(caps, func(c *Cap, j int) bool { return !c.Shadow && full(c, j) })
 		if ints[2] > 0 {
 			d.RetryAt = time.UnixMilli(ints[2])
 		}

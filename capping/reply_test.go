@@ -273,7 +273,7 @@ func TestParseReply(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, tail, whole, err := parseReply(tt.reply, caps, member, now, nil)
+			got, tail, whole, err := parseReply(tt.reply, caps, member, now, nil, nil)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("err = %v, want one containing %q", err, tt.err)
@@ -321,7 +321,7 @@ func TestShadowCapsAreReported(t *testing.T) {
 	}
 	// Allowed with 2 sends counted by both shadow caps: new-daily would have
 	// capped; push-shadow does not apply to an email send.
-	d, _, _, err := parseReply(reply(1, 0, 0, 2, 2, 3), caps, Member("j", "email", "c", nil), now, make([]int, len(caps)))
+	d, _, _, err := parseReply(reply(1, 0, 0, 2, 2, 3), caps, Member("j", "email", "c", nil), now, make([]int, len(caps)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@ type scratch struct {
 	alone   []bool
 	pending []int
 	packed  []byte           // the requests' packed values (see pack)
+	keys    []byte           // the requests' keys (see batch.queue)
 	sent    map[uint64]bool  // by Request.who
 	users   map[uint64]int32 // requests per user sent to Redis (see Limiter.markNewLogs)
 	fresh   []bool
@@ -48,7 +49,16 @@ type scratch struct {
 	hit     []bool
 	order   []int
 	slots   []int32
-	hints   []int32 // by request: its copy's slot plus one at the lookup (see nearCache.install)
+	hints   []int32   // by request: its copy's slot plus one at the lookup (see nearCache.install)
+	log     []logItem // a log read by nearCache.installWith
+}
+
+// items returns sc's buffer of a log's items (capacity cacheMaxLog).
+func (sc *scratch) items() []logItem {
+	if sc.log == nil {
+		sc.log = make([]logItem, 0, cacheMaxLog)
+	}
+	return sc.log[:0]
 }
 
 var scratchPool = make(spares[scratch], 4)
@@ -58,6 +68,7 @@ func (sc *scratch) release() {
 	clear(sc.args[:cap(sc.args)])
 	clear(sc.results[:cap(sc.results)])
 	clear(sc.nodes[:cap(sc.nodes)])
+	clear(sc.log[:cap(sc.log)]) // its strings point into a shard's arena
 	scratchPool.put(sc)
 }
 

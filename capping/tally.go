@@ -251,7 +251,7 @@ func (a *reqArgs) spilledDecision(s string) (d Decision, raised bool, err error)
 			k++
 		}
 	}
-	d, err = decisionOf(h, a.caps, a.member, a.at, a.counts)
+	d, err = decisionOf(h, a.caps, a.member, a.at, a.counts, a.labels)
 	return d, s[1] == 1, err
 }
 
