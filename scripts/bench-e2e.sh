@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench-e2e.sh (make bench-e2e, make bench-cost) — what a job costs each process, and the throughput, on this
-# machine in one run, alternated ROUNDS times (default 3):
+# machine in one run, alternated ROUNDS times (default 3; each round runs them in the reverse order of the
+# round before):
 #   1. capper: BENCH_JOBS jobs (default 1,000,000) for BENCH_USERS users through demo.sh (loadgen ->
 #      capper run -> report), with the near cache (the default), on bench-lib's decide.yaml (the drop path,
 #      without arbitration windows: every job decided within the run, which each run checks);
@@ -98,12 +99,24 @@ if ((REDIS_CORE)); then
 fi
 echo "bench-e2e: the $WORKLOAD workload, $JOBS jobs for $USERS users on $(nproc) cores$placement, $ROUNDS rounds" >&2
 results=()
+# The runs of a round go in one order, then the next round's in the reverse: the machine drifts (other
+# guests, the page cache, the broker's segments), and a fixed order would hand the drift to whichever run
+# comes last.
+variants=(cache nocache scriptonly pass)
 for r in $(seq "$ROUNDS"); do
-  echo "round $r" >&2
-  results+=("cache $(run cache 0 1000000)")
-  results+=("nocache $(run nocache 0 0)")
-  results+=("scriptonly $(run scriptonly 0 1000000 true)")
-  results+=("pass $(run passthrough 1 0)")
+  order=("${variants[@]}")
+  if ((r % 2 == 0)); then
+    order=(pass scriptonly nocache cache)
+  fi
+  echo "round $r: ${order[*]}" >&2
+  for v in "${order[@]}"; do
+    case $v in
+      cache) results+=("cache $(run cache 0 1000000)") ;;
+      nocache) results+=("nocache $(run nocache 0 0)") ;;
+      scriptonly) results+=("scriptonly $(run scriptonly 0 1000000 true)") ;;
+      pass) results+=("pass $(run passthrough 1 0)") ;;
+    esac
+  done
 done
 calls='' history='' ceiling=0
 if ((REDIS_CORE)); then
