@@ -512,13 +512,13 @@ func BenchmarkReadWholeCopy(b *testing.B) {
 	}
 }
 
-// copyOf returns user's entry in c, or none.
 // copyBytes is the arena's bytes of e, a copy in c.
 func copyBytes(c *nearCache, e cacheEntry) string {
 	sh := c.shard(e.who())
 	return string(sh.arena[e.off : e.off+int32(e.size)])
 }
 
+// copyOf returns user's entry in c, or none.
 func copyOf(c *nearCache, user uint64) cacheEntry {
 	sh := c.shard(user)
 	if slot := sh.find(user); slot >= 0 {
