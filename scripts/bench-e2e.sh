@@ -104,10 +104,10 @@ results=()
 # comes last.
 variants=(cache nocache scriptonly pass)
 for r in $(seq "$ROUNDS"); do
-  order=("${variants[@]}")
-  if ((r % 2 == 0)); then
-    order=(pass scriptonly nocache cache)
-  fi
+  order=()
+  for v in "${variants[@]}"; do
+    if ((r % 2 == 0)); then order=("$v" "${order[@]}"); else order+=("$v"); fi
+  done
   echo "round $r: ${order[*]}" >&2
   for v in "${order[@]}"; do
     case $v in
