@@ -261,21 +261,25 @@ func replayAKill(tb testing.TB, lag time.Duration) killReplay {
 // `go test -run '^$' -bench CappedClaims -benchtime 1x ./budget/`
 func BenchmarkCappedClaims(b *testing.B) {
 	for _, mode := range []struct {
-		every   int
-		putBack bool
-	}{{0, false}, {37, false}, {37, true}} {
+		every          int
+		putBack, early bool
+	}{{0, false, false}, {37, false, false}, {37, true, false}, {37, true, true}} {
 		every := mode.every
-		b.Run(fmt.Sprintf("capped-every=%d/put-back=%v", every, mode.putBack), func(b *testing.B) {
+		b.Run(fmt.Sprintf("capped-every=%d/put-back=%v/early=%v", every, mode.putBack, mode.early), func(b *testing.B) {
 			c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
 			bs, _ := newBudgets(b, c, false)
 			spec := &Spec{Name: "capped", Limit: 50, Window: time.Second, Spread: true}
 			claims, capped := 0, 0
-			windows, _ := pacedHeld(b, bs, c, spec, func(bucket int, w Want, g Grant) bool {
+			held := &heldWants{}
+			windows := pacedHeld(b, bs, c, spec, held, func(bucket int, w Want, g Grant) bool {
 				if g.Claimed && every > 0 {
 					if claims++; claims%every == 0 && bucket >= 12*Buckets {
 						capped++ // capped by its user's cap: the token is not sent
 						if mode.putBack {
 							bs.PutBack(context.Background(), w, g.Until, 1)
+						}
+						if mode.early {
+							held.wake(c.Now())
 						}
 						return false
 					}
@@ -290,6 +294,7 @@ func BenchmarkCappedClaims(b *testing.B) {
 			b.ReportMetric(float64(sum), "sends/25windows")
 			b.ReportMetric(float64(slices.Min(windows[13:38])), "least/50")
 			b.ReportMetric(float64(capped), "capped")
+			b.ReportMetric(float64(held.earlyOK), "early")
 		})
 	}
 }

@@ -87,6 +87,14 @@ type Want struct {
 	// due time) when it comes back for its token: it claims the token kept
 	// for it then. Zero: a new want.
 	Promised time.Time
+	// Early, with Promised not due yet, claims a token before the promise:
+	// the job was released early because a token was put back (PutBack) or
+	// a promise given up that no new send was there to take. It is served
+	// after the new wants, as one of them, its own promise not counted
+	// against it. Granted (Grant.Claimed), its promise is given up: a token
+	// no one is promised, for the next early claim at that time. Refused,
+	// it keeps its promise (Grant.RetryAt is Promised, Grant.Promised).
+	Early bool
 	// Job names the job (the same for every copy of it: a redelivery, a
 	// copy on the delay tiers); "": unnamed. A token is promised to a named
 	// job once: a copy of it asking again is told the time its job was
@@ -187,7 +195,7 @@ type state struct {
 	touched  time.Time // the last Take of the key
 	// the budget's token counters, resolved once
 	usedC, putBackC, lapsedC, grantedC prometheus.Counter
-	claimsC                            [2]prometheus.Counter // claims made, and missed
+	claimsC                            [3]prometheus.Counter // claims made, missed, and made early
 	copiesC                            prometheus.Counter    // wants answered Copy
 	refusedC                           prometheus.Counter    // wants refused (held)
 	refusedAt                          time.Time             // when a call last refused a want (PutBack)
@@ -250,7 +258,8 @@ func (b *Budgets) state(w Want) *state {
 		n := w.Spec.Name
 		st = &state{spec: w.Spec, size: 1, usedC: t.WithLabelValues(n, "used"), putBackC: t.WithLabelValues(n, "put_back"),
 			lapsedC: t.WithLabelValues(n, "lapsed"), grantedC: t.WithLabelValues(n, "granted"),
-			claimsC: [2]prometheus.Counter{b.m.claims.WithLabelValues(n, "made"), b.m.claims.WithLabelValues(n, "missed")},
+			claimsC: [3]prometheus.Counter{b.m.claims.WithLabelValues(n, "made"), b.m.claims.WithLabelValues(n, "missed"),
+				b.m.claims.WithLabelValues(n, "early")},
 			copiesC: b.m.claims.WithLabelValues(n, "copy"), refusedC: b.m.refused.WithLabelValues(n)}
 		if len(b.keys) >= b.sweepAt {
 			b.sweep()
@@ -388,7 +397,7 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 		// are counted in their bucket, so the limit holds by token time. Only
 		// the lease beyond this demand can lapse.
 		st.bucket, st.expires = r.bucket, time.UnixMilli(r.bucket).Add(st.spec.Window/Buckets)
-		took := st.answer(r, asked, len(claims), now, st.expires, grants)
+		took := st.answer(r, wants, asked, len(claims), now, st.expires, grants)
 		st.reserve, st.leased, st.used = r.extra, r.extra+took, took
 		st.grantedC.Add(float64(r.extra))
 		return nil
@@ -398,12 +407,18 @@ func (b *Budgets) take(ctx context.Context, st *state, key string, idx []int, wa
 // answer fills grants from r, the answers to the wants asked (the first
 // nclaims of them claims) by a call at now, granted tokens lasting until, and
 // counts them; it returns the tokens the wants took.
-func (st *state) answer(r reply, asked []int, nclaims int, now, until time.Time, grants []Grant) (took int) {
+func (st *state) answer(r reply, wants []Want, asked []int, nclaims int, now, until time.Time, grants []Grant) (took int) {
 	refused := 0
 	for k, i := range asked {
-		if k < nclaims {
+		switch at := r.wants[k]; {
+		case k >= nclaims:
+		case wants[i].Early: // an early claim refused waits for its promise: no claim missed
+			if at == claimedOwn {
+				st.claimsC[2].Inc()
+			}
+		default:
 			st.claimsC[0].Inc()
-			if at := r.wants[k]; at > 0 || at < copyOf {
+			if at > 0 || at < copyOf {
 				st.claimsC[1].Inc()
 			}
 		}
@@ -492,7 +507,7 @@ func (b *Budgets) PutBack(ctx context.Context, w Want, until time.Time, n int) {
 	st := b.state(w)
 	now := b.cfg.Clock()
 	st.mu.Lock()
-	short := !st.refusedAt.IsZero() && now.Sub(st.refusedAt) < st.spec.Window
+	short := !st.refusedAt.IsZero() && now.Sub(st.refusedAt) < st.spec.Window || !w.Promised.IsZero()
 	st.mu.Unlock()
 	if !short || n < 1 {
 		b.Return(w, n)
@@ -610,6 +625,9 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		var promised, until int64
 		if w := wants[i]; !w.Promised.IsZero() {
 			promised = w.Promised.UnixMilli()
+			if w.Early {
+				promised = -promised
+			}
 		}
 		if u := wants[i].Until; !u.IsZero() { // rounded up: a time before it in ms is before it
 			until = (u.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
@@ -654,7 +672,7 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 		Name: "capper_budget_tokens_total", Help: "Budget tokens by budget and kind: granted (leased from Redis), used (taken by a job), put_back (taken by a job that was then capped: back in the reserve, or, while the budget refuses sends, in Redis for any replica's next send; used - put_back were forwarded), lapsed (the lease's bucket ended first), returned (given back to Redis at shutdown), unclaimed (a claim's token given back to Redis and its promise kept again: the send was a duplicate).",
 	}, []string{"budget", "kind"})
 	m.claims = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another), copy (any want, a claim or not, of a job whose token another copy of it claimed: it takes none and is checked as a duplicate).",
+		Name: "capper_budget_claims_total", Help: "Held sends back for the token a budget promised them, by budget and result: made (every claim), missed (the token was not there: the promise lapsed, or the window was full; the send is promised another), copy (any want, a claim or not, of a job whose token another copy of it claimed: it takes none and is checked as a duplicate), early (held sends released before their promise that took a token put back or given up: not counted in made).",
 	}, []string{"budget", "result"})
 	m.calls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "capper_budget_redis_calls_total", Help: "Redis calls for budgets, by budget.",

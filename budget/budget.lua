@@ -38,7 +38,10 @@
 --          time a refused job was told in ms (0: a new want), which claims a token promised then; until is the
 --          last moment the job can come back in ms (0: no bound); job names the job ('': no name). Claims are
 --          served first; a claim whose promise lapsed is a new want, ahead of the others. delta counts the new
---          wants and the lease beyond them.
+--          wants and the lease beyond them. Minus a time not due yet: an early claim of that promise (a held job
+--          released before it: a token was put back, or a promise given up, that no send was there to take),
+--          served after the new wants as one of them would be, its own promise not counted against it; granted
+--          (-1), its promise is given up for the next early claim; refused, it keeps it (told its time).
 -- ARGV[10 + 3n] grace (ms; 0 when absent): how far behind the newest call's clock another call's may be and
 --          still be counted right. A bucket is kept that long after it leaves the window: a call whose clock
 --          reads earlier than one before it (a worker that read its clock and was then descheduled, or whose
@@ -105,9 +108,12 @@ if burst > 0 then
   per = math.ceil(limit / buckets)
 end
 local unclaim = delta < 0 and n > 0 -- claims given back
-local P, U, G, named = {}, {}, {}, false -- each want's promise, until and job name
+local P, U, G, E, named = {}, {}, {}, {}, false -- each want's promise, until, job name and whether it is early
 for i = 1, n do
   P[i], U[i], G[i] = tonumber(ARGV[7 + 3 * i]), tonumber(ARGV[8 + 3 * i]), ARGV[9 + 3 * i]
+  if P[i] < 0 then -- early (see ARGV[9]): a claim before its promise
+    P[i], E[i] = -P[i], P[i] < -now
+  end
   named = named or G[i] ~= ''
 end
 
@@ -340,7 +346,7 @@ for i = 1, n do
   if other then
     reply[4 + i], skip[i] = other, true
   end
-  if skip[i] then -- answered
+  if skip[i] or E[i] then -- answered, or early (after the new wants)
   elseif p > 0 and (promised[p] or 0) > 0 and used + claimed < limit - spare then
     promised[p] = promised[p] - 1
     changed[p] = true
@@ -372,6 +378,20 @@ local lapsedClaims = #fresh
 for i = 1, n do
   if P[i] == 0 and not skip[i] then
     fresh[#fresh + 1] = i
+  end
+end
+-- Early wants last: a token for one of them moves a held send earlier, one for a new want saves a hold. Each
+-- gives its own promise up while the room is counted (the token kept for it is its own), and keeps it if
+-- refused.
+local walked = #fresh -- the wants promised a token when refused: the early ones keep theirs
+local gaveUp = {}
+for i = 1, n do
+  if E[i] and not skip[i] then
+    fresh[#fresh + 1] = i
+    local p = P[i]
+    if (promised[p] or 0) > 0 then
+      promised[p], gaveUp[i] = promised[p] - 1, true
+    end
   end
 end
 
@@ -411,7 +431,7 @@ local function free()
 end
 
 local granted = 0
-local ask = math.max(0, delta) + lapsedClaims
+local ask = math.max(0, delta) + lapsedClaims + #fresh - walked
 if ask > 0 then
   local room = free()
   if spare > 0 then -- a spare token is one a send that was capped took: a new send takes it in its place
@@ -443,9 +463,25 @@ end
 for k = 1, math.min(granted, #fresh) do
   local i = fresh[k]
   reply[4 + i] = 0
-  if G[i] ~= '' and byJob[G[i]] == nil then -- a copy of its job later in this call is answered Copy (-2)
+  if E[i] then -- its promise given up: claimed early
+    reply[4 + i] = -1
+    if gaveUp[i] then
+      changed[P[i]] = true
+    end
+    if G[i] ~= '' then
+      byJob[G[i]] = false
+      redis.call('ZADD', KEYS[5], now, G[i])
+    end
+  elseif G[i] ~= '' and byJob[G[i]] == nil then -- a copy of its job later in this call is answered Copy (-2)
     byJob[G[i]] = false
   end
+end
+for k = math.max(walked, granted) + 1, #fresh do -- an early want refused keeps its promise
+  local i = fresh[k]
+  if gaveUp[i] then
+    promised[P[i]] = promised[P[i]] + 1
+  end
+  reply[4 + i] = P[i]
 end
 reply[1] = math.max(0, granted - #fresh)
 
@@ -464,7 +500,7 @@ reply[1] = math.max(0, granted - #fresh)
 -- capped; its token then went to no one once new sends had stopped (every send left held, promised a later
 -- token), and a window of a second got 47 of 50 (bench-budget, paced, at the end of the demand).
 local j = granted + 1
-if j <= #fresh then
+if j <= walked then
   readAll()
   local first = cur + width
   -- Buckets after its own that a promised token comes back: a window and a bucket after it is claimed, within
@@ -546,7 +582,7 @@ if j <= #fresh then
   end
   local assigned, back = 0, {} -- new promises, and those coming back by bucket index
   for k = 0, horizon - 1 do
-    if j > #fresh then
+    if j > walked then
       break
     end
     assigned = assigned - (back[k] or 0)
@@ -560,7 +596,7 @@ if j <= #fresh then
       x = 0
     end
     local took = 0
-    while j <= #fresh and x > 0 do
+    while j <= walked and x > 0 do
       local i = fresh[j]
       local other = told(i)
       if other then
@@ -583,7 +619,7 @@ if j <= #fresh then
       back[k + ret] = (back[k + ret] or 0) + took
     end
   end
-  for k = j, #fresh do -- no token in sight (nothing counted and no room: only after a failed call): told the
+  for k = j, walked do -- no token in sight (nothing counted and no room: only after a failed call): told the
     -- next bucket, promised nothing
     reply[4 + fresh[k]] = first
   end

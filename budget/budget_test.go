@@ -297,7 +297,8 @@ func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "deep", Limit: 50, Window: time.Second, Spread: true}
 	missed, followed := 0, 0
-	windows, held := pacedHeld(t, b, c, spec, func(_ int, w Want, g Grant) bool {
+	held := &heldWants{}
+	windows := pacedHeld(t, b, c, spec, held, func(_ int, w Want, g Grant) bool {
 		// A token is taken from a promise due at most `early` (100 ms)
 		// before it comes back: that claim follows it, no further.
 		if p := w.Promised; !p.IsZero() && !g.Claimed {
@@ -323,11 +324,10 @@ func TestDeepPromisesDeliverEveryWindow(t *testing.T) {
 // new sends a second for 30 s (each may wait 10 s) under spec, then 10 s more,
 // every refused send held until the time it was told and then back for its
 // token. sent says whether a granted want's send goes out (false: capped after
-// it took its token) and sees every answer; pacedHeld returns the sends per
-// window of a second, and the held sends.
-func pacedHeld(tb testing.TB, b *Budgets, c *testclock.Clock, spec *Spec, sent func(bucket int, w Want, g Grant) bool) ([]int, *heldWants) {
+// it took its token) and sees every answer; held plays the delay tiers.
+// pacedHeld returns the sends per window of a second.
+func pacedHeld(tb testing.TB, b *Budgets, c *testclock.Clock, spec *Spec, held *heldWants, sent func(bucket int, w Want, g Grant) bool) []int {
 	var windows []int
-	held := &heldWants{}
 	for bucket := 0; bucket < 40*Buckets; bucket++ {
 		n := 1 + bucket%2 // 150 a second for 30 s
 		if bucket >= 30*Buckets {
@@ -353,7 +353,7 @@ func pacedHeld(tb testing.TB, b *Budgets, c *testclock.Clock, spec *Spec, sent f
 		}
 		c.Add(spec.Window / Buckets)
 	}
-	return windows, held
+	return windows
 }
 
 // TestCappedClaimsTokensGoToNewSends: the steady state of
@@ -373,7 +373,7 @@ func TestCappedClaimsTokensGoToNewSends(t *testing.T) {
 	b, _ := newBudgets(t, c, false)
 	spec := &Spec{Name: "capped", Limit: 50, Window: time.Second, Spread: true}
 	claims, capped := 0, 0
-	windows, _ := pacedHeld(t, b, c, spec, func(bucket int, w Want, g Grant) bool {
+	windows := pacedHeld(t, b, c, spec, &heldWants{}, func(bucket int, w Want, g Grant) bool {
 		if g.Claimed {
 			if claims++; claims%37 == 0 && bucket >= 12*Buckets {
 				capped++
@@ -389,13 +389,66 @@ func TestCappedClaimsTokensGoToNewSends(t *testing.T) {
 	t.Logf("%d held sends capped after their claim; sends by window %v", capped, windows)
 }
 
+// TestEarlyClaimsFillTheDrain: the same, on to the end of the demand. Once new
+// sends stop, every send left is held and promised a token, so a token put
+// back has no taker: windows of 47 and 48 (BenchmarkCappedClaims). Released
+// early (Want.Early), the held send promised soonest takes it and gives its
+// promise up, and at that promise's time the next one does the same: 49 in
+// every window to the end, no window over 50, and an early claim that finds
+// no token keeps its promise.
+func TestEarlyClaimsFillTheDrain(t *testing.T) {
+	c := testclock.At(time.UnixMilli(1_800_000_000_000)) // a bucket's start
+	b, _ := newBudgets(t, c, false)
+	spec := &Spec{Name: "capped", Limit: 50, Window: time.Second, Spread: true}
+	claims, capped := 0, 0
+	held := &heldWants{}
+	var refusedEarly []Want
+	windows := pacedHeld(t, b, c, spec, held, func(bucket int, w Want, g Grant) bool {
+		if w.Early && !g.OK {
+			if !g.Promised || !g.RetryAt.Equal(w.Promised) {
+				t.Errorf("an early claim promised %v refused with %+v: it must keep its promise", w.Promised, g)
+			}
+			refusedEarly = append(refusedEarly, w)
+		}
+		if g.Claimed {
+			if claims++; claims%37 == 0 && bucket >= 12*Buckets {
+				capped++
+				b.PutBack(context.Background(), w, g.Until, 1)
+				held.wake(c.Now())
+				return false
+			}
+		}
+		return true
+	})
+	if least := slices.Min(windows[13:38]); least < 49 || slices.Max(windows) > spec.Limit {
+		t.Errorf("sends by window %v (%d held sends capped after their claim, %d early claims granted): want 49 or 50 in each from the 13th to the 38th, the drain's (none over 50)", windows, capped, held.earlyOK)
+	}
+	if held.earlyOK == 0 || len(refusedEarly) == 0 {
+		t.Errorf("%d early claims granted, %d refused: the replay should see both (new sends take a token put back first)", held.earlyOK, len(refusedEarly))
+	}
+	if left := len(held.wants); left > 0 {
+		t.Errorf("%d held sends never claimed their token", left)
+	}
+	t.Logf("%d capped after their claim, %d early claims granted, %d refused; sends by window %v", capped, held.earlyOK, len(refusedEarly), windows)
+}
+
 // heldWants plays the delay tiers: a refused want promised a token (its
-// RetryAt before its Until) comes back then to claim it.
+// RetryAt before its Until) comes back then to claim it, or before, early,
+// when woken (wake).
 type heldWants struct {
 	wants    []Want
 	promised int // refused wants promised a token (held)
 	told     int // refused wants told a time past their Until (capped)
+	// wakes are when to release the held want promised soonest early (Want.Early);
+	// earlyOK counts those granted.
+	wakes            []time.Time
+	earlyOK, earlyNo int
 }
+
+// wake releases the held want promised soonest after at, early, at at: as a
+// worker does when it puts a token back, and, when an early claim was
+// granted, at the time of the promise it gave up.
+func (h *heldWants) wake(at time.Time) { h.wakes = append(h.wakes, at) }
 
 // take asks b for ws and holds the refused ones.
 func (h *heldWants) take(t *testing.T, b *Budgets, ws []Want) []Grant {
@@ -413,9 +466,16 @@ func (h *heldWants) refused(ws []Want, gs []Grant) {
 	for i, g := range gs {
 		switch {
 		case g.OK:
+			if ws[i].Early {
+				h.earlyOK++
+				h.wake(ws[i].Promised)
+			}
 		case g.Promised:
 			w := ws[i]
-			w.Promised = g.RetryAt
+			if w.Early {
+				h.earlyNo++
+			}
+			w.Promised, w.Early = g.RetryAt, false
 			h.wants = append(h.wants, w)
 			h.promised++
 		default:
@@ -424,7 +484,8 @@ func (h *heldWants) refused(ws []Want, gs []Grant) {
 	}
 }
 
-// due takes the wants due by now out of the tiers.
+// due takes the wants due by now out of the tiers, and for each wake due
+// the one promised soonest after it, early.
 func (h *heldWants) due(now time.Time) []Want {
 	var out []Want
 	h.wants = slices.DeleteFunc(h.wants, func(w Want) bool {
@@ -432,6 +493,23 @@ func (h *heldWants) due(now time.Time) []Want {
 			return false
 		}
 		out = append(out, w)
+		return true
+	})
+	h.wakes = slices.DeleteFunc(h.wakes, func(at time.Time) bool {
+		if at.After(now) {
+			return false
+		}
+		if k := slices.IndexFunc(h.wants, func(w Want) bool { return w.Promised.After(now) }); k >= 0 {
+			for j, w := range h.wants {
+				if w.Promised.Before(h.wants[k].Promised) {
+					k = j
+				}
+			}
+			w := h.wants[k]
+			h.wants = slices.Delete(h.wants, k, k+1)
+			w.Early = true
+			out = append(out, w)
+		}
 		return true
 	})
 	return out
