@@ -390,3 +390,72 @@ func TestReaderDropsWhatARebalanceTookBack(t *testing.T) {
 		t.Error("offset 40 was dropped on a change of leader: no one would send it again")
 	}
 }
+
+// heldBy is held(p, off, wake) held by reason (a budget's name).
+func heldBy(p int, off int64, wake time.Time, reason string) kafka.Message {
+	s := hold.State{Since: wake.Add(-time.Hour), Due: wake, Wake: wake, Count: 1, Reason: reason}
+	return kafka.Message{Topic: "sends.delay.1h", Partition: p, Offset: off, Headers: s.AppendHeaders(nil)}
+}
+
+// TestReaderReleasesEarly: an early request returns, at its time, the held
+// message of its reason that wakes first, before its wake time, from a
+// Reader waiting for a wake time or for a fetch; a request of a reason the
+// Reader holds none of is not served, and is dropped a tenth of a second
+// after its time; the other messages keep their wake times.
+func TestReaderReleasesEarly(t *testing.T) {
+	now := time.Now()
+	src := &source{msgs: []kafka.Message{heldBy(0, 1, now.Add(2*time.Hour), "sms"), heldBy(0, 2, now.Add(30*time.Minute), "push"),
+		heldBy(0, 3, now.Add(time.Hour), "sms"), heldBy(0, 4, now.Add(3*time.Hour), "sms")}}
+	// Without the request, each fetch below would wait an hour or more: soon
+	// ends it first (a cancel, not a deadline: a fetch with a deadline is a
+	// batch collecting more, which does not wait).
+	soon, stop := context.WithCancel(context.Background())
+	defer time.AfterFunc(time.Minute, stop).Stop()
+	for _, ahead := range []int{4, hold.Ahead} { // waiting on a timer (all read ahead), and in a fetch
+		src := &source{msgs: slices.Clone(src.msgs)}
+		r := hold.NewReader(src, nil, ahead)
+		early := hold.NewEarly()
+		r.UseEarly(early)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		if _, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("ahead %d: fetch before any request: %v, want the deadline", ahead, err)
+		}
+		cancel()
+		early.Release("email", time.Now()) // held by no budget this reader holds
+		go func() {                        // while the reader waits
+			time.Sleep(20 * time.Millisecond)
+			early.Release("sms", time.Now())
+		}()
+		m, err := r.FetchMessage(soon)
+		if err != nil || m.Offset != 3 {
+			t.Fatalf("ahead %d: fetch after an early request of sms: offset %d, %v; want 3, sms's soonest", ahead, m.Offset, err)
+		}
+		at := time.Now().Add(50 * time.Millisecond) // a promise given up, at its time
+		early.Release("sms", at)
+		if m, err := r.FetchMessage(soon); err != nil || m.Offset != 1 {
+			t.Fatalf("ahead %d: fetch after a request for later: offset %d, %v; want 1", ahead, m.Offset, err)
+		}
+		if time.Now().Before(at) {
+			t.Errorf("ahead %d: a request for %v returned its message before then", ahead, at)
+		}
+		if n := early.Pending(); n != 1 {
+			t.Errorf("ahead %d: %d requests pending, want the one no reader can serve (email)", ahead, n)
+		}
+		time.Sleep(150 * time.Millisecond) // past its lapse: dropped at the next look
+		early.Release("push", time.Now())
+		if m, err := r.FetchMessage(soon); err != nil || m.Offset != 2 {
+			t.Fatalf("ahead %d: fetch after a request of push: offset %d, %v; want 2", ahead, m.Offset, err)
+		}
+		if n := early.Pending(); n != 0 {
+			t.Errorf("ahead %d: %d requests pending, want none (email's lapsed)", ahead, n)
+		}
+		ctx, cancel = context.WithTimeout(context.Background(), 100*time.Millisecond)
+		if m, err := r.FetchMessage(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("ahead %d: offset %d returned (%v) with no request and no wake due", ahead, m.Offset, err)
+		}
+		cancel()
+		if !r.Waiting() {
+			t.Errorf("ahead %d: the last message (offset 4) was not kept", ahead)
+		}
+	}
+}

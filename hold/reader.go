@@ -63,6 +63,7 @@ type Reader struct {
 	wake       atomic.Int64 // unix nanoseconds the earliest held message wakes at; 0: none held
 	// release: the batch being collected holds a job due to be decided
 	release bool
+	early   *Early // nil: no message is returned before its wake time
 
 	mu   sync.Mutex
 	open map[partition]*offsets // per partition: fetched, not committed
@@ -146,6 +147,12 @@ func (r *Reader) drop(hs ...heldMessage) {
 	}
 }
 
+// UseEarly has r serve e's requests: a message of a request's reason that
+// r holds is returned at the request's time, before its wake time (the one
+// of that reason that wakes first). The worker sees it by its wake time,
+// still to come. Call it before the first FetchMessage.
+func (r *Reader) UseEarly(e *Early) { r.early = e }
+
 // FetchMessage returns the held message with the earliest wake time once
 // that time has come (at once for a message without hold headers, which the
 // worker dead-letters); while it waits, it fetches on. A wait cut short by
@@ -181,6 +188,10 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 			}
 			continue
 		}
+		if m, ok := r.popEarly(); ok {
+			r.release = true
+			return m, nil
+		}
 		first := r.held[0]
 		if !first.wake.After(r.now()) {
 			heap.Pop(&r.held)
@@ -191,19 +202,39 @@ func (r *Reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 		if collecting && (r.release || first.wake.After(dl)) {
 			return kafka.Message{}, context.DeadlineExceeded
 		}
-		wait := first.wake.Sub(r.now())
+		now := r.now()
+		wait := first.wake.Sub(now)
+		var poke context.Context // cancelled by a new early request
+		if r.early != nil {
+			var next time.Time
+			poke, next = r.early.watch(now)
+			if !next.IsZero() {
+				wait = min(wait, next.Sub(now))
+			}
+		}
 		if len(r.held) >= r.ahead {
 			t := time.NewTimer(wait)
+			var poked <-chan struct{}
+			if poke != nil {
+				poked = poke.Done()
+			}
 			select {
 			case <-ctx.Done():
 				t.Stop()
 				return kafka.Message{}, ctx.Err()
 			case <-t.C:
+			case <-poked:
+				t.Stop()
 			}
 			continue
 		}
 		fctx, cancel := context.WithTimeout(ctx, wait)
+		stop := func() bool { return false }
+		if poke != nil {
+			stop = context.AfterFunc(poke, cancel)
+		}
 		err := r.fetch(fctx)
+		stop()
 		cancel()
 		switch {
 		case err == nil:
@@ -246,12 +277,38 @@ func (r *Reader) hold(m kafka.Message, straddles bool) {
 	}
 	h := heldMessage{m: m} // no hold headers: at once
 	if s, ok, err := ParseState(m.Headers); err == nil && ok {
-		h.wake, h.release = s.Wake, !s.Due.After(s.Wake)
+		h.wake, h.release, h.reason = s.Wake, !s.Due.After(s.Wake), s.Reason
 	}
 	r.seq++
 	h.seq = r.seq
 	heap.Push(&r.held, h)
 	r.setWake()
+}
+
+// popEarly takes out the message an early request is for, if r holds one:
+// of the request's reason, the one that wakes first, among those not awake
+// yet (those are returned anyway).
+func (r *Reader) popEarly() (kafka.Message, bool) {
+	if r.early == nil || len(r.held) == 0 {
+		return kafka.Message{}, false
+	}
+	now := r.now()
+	find := func(reason string) int {
+		k := -1
+		for i, h := range r.held {
+			if h.reason == reason && h.wake.After(now) && (k < 0 || r.held.Less(i, k)) {
+				k = i
+			}
+		}
+		return k
+	}
+	reason, ok := r.early.take(now, func(reason string) bool { return find(reason) >= 0 })
+	if !ok {
+		return kafka.Message{}, false
+	}
+	h := heap.Remove(&r.held, find(reason)).(heldMessage)
+	r.setWake()
+	return h.m, true
 }
 
 func (r *Reader) partition(m kafka.Message) *offsets {
@@ -327,7 +384,8 @@ func (r *Reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) erro
 type heldMessage struct {
 	m       kafka.Message
 	wake    time.Time
-	release bool // due at its wake: decided when returned, not moved to another tier
+	release bool   // due at its wake: decided when returned, not moved to another tier
+	reason  string // the hold's (an early request's)
 	seq     uint64
 }
 
