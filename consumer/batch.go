@@ -127,10 +127,14 @@ func (w *Worker) decode(e *entry, segs *segmenters, now time.Time) bool {
 		return false
 	}
 	if w.cfg.Tier != "" {
-		if e.facts.arrived.Due.After(now) { // route moves it on
+		switch a := &e.facts.arrived; {
+		case !a.Due.After(now):
+			w.m.releaseLag.Observe(now.Sub(a.Due).Seconds())
+		case w.cfg.Early != nil && a.Wake.After(now): // released early: route says whether it claims a token
+			e.facts.early = true
+		default: // route moves it on
 			return false
 		}
-		w.m.releaseLag.Observe(now.Sub(e.facts.arrived.Due).Seconds())
 	}
 	n := len(w.buf.tags)
 	w.buf.tags = jobs.AppendAllTags(w.buf.tags, job.Category, job.Tags)
@@ -204,6 +208,7 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 			wt.Until, wt.Job = holdUntil(&e.facts, e.plan.OnShort(wt.Spec.Name), w.cfg.Wheel, e.at), job
 			if a := &e.facts.arrived; a.Count > 0 && a.Reason == wt.Spec.Name {
 				wt.Promised = a.Due // back when this budget promised it a token: it claims that token
+				wt.Early = e.facts.early && a.Due.After(e.at)
 			}
 			wants = append(wants, wt)
 			owners = append(owners, i)
@@ -246,6 +251,10 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		}
 		if g.Claimed {
 			t.claimed, t.promise = true, wants[j].Promised
+		}
+		if e := &es[owners[j]]; g.OK && wants[j].Early { // its hold ends now; at its promise, the next early claim
+			e.facts.arrived.Due = e.at
+			w.cfg.Early.Release(wants[j].Spec.Name, wants[j].Promised)
 		}
 	}
 	for j, g := range grants {
@@ -353,6 +362,9 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 					w.log.Warn("giving a duplicate's budget claim back failed; its token is put back as an unused one", "budget", wt.Key, "err", err)
 				}
 			}
+			if e.facts.tokens.claimed {
+				wt.Promised = e.facts.tokens.promise // a held send's claim: budget.PutBack
+			}
 			wants[wt.Key] = wt
 			if len(e.plan.Wants) == 1 && !e.facts.tokens.until.IsZero() {
 				put[bucket{wt.Key, e.facts.tokens.until}]++
@@ -366,6 +378,11 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 	}
 	for b, n := range put {
 		w.cfg.Budgets.PutBack(ctx, wants[b.key], b.until, n)
+		if w.cfg.Early != nil { // a held send may take it now (hold.Early)
+			for range n {
+				w.cfg.Early.Release(wants[b.key].Spec.Name, w.cfg.Clock())
+			}
+		}
 	}
 }
 

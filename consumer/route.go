@@ -44,10 +44,13 @@ type facts struct {
 	expiresAt time.Time  // zero: never expires
 	since     time.Time  // when it was submitted: max_hold counts from here
 	arrived   hold.State // from a delay tier (Count 0: never held)
-	collapse  collapsed
-	tokens    grant
-	redis     answer
-	mark      answer // to the look that marks it refused after the caps refused it for good (markRefusal)
+	// early: released before its wake time (hold.Early), to claim its
+	// budget's token before its promise (arrived.Due) if claimsEarly
+	early    bool
+	collapse collapsed
+	tokens   grant
+	redis    answer
+	mark     answer // to the look that marks it refused after the caps refused it for good (markRefusal)
 }
 
 // grant is what the budgets answered.
@@ -93,7 +96,7 @@ func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 	switch {
 	case f.malformed != "":
 		return Outcome{Kind: DeadLetter, Error: f.malformed, Truncate: f.truncate}
-	case f.arrived.Due.After(now): // from a delay tier, not due: on to the tier that fits what is left of its wait
+	case f.arrived.Due.After(now) && !claimsEarly(p, f): // from a delay tier, not due: on to the tier that fits what is left of its wait
 		o := Outcome{Kind: Moved, Hold: f.arrived, DecidedAt: now}
 		o.Tier, o.Hold.Wake = wheel.Route(now, f.arrived.Due)
 		return o
@@ -107,6 +110,13 @@ func route(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome {
 		}
 	}
 	return o
+}
+
+// claimsEarly reports whether a job released early (facts.early) claims its
+// budget's token now (budget.Want.Early): it was held by the one budget of
+// its plan, outside quiet hours. Otherwise it goes on to its due time.
+func claimsEarly(p *rules.Plan, f *facts) bool {
+	return f.early && len(p.Wants) == 1 && p.Wants[0].Spec.Name == f.arrived.Reason && p.QuietUntil.IsZero()
 }
 
 // arbitrates reports whether a job asks Redis for an arbitration of the last
@@ -153,7 +163,7 @@ func routeOf(p *rules.Plan, f *facts, wheel *hold.Wheel, now time.Time) Outcome 
 			// refused as a wait until that bound would be (expired, beyond max_hold)
 			o = holdOrRefuse(f, policy, holdUntil(f, policy, wheel, now), b, "budget", wheel, now)
 		}
-		if o.Kind == Held && f.tokens.follow { // on to its new promise, as a job not due yet: no new hold
+		if o.Kind == Held && (f.tokens.follow || f.early) { // on to its (new) promise, as a job not due yet: no new hold
 			o.Kind, o.Cap, o.HeldBy, o.Hold.Count = Moved, "", "", f.arrived.Count
 		}
 		if o.Kind == Held || o.Kind == Moved {

@@ -73,6 +73,10 @@ func TestRoute(t *testing.T) {
 	mayGo := collapsed{asked: true}
 	back := hold.State{Count: 1, Since: noon.Add(-46 * h), Reason: "daily"} // from a delay tier
 	replaced := collapsed{asked: true, by: "job-9", why: "newer"}
+	smsHeld := hold.State{Count: 1, Since: noon, Due: noon.Add(2 * time.Second), Wake: noon.Add(2 * time.Second), Reason: "sms"}
+	dailyHeld := smsHeld
+	dailyHeld.Reason = "daily"
+	ended := func(s hold.State) hold.State { s.Due = noon; return s }
 	for _, c := range []struct {
 		name    string
 		job     rules.Job
@@ -163,6 +167,16 @@ func TestRoute(t *testing.T) {
 			want: "pending ask=duplicate refused-as=sms"},
 		{name: "another copy took its job's token, beyond its max_hold, not a duplicate: capped", job: sms, f: facts{since: noon.Add(-h), tokens: copyOf(250 * time.Millisecond), redis: notFound},
 			want: "capped cap=sms reason=beyond max_hold retry=12:00:00.25 at=12:00:00"},
+		{name: "released early for its budget: claims its token", job: sms, f: facts{since: noon, early: true, arrived: smsHeld},
+			want: "pending ask=tokens"},
+		{name: "released early, its claim granted: its hold ended, Redis decides", job: sms, f: facts{since: noon, early: true, arrived: ended(smsHeld), tokens: tokens},
+			want: "pending ask=decision"},
+		{name: "released early, its claim refused: back to its promise, no new hold", job: sms, f: facts{since: noon, early: true, arrived: smsHeld, tokens: short(2 * time.Second)},
+			want: "moved due=12:00:02 count=1 tier=1s"},
+		{name: "released early, held by another cap: on to its due time", job: sms, f: facts{since: noon, early: true, arrived: dailyHeld},
+			want: "moved due=12:00:02 count=1 tier=1s"},
+		{name: "released early, no budget of its own: on to its due time", job: email, f: facts{since: noon, early: true, arrived: smsHeld},
+			want: "moved due=12:00:02 count=1 tier=1s"},
 		{name: "a collapse key: checked first", job: keyed(email), want: "pending ask=collapse"},
 		{name: "a collapse key the rules derive: checked first", job: priceDrop, want: "pending ask=collapse"},
 		{name: "the tag the key needs missing: no key", job: rules.Job{Channel: "push", Category: "marketing", Tags: []string{"marketing", "price_drop"}}, want: "pending ask=decision"},
@@ -244,6 +258,12 @@ func describe(o Outcome) string {
 	}
 	if !o.RetryAt.IsZero() {
 		add("retry", clock(o.RetryAt))
+	}
+	if o.Kind == Moved {
+		add("due", clock(o.Hold.Due))
+		add("count", fmt.Sprint(o.Hold.Count))
+		add("tier", o.Tier.Name)
+		return s
 	}
 	if o.Kind == Held {
 		add("due", clock(o.Hold.Due))

@@ -143,6 +143,15 @@ type Config struct {
 	// hold.Reader) returns held jobs at their wake time, and the worker moves
 	// each to a shorter tier or, once it is due, decides it again.
 	Tier string
+	// Early, shared by a process's tier workers and their Readers
+	// (hold.Reader.UseEarly), fills a budget's tokens that no send would
+	// take: when a held send puts its token back (capped by its user's
+	// caps), and when a held send released early gives its promise up, the
+	// worker asks for the budget's next held send then; it comes before its
+	// wake time and claims a token early (budget.Want.Early): granted, it is
+	// decided now; refused, it goes back to its tier for its promise, as
+	// held before (no new hold). nil: held sends come at their due times.
+	Early *hold.Early
 	// Clock is the clock of hold decisions (due, expiry, quiet hours). Defaults to time.Now.
 	Clock func() time.Time
 	// Logger defaults to slog.Default().

@@ -220,3 +220,84 @@ func mostInAnyWindow(sorted []time.Time, window time.Duration) int {
 	}
 	return worst
 }
+
+// TestHeldSendsTakeAPutBackTokenEarly: 40 users with two SMS each, all at
+// once, under a budget of 10 per second and a daily cap of 1: most are held,
+// and the second of each user's sends comes back for its token only to be
+// capped by the daily cap. Its token is put back and, with every send left
+// held, no new send is there to take it: the held send promised soonest is
+// released early for it (and at the promise it gave up, the next one). Every
+// job reaches one final topic, one send per user is allowed, a released-early
+// send was held by the budget and decided before the due time of its held
+// record (its output's due time is its release), and no second gets more
+// than 10 by decision time.
+func TestHeldSendsTakeAPutBackTokenEarly(t *testing.T) {
+	s := testenv.NewStack(t, 3, nil)
+	s.EnableHold(3, "100ms", "1s", "5s")
+	s.EditConfig(testenv.TestRules, `
+rules:
+  segments:
+    - name: new
+      caps: [{name: daily, window: 24h, limit: 1}]
+  default_caps: [{name: daily, window: 24h, limit: 1}]
+  budgets:
+    - {name: sms, channel: sms, limit: 10, window: 1s, max_hold: 1h}
+`)
+	w := start(s, true)
+	w.waitReady(t)
+	const users = 40
+	var jobs []testenv.JobSpec
+	for round := range 2 { // each user's first send, then each user's second
+		for u := range users {
+			jobs = append(jobs, testenv.JobSpec{ID: fmt.Sprintf("sms-%d-%d", u, round), User: uint32(5000 + u), Channel: "sms"})
+		}
+	}
+	s.Produce(jobs)
+	final := finals(t, s.CollectJobs(jobs, 120*time.Second))
+	heldDue := map[string]time.Time{} // the latest held record of each job
+	heldBy := map[string]string{}
+	for _, o := range s.CollectAll(s.Held, 60*time.Second) {
+		if o.DueAt.After(heldDue[o.JobID]) {
+			heldDue[o.JobID], heldBy[o.JobID] = o.DueAt, o.Cap
+		}
+	}
+	allowed := map[uint32]int{}
+	var at []time.Time
+	early := 0
+	for _, j := range jobs {
+		o, ok := final[j.ID]
+		if !ok {
+			t.Errorf("job %s reached no final topic", j.ID)
+			continue
+		}
+		if o.Decision == "allowed" {
+			allowed[j.User]++
+			at = append(at, o.DecidedAt)
+		} else if o.Decision != "capped" || o.Cap != "daily" {
+			t.Errorf("job %s: %s by %q (%s), want allowed or capped by daily", j.ID, o.Decision, o.Cap, o.Reason)
+		}
+		if due, held := heldDue[j.ID]; held && o.DueAt.Before(due) {
+			early++
+			if heldBy[j.ID] != "sms" || o.DecidedAt.Before(o.DueAt) {
+				t.Errorf("job %s released early (due %v, its hold by %q due %v), decided %v: only a budget's hold ends early, and its output's due time is its release",
+					j.ID, o.DueAt, heldBy[j.ID], due, o.DecidedAt)
+			}
+		}
+	}
+	for u := range users {
+		if n := allowed[uint32(5000+u)]; n != 1 {
+			t.Errorf("user %d: %d sends allowed, want 1 (daily cap of 1)", 5000+u, n)
+		}
+	}
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	if worst := mostInAnyWindow(at, time.Second); worst > 10 {
+		t.Errorf("%d sends in one second, budget 10", worst)
+	}
+	if early == 0 {
+		t.Errorf("no held send was released early: the %d tokens put back by the capped second sends went to no one", users)
+	}
+	if v := scrapeMetric(t, w.metrics, `capper_budget_claims_total{budget="sms",result="early"}`); v != float64(early) {
+		t.Errorf(`capper_budget_claims_total{result="early"} = %v, want %d (the sends released early)`, v, early)
+	}
+	t.Logf("%d sends released early of %d held; allowed over %v", early, len(heldDue), at[len(at)-1].Sub(at[0]))
+}

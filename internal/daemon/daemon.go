@@ -276,6 +276,7 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			return nil, err
 		}
 		onOwn := &heldOnOwn{owned: map[string]*ownedPartitions{}}
+		early := hold.NewEarly() // a budget's tokens that no send would take go to its held sends early
 		for _, t := range wheel.Tiers() {
 			log := d.Log.With("tier", t.Name)
 			faults := &consumer.ReaderFaults{What: fmt.Sprintf("topic %s, group %s", t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name)), Logger: log}
@@ -290,9 +291,10 @@ func New(ctx context.Context, cfg *config.Config, opts Options) (*Daemon, error)
 			onOwn.owned[t.Topic] = o
 			d.tiers = append(d.tiers, ownedTier{o, TierGroup(cfg.Kafka.GroupID, t.Name), t.Topic, member, r.joins.Load})
 			hr := hold.NewReader(r, nil, hold.Ahead)
+			hr.UseEarly(early)
 			d.watched = append(d.watched, watchedReader{faults, t.Topic, TierGroup(cfg.Kafka.GroupID, t.Name), member, hr.Waiting})
 			tc := wc
-			tc.Reader, tc.Tier, tc.Logger, tc.Faults = hr, t.Name, log, faults
+			tc.Reader, tc.Tier, tc.Logger, tc.Faults, tc.Early = hr, t.Name, log, faults, early
 			tc.BatchWait = cfg.Hold.BatchWait() // released jobs come due one by one: a short wait
 			tc.RoundTrips = nil                 // the input worker reports round trips per batch
 			if err := d.addWorker(tc); err != nil {
