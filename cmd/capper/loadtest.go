@@ -552,8 +552,8 @@ func printReport(w io.Writer, r *loadtest.Result, outputs int) {
 	}
 	fmt.Fprintf(w, "  throughput  %.0f jobs/s from first produce to last forward; latency p50 %.0f ms, p99 %.0f ms\n", r.JobsPerSec, r.P50ms, r.P99ms)
 	if r.Held > 0 {
-		fmt.Fprintf(w, "  holds       %d held records; %d released jobs decided, release lag p50 %.0f ms, p99 %.0f ms; %d still held (due later)\n",
-			r.Held, r.Released, r.ReleaseP50ms, r.ReleaseP99ms, r.Pending)
+		fmt.Fprintf(w, "  holds       %d held records; %d released jobs decided (%d early: a budget's token came free), release lag p50 %.0f ms, p99 %.0f ms; %d still held (due later)\n",
+			r.Held, r.Released, r.EarlyReleases, r.ReleaseP50ms, r.ReleaseP99ms, r.Pending)
 	}
 	if r.Keyed > 0 {
 		fmt.Fprintf(w, "  collapse    %d jobs with a collapse key, %d of them collapsed by a newer send of their key\n", r.Keyed, r.Collapsed)

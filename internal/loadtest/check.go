@@ -32,6 +32,8 @@ func Check(sent []Sent, outs []Output, p Policy, now time.Time) Result {
 //     later than now minus ReleaseGrace, else unaccounted (its release was lost).
 //   - A released job must not be decided before its due time; an allowed job
 //     not at or after its expires_at. Release lag is decided-at minus due.
+//     Only a budget's hold may end before the due time its held record gave
+//     (a token came free early: the final output's due time is its release).
 //   - No budget gets more allowed sends of its scope in any window than its
 //     limit plus a fortieth, rounded down, by decision time (a send recorded
 //     after another replica's later entry in its user's log takes that
@@ -73,8 +75,10 @@ type Checker struct {
 	allowedAt  []int64   // decision time (ns since the epoch) of its first allowed output; 0: none
 	allowedBy  []uint32  // the line of that output's message
 	heldDue    map[uint32]time.Time
-	heldCapped []heldCap         // capped outputs of held jobs, with budgets (BudgetDelivery.HeldCapped)
-	arbitrated map[uint32]string // won or lost, from its final output
+	holds      map[holdKey]heldRec // by job and hold count: the earliest due time of those held records
+	releasedAt map[uint32]released // of the jobs held: the due time and hold count their final output gives
+	heldCapped []heldCap           // capped outputs of held jobs, with budgets (BudgetDelivery.HeldCapped)
+	arbitrated map[uint32]string   // won or lost, from its final output
 	// Arbitration candidates: user -> arbitration window's end -> their lines.
 	windows     map[uint32]map[time.Time][]uint32
 	lat         []int32 // µs from produce to output, of the jobs not held
@@ -92,7 +96,7 @@ func NewChecker(m *Manifest, p Policy) *Checker {
 	c := &Checker{
 		r: Result{Jobs: n, ByCap: map[string]int{}, BySegment: map[string]map[string]int{}},
 		p: p, m: m, seen: make([]bool, n), roles: make([]roleSet, n), allowedAt: make([]int64, n), allowedBy: make([]uint32, n),
-		lat: make([]int32, 0, n), heldDue: map[uint32]time.Time{}, windows: map[uint32]map[time.Time][]uint32{}, arbitrated: map[uint32]string{},
+		lat: make([]int32, 0, n), heldDue: map[uint32]time.Time{}, holds: map[holdKey]heldRec{}, releasedAt: map[uint32]released{}, windows: map[uint32]map[time.Time][]uint32{}, arbitrated: map[uint32]string{},
 		in: interner{},
 	}
 	c.j, c.err = newJudge(p.Rules)
@@ -131,6 +135,7 @@ func (c *Checker) Result(now time.Time) Result {
 		return c.r
 	}
 	c.unaccounted(now)
+	c.earlyReleases()
 	c.arbitrations()
 	c.collapses()
 	sends := c.allowedSends()
@@ -247,6 +252,9 @@ func (c *Checker) account(o *Output) {
 		}
 	}
 	if o.HoldCount > 0 && o.Decision != output.DecisionDuplicate { // a duplicate's time is its first decision's
+		if _, ok := c.releasedAt[uint32(job)]; !ok {
+			c.releasedAt[uint32(job)] = released{o.DueAt, o.HoldCount}
+		}
 		lag := o.at().Sub(o.DueAt)
 		c.releaseLag = append(c.releaseLag, float64(lag.Microseconds())/1000)
 		if lag < 0 {
@@ -288,6 +296,10 @@ func (c *Checker) held(o *Output, i int) {
 	if o.DueAt.After(c.heldDue[job]) {
 		c.heldDue[job] = o.DueAt
 	}
+	// A copy of the job (a redelivery decided again) may have been held again with the same count.
+	if k := (holdKey{job, o.HoldCount}); c.holds[k].due.IsZero() || o.DueAt.Before(c.holds[k].due) {
+		c.holds[k] = heldRec{o.DueAt, c.in.get(o.Cap)}
+	}
 	if o.Arbitration != consumer.ArbitrationCandidate {
 		return
 	}
@@ -299,6 +311,45 @@ func (c *Checker) held(o *Output, i int) {
 	}
 	if !slices.ContainsFunc(w[o.DueAt], func(x uint32) bool { return c.m.job(int(x)) == int(job) }) {
 		w[o.DueAt] = append(w[o.DueAt], uint32(i))
+	}
+}
+
+type holdKey struct {
+	job   uint32
+	count int
+}
+
+type heldRec struct {
+	due time.Time
+	by  string // the cap, budget or quiet_hours that held it
+}
+
+type released struct {
+	due   time.Time
+	count int
+}
+
+// earlyReleases counts the held jobs released before the due time of their
+// last hold's held record (the one of their final output's hold count): a
+// budget's hold, released when a token came free; a violation for any other
+// hold (quiet hours, a cap's retry time).
+func (c *Checker) earlyReleases() {
+	budgets := map[string]bool{}
+	for _, b := range c.j.budgets {
+		budgets[b.name] = true
+	}
+	for job, r := range c.releasedAt {
+		h, held := c.holds[holdKey{job, r.count}]
+		if !held || !r.due.Before(h.due) {
+			continue
+		}
+		if !budgets[h.by] {
+			c.r.Violations++
+			c.r.problem("job %q released before the due time of its hold by %q (%s): only a budget's hold ends early", c.m.JobID(int(job)),
+				h.by, h.due.Format(time.RFC3339Nano))
+			continue
+		}
+		c.r.EarlyReleases++
 	}
 }
 

@@ -316,6 +316,34 @@ func TestCheckHeld(t *testing.T) {
 	}
 }
 
+// TestCheckEarlyRelease: a job whose final output gives an earlier due time
+// than its held record (released early) is counted when a budget held it,
+// and a violation when anything else did; one released at its due is
+// neither.
+func TestCheckEarlyRelease(t *testing.T) {
+	limit := 5
+	p := loadtest.Policy{Rules: rules.Config{
+		DefaultCaps: []rules.Cap{{Name: "daily", Window: rules.Duration(24 * time.Hour), Limit: &limit}},
+		Budgets:     []rules.Budget{{Name: "sms", Scope: rules.Scope{Channels: []string{"sms"}}, Limit: &limit, Window: rules.Duration(time.Second)}},
+	}, Segment: func(uint32) (string, bool) { return "", false }}
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var sent []loadtest.Sent
+	var outs []loadtest.Output
+	for i, c := range []struct {
+		id, by   string
+		released int // the final output's due time, ms
+	}{{"budget", "sms", 8000}, {"cap", "daily", 8000}, {"on-time", "daily", 9000}} {
+		sent = append(sent, loadtest.Sent{ID: "m-" + c.id, JobID: c.id, UserID: uint32(i + 1), Channel: "sms", Category: "marketing", Kind: loadtest.KindJob})
+		outs = append(outs,
+			loadtest.Output{Role: "held", ID: "m-" + c.id, Output: output.Output{Decision: "held", Cap: c.by, DueAt: at(9000), HoldCount: 1}},
+			loadtest.Output{Role: "allowed", ID: "m-" + c.id, Output: output.Output{Decision: "allowed", DueAt: at(c.released), HoldCount: 1, DecidedAt: at(c.released + 1)}})
+	}
+	r := loadtest.Check(sent, outs, p, at(60_000))
+	if r.EarlyReleases != 1 || r.Violations != 1 || !strings.Contains(strings.Join(r.Problems, "\n"), `"cap" released before the due time of its hold by "daily"`) {
+		t.Errorf("early releases %d, violations %d (%v); want 1 (the budget's) and 1 (the cap's)", r.EarlyReleases, r.Violations, r.Problems)
+	}
+}
+
 // TestCheckBudget: a budget's sends in any window beyond its limit plus one
 // bucket's share are a violation; the other campaign's are not counted in it.
 func TestCheckBudget(t *testing.T) {
@@ -379,7 +407,7 @@ func TestCheckBudget(t *testing.T) {
 		outs[i].ProducedAt = t0
 		outs[i].DecidedAt = t0.Add(time.Duration(k/5)*time.Second + time.Duration(k%5)*100*time.Millisecond)
 		if k >= 5 {
-			outs[i].HoldCount = 1
+			outs[i].HoldCount, outs[i].DueAt = 1, outs[i].DecidedAt
 			outs = append(outs, loadtest.Output{Role: loadtest.RoleHeld, ID: sent[i].ID, Output: output.Output{Decision: "held", DueAt: outs[i].DecidedAt}})
 		}
 	}
@@ -407,7 +435,7 @@ func TestCheckBudget(t *testing.T) {
 				outs[i].ProducedAt = t0
 				outs[i].DecidedAt = t0.Add(time.Duration(w)*time.Second + time.Duration(j)*10*time.Millisecond)
 				if w > 0 {
-					outs[i].HoldCount = 1
+					outs[i].HoldCount, outs[i].DueAt = 1, outs[i].DecidedAt
 					outs = append(outs, loadtest.Output{Role: loadtest.RoleHeld, ID: sent[i].ID, Output: output.Output{Decision: "held", DueAt: outs[i].DecidedAt}})
 				}
 				k++

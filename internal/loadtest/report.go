@@ -59,7 +59,11 @@ type Result struct {
 	Unchecked  int `json:"unchecked"` // forwarded without a check under a fail-open rule
 	Held       int `json:"held"`      // hold records (a job held twice counts twice)
 	Released   int `json:"released"`  // final outputs of jobs that were held
-	Pending    int `json:"pending"`   // jobs still held, due after the report
+	// EarlyReleases counts the released jobs decided before the due time
+	// of their last held record: a budget's hold released early, when a
+	// token came free (any other hold so ended is a violation).
+	EarlyReleases int `json:"early_releases"`
+	Pending       int `json:"pending"` // jobs still held, due after the report
 	// Arbitrations of a cap's last slot: final outputs of candidates that won and lost it.
 	ArbitrationsWon  int `json:"arbitrations_won"`
 	ArbitrationsLost int `json:"arbitrations_lost"`
