@@ -93,7 +93,10 @@ type Want struct {
 	// after the new wants, as one of them, its own promise not counted
 	// against it. Granted (Grant.Claimed), its promise is given up: a token
 	// no one is promised, for the next early claim at that time. Refused,
-	// it keeps its promise (Grant.RetryAt is Promised, Grant.Promised).
+	// it keeps its promise (Grant.RetryAt is Promised, Grant.Promised), or
+	// trades it for the next token back that no one is promised when that
+	// is sooner (Grant.RetryAt before Promised): released at a promise given
+	// up whose token is not back yet, it follows that token.
 	Early bool
 	// Job names the job (the same for every copy of it: a redelivery, a
 	// copy on the delay tiers); "": unnamed. A token is promised to a named

@@ -41,7 +41,8 @@
 --          wants and the lease beyond them. Minus a time not due yet: an early claim of that promise (a held job
 --          released before it: a token was put back, or a promise given up, that no send was there to take),
 --          served after the new wants as one of them would be, its own promise not counted against it; granted
---          (-1), its promise is given up for the next early claim; refused, it keeps it (told its time).
+--          (-1), its promise is given up for the next early claim; refused, it keeps it (told its time), or is
+--          promised instead the next token back no one is promised, when that is sooner.
 -- ARGV[10 + 3n] grace (ms; 0 when absent): how far behind the newest call's clock another call's may be and
 --          still be counted right. A bucket is kept that long after it leaves the window: a call whose clock
 --          reads earlier than one before it (a worker that read its clock and was then descheduled, or whose
@@ -476,12 +477,28 @@ for k = 1, math.min(granted, #fresh) do
     byJob[G[i]] = false
   end
 end
-for k = math.max(walked, granted) + 1, #fresh do -- an early want refused keeps its promise
+-- An early want refused keeps its promise, or trades it for the next token back that no one is promised, if that
+-- is sooner: released at a promise given up whose token is not back yet (its previous holder came late), it
+-- follows that token as the claim it replaces would have; otherwise the token went to no one.
+for k = math.max(walked, granted) + 1, #fresh do
   local i = fresh[k]
+  local p = P[i]
   if gaveUp[i] then
-    promised[P[i]] = promised[P[i]] + 1
+    promised[p] = promised[p] + 1
   end
-  reply[4 + i] = P[i]
+  reply[4 + i] = p
+  if oldest and promised[p] > 0 then
+    local nf = follow()
+    while per > 0 and (promised[nf] or 0) >= per do
+      nf = nf + width
+    end
+    if nf > now and nf < p then
+      promised[p], changed[p] = promised[p] - 1, true
+      promised[nf], changed[nf] = (promised[nf] or 0) + 1, true
+      promise(i, nf)
+      reply[4 + i] = nf
+    end
+  end
 end
 reply[1] = math.max(0, granted - #fresh)
 

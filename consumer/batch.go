@@ -252,8 +252,12 @@ func (w *Worker) takeTokens(ctx context.Context, es []entry) error {
 		if g.Claimed {
 			t.claimed, t.promise = true, wants[j].Promised
 		}
-		if e := &es[owners[j]]; g.OK && wants[j].Early { // its hold ends now; at its promise, the next early claim
-			e.facts.arrived.Due = e.at
+		// An early claim granted (its hold ends now), or promised a token sooner, gave its promise up: at
+		// that time, the next early claim.
+		if e := &es[owners[j]]; wants[j].Early && (g.OK || g.Promised && g.RetryAt.Before(wants[j].Promised)) {
+			if g.OK {
+				e.facts.arrived.Due = e.at
+			}
 			w.cfg.Early.Release(wants[j].Spec.Name, wants[j].Promised)
 		}
 	}

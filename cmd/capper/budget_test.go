@@ -296,8 +296,10 @@ rules:
 	if early == 0 {
 		t.Errorf("no held send was released early: the %d tokens put back by the capped second sends went to no one", users)
 	}
-	if v := scrapeMetric(t, w.metrics, `capper_budget_claims_total{budget="sms",result="early"}`); v != float64(early) {
-		t.Errorf(`capper_budget_claims_total{result="early"} = %v, want %d (the sends released early)`, v, early)
+	// Each early claim granted is a send released early; a send may also go back to its tier for a token
+	// sooner than its promise (its early claim refused) and so be released before its held record's due time.
+	if v := scrapeMetric(t, w.metrics, `capper_budget_claims_total{budget="sms",result="early"}`); v < 1 || v > float64(early) {
+		t.Errorf(`capper_budget_claims_total{result="early"} = %v, want 1 to %d (the sends released early)`, v, early)
 	}
 	t.Logf("%d sends released early of %d held; allowed over %v", early, len(heldDue), at[len(at)-1].Sub(at[0]))
 }
