@@ -50,15 +50,26 @@ type compiledBudget struct {
 	maxHold     time.Duration
 }
 
+// BudgetName is the name budget b of c goes by in holds (capper-cap),
+// metrics and Redis keys: "NAME/BUDGET" for a workspace's own budget
+// (InWorkspace), its own name otherwise.
+func (c Config) BudgetName(b Budget) string { return budgetName(c.workspace, b) }
+
+func budgetName(workspace string, b Budget) string {
+	if b.shared || workspace == "" || b.Name == "" {
+		return b.Name
+	}
+	return workspace + "/" + b.Name
+}
+
 func (r *Rules) compileBudgets(bs []Budget, workspace string) error {
 	r.budgetHold = map[string]time.Duration{}
 	for i, b := range bs {
 		f := fmt.Sprintf("rules.budgets[%d]", i)
 		if b.shared {
 			f = fmt.Sprintf("the shared budget %q", b.Name)
-		} else if workspace != "" && b.Name != "" {
-			b.Name = workspace + "/" + b.Name
 		}
+		b.Name = budgetName(workspace, b)
 		switch {
 		case b.Name == "":
 			return fmt.Errorf("%s: name is required", f)

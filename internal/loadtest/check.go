@@ -336,7 +336,7 @@ type released struct {
 func (c *Checker) earlyReleases() {
 	budgets := map[string]bool{}
 	for _, b := range c.j.budgets {
-		budgets[b.name] = true
+		budgets[b.held] = true
 	}
 	for job, r := range c.releasedAt {
 		h, held := c.holds[holdKey{job, r.count}]

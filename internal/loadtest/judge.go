@@ -51,6 +51,7 @@ type jcap struct {
 
 type jbudget struct {
 	name   string
+	held   string // what its holds name it (capper-cap): a workspace's own budget is "NAME/BUDGET"
 	limit  int
 	window time.Duration
 	scope  jscope
@@ -111,7 +112,7 @@ func newJudge(c rules.Config) (*judge, error) {
 		if b.Limit == nil {
 			return nil, fmt.Errorf("report: budget %s has no limit", b.Name)
 		}
-		j.budgets = append(j.budgets, jbudget{name: b.Name, limit: *b.Limit, window: time.Duration(b.Window), scope: jscopeOf(b.Scope)})
+		j.budgets = append(j.budgets, jbudget{name: b.Name, held: c.BudgetName(b), limit: *b.Limit, window: time.Duration(b.Window), scope: jscopeOf(b.Scope)})
 	}
 	return j, nil
 }

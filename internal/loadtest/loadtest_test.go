@@ -342,6 +342,12 @@ func TestCheckEarlyRelease(t *testing.T) {
 	if r.EarlyReleases != 1 || r.Violations != 1 || !strings.Contains(strings.Join(r.Problems, "\n"), `"cap" released before the due time of its hold by "daily"`) {
 		t.Errorf("early releases %d, violations %d (%v); want 1 (the budget's) and 1 (the cap's)", r.EarlyReleases, r.Violations, r.Problems)
 	}
+	// A workspace's own budget holds sends as "NAME/BUDGET".
+	p.Rules = p.Rules.InWorkspace("acme", true, nil)
+	outs[0].Cap = "acme/sms"
+	if r := loadtest.Check(sent, outs, p, at(60_000)); r.EarlyReleases != 1 || r.Violations != 1 {
+		t.Errorf("in workspace acme: early releases %d, violations %d (%v); want 1 (acme/sms's) and 1 (the cap's)", r.EarlyReleases, r.Violations, r.Problems)
+	}
 }
 
 // TestCheckBudget: a budget's sends in any window beyond its limit plus one
