@@ -338,16 +338,22 @@ func (w *Worker) holdsTokens(e *entry) bool {
 // twice): its token goes back to Redis with the promise it took from another
 // job (budget.Budgets.Unclaim), or, if Redis fails, as the others. A send of
 // one budget knows the bucket its token is counted in (its grant's Until):
-// its token goes back with PutBack, to Redis while the budget is short. A
-// send of several holds tokens of several buckets and knows the first to end:
-// its tokens go to the reserve.
+// its token goes back with PutBack, to Redis while the budget is short or
+// when it was a held send's claim, and then the budget's next held send is
+// released early for it (hold.Early). A send of several holds tokens of
+// several buckets and knows the first to end: its tokens go to the reserve.
 func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 	type bucket struct {
 		key   string
 		until time.Time
+		claim bool // a held send's claim (its want's Promised set): budget.PutBack keeps it for another
+	}
+	type putBack struct {
+		want budget.Want
+		n    int
 	}
 	var back map[string]int
-	var put map[bucket]int
+	var put map[bucket]*putBack
 	var wants map[string]budget.Want
 	for i := range es {
 		e := &es[i]
@@ -355,7 +361,7 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 			continue // forwarded: the tokens are used
 		}
 		if back == nil {
-			back, put, wants = map[string]int{}, map[bucket]int{}, map[string]budget.Want{}
+			back, put, wants = map[string]int{}, map[bucket]*putBack{}, map[string]budget.Want{}
 		}
 		for _, wt := range e.plan.Wants {
 			if a := &e.facts.arrived; e.facts.tokens.claimed && e.out.Kind == Duplicate && a.Count > 0 && a.Reason == wt.Spec.Name {
@@ -366,13 +372,17 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 					w.log.Warn("giving a duplicate's budget claim back failed; its token is put back as an unused one", "budget", wt.Key, "err", err)
 				}
 			}
-			if e.facts.tokens.claimed {
-				wt.Promised = e.facts.tokens.promise // a held send's claim: budget.PutBack
-			}
-			wants[wt.Key] = wt
 			if len(e.plan.Wants) == 1 && !e.facts.tokens.until.IsZero() {
-				put[bucket{wt.Key, e.facts.tokens.until}]++
+				if e.facts.tokens.claimed {
+					wt.Promised = e.facts.tokens.promise
+				}
+				b := bucket{wt.Key, e.facts.tokens.until, e.facts.tokens.claimed}
+				if put[b] == nil {
+					put[b] = &putBack{want: wt}
+				}
+				put[b].n++
 			} else {
+				wants[wt.Key] = wt
 				back[wt.Key]++
 			}
 		}
@@ -380,11 +390,11 @@ func (w *Worker) returnTokens(ctx context.Context, es []entry) {
 	for key, n := range back {
 		w.cfg.Budgets.Return(wants[key], n)
 	}
-	for b, n := range put {
-		w.cfg.Budgets.PutBack(ctx, wants[b.key], b.until, n)
-		if w.cfg.Early != nil { // a held send may take it now (hold.Early)
-			for range n {
-				w.cfg.Early.Release(wants[b.key].Spec.Name, w.cfg.Clock())
+	for b, p := range put {
+		w.cfg.Budgets.PutBack(ctx, p.want, b.until, p.n)
+		if w.cfg.Early != nil && b.claim { // a held send's token: another held send may take it now (hold.Early)
+			for range p.n {
+				w.cfg.Early.Release(p.want.Spec.Name, w.cfg.Clock())
 			}
 		}
 	}

@@ -12,6 +12,10 @@ import (
 // it was for has gone to a new send, or lapsed).
 const earlyLapse = 100 * time.Millisecond
 
+// earlyMax bounds the requests kept: those no Reader looks at (none holds a
+// message) are dropped at their lapse only when one does.
+const earlyMax = 1024
+
 // Early is a process's requests to return a held message before its wake
 // time, shared by the Readers of its tiers. A budget promises each send it
 // refuses a token at a later time; when a token comes free before the send
@@ -50,6 +54,9 @@ func NewEarly() *Early {
 func (e *Early) Release(reason string, at time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if len(e.wants) >= earlyMax { // the oldest request first
+		e.wants = slices.Delete(e.wants, 0, len(e.wants)-earlyMax+1)
+	}
 	e.wants = append(e.wants, earlyWant{reason, at})
 	e.cancel()
 	e.poke, e.cancel = context.WithCancel(context.Background())
