@@ -442,8 +442,8 @@ type heldWants struct {
 	told     int // refused wants told a time past their Until (capped)
 	// wakes are when to release the held want promised soonest early (Want.Early);
 	// earlyOK counts those granted.
-	wakes            []time.Time
-	earlyOK, earlyNo int
+	wakes   []time.Time
+	earlyOK int
 }
 
 // wake releases the held want promised soonest after at, early, at at: as a
@@ -473,9 +473,6 @@ func (h *heldWants) refused(ws []Want, gs []Grant) {
 			}
 		case g.Promised:
 			w := ws[i]
-			if w.Early {
-				h.earlyNo++
-			}
 			w.Promised, w.Early = g.RetryAt, false
 			h.wants = append(h.wants, w)
 			h.promised++
@@ -500,12 +497,13 @@ func (h *heldWants) due(now time.Time) []Want {
 		if at.After(now) {
 			return false
 		}
-		if k := slices.IndexFunc(h.wants, func(w Want) bool { return w.Promised.After(now) }); k >= 0 {
-			for j, w := range h.wants {
-				if w.Promised.Before(h.wants[k].Promised) {
-					k = j
-				}
+		k := -1 // the held want promised soonest (every one left is promised after now)
+		for j, w := range h.wants {
+			if k < 0 || w.Promised.Before(h.wants[k].Promised) {
+				k = j
 			}
+		}
+		if k >= 0 {
 			w := h.wants[k]
 			h.wants = slices.Delete(h.wants, k, k+1)
 			w.Early = true
