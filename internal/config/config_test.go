@@ -65,19 +65,19 @@ func TestEnvironmentOverridesAndSecrets(t *testing.T) {
 }
 
 // TestGroupTimeouts: the rebalance timeout is half the session timeout, and
-// the heartbeat interval a tenth of it, at most 500ms, unless set.
+// the heartbeat interval a tenth of it, at most 100ms, unless set.
 func TestGroupTimeouts(t *testing.T) {
 	base, _ := os.ReadFile("../../config.example.yaml")
-	without := strings.Replace(strings.Replace(string(base), "  rebalance_timeout: 15s", "", 1), "  heartbeat_interval: 500ms", "", 1)
+	without := strings.Replace(strings.Replace(string(base), "  rebalance_timeout: 15s", "", 1), "  heartbeat_interval: 100ms", "", 1)
 	for _, tt := range []struct {
 		name                 string
 		yaml                 string
 		env                  map[string]string
 		rebalance, heartbeat time.Duration
 	}{
-		{"the example's", string(base), nil, 15 * time.Second, 500 * time.Millisecond},
-		{"defaults", without, nil, 15 * time.Second, 500 * time.Millisecond},
-		{"defaults of a short session timeout", without, map[string]string{"CAPPER_KAFKA_SESSION_TIMEOUT": "3s"}, 1500 * time.Millisecond, 300 * time.Millisecond},
+		{"the example's", string(base), nil, 15 * time.Second, 100 * time.Millisecond},
+		{"defaults", without, nil, 15 * time.Second, 100 * time.Millisecond},
+		{"defaults of a short session timeout", without, map[string]string{"CAPPER_KAFKA_SESSION_TIMEOUT": "900ms"}, 450 * time.Millisecond, 90 * time.Millisecond},
 		{"set", without, map[string]string{"CAPPER_KAFKA_REBALANCE_TIMEOUT": "20s", "CAPPER_KAFKA_HEARTBEAT_INTERVAL": "2s"}, 20 * time.Second, 2 * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
