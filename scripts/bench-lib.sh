@@ -16,8 +16,8 @@ if ! scripts/stack.sh status >/dev/null 2>&1; then scripts/stack.sh up >/dev/nul
 work=$(mktemp -d)
 at_exit=() # a script's own cleanup, run at exit before the stack stops
 trap 'for c in "${at_exit[@]}"; do $c; done; ((started)) && scripts/stack.sh down >/dev/null; rm -rf "$work"' EXIT
-# (Without kafka.heartbeat_interval, the example's value its default: a worker of an older commit, DEMO_WORKER_BIN,
-# refuses it, and runs with its own default, 500 ms before it was 100 ms.)
+# (Without kafka.heartbeat_interval, whose default is the example's value: a worker of an older commit,
+# DEMO_WORKER_BIN, refuses it, and runs with its own default, 500 ms before 100 ms was.)
 grep -v -e 'on_capped: {policy: hold' -e '^  heartbeat_interval:' config.example.yaml >"$work/drop.yaml"
 sed -E 's/, arbitration: [^,}]+//' "$work/drop.yaml" >"$work/decide.yaml"
 if grep -qE '^[^#]*arbitration:' "$work/decide.yaml"; then
