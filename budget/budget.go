@@ -499,7 +499,8 @@ func (b *Budgets) Return(w Want, n int) {
 // process refused a want within the last window: the last call alone is no
 // sign, a tier's claims are granted while the input's new wants are refused),
 // or when w is a held send's claim (Promised set: the budget has promised
-// tokens, though once new sends stop it refuses none), they go back to Redis, to the bucket they are counted in, as spare tokens:
+// tokens, though once new sends stop it refuses none), they go back to Redis,
+// to the bucket they are counted in, as spare tokens:
 // for a tenth of a second the next new send of any replica may take them
 // whatever the promises after them count on (budget.lua), in the capped
 // send's place. In the reserve they lapsed at their bucket's end (10 ms of a

@@ -69,6 +69,9 @@ func TestEnvironmentOverridesAndSecrets(t *testing.T) {
 func TestGroupTimeouts(t *testing.T) {
 	base, _ := os.ReadFile("../../config.example.yaml")
 	without := strings.Replace(strings.Replace(string(base), "  rebalance_timeout: 15s", "", 1), "  heartbeat_interval: 100ms", "", 1)
+	if len(without) != len(base)-len("  rebalance_timeout: 15s")-len("  heartbeat_interval: 100ms") {
+		t.Fatal("config.example.yaml no longer sets rebalance_timeout: 15s and heartbeat_interval: 100ms: the defaults below would be the file's")
+	}
 	for _, tt := range []struct {
 		name                 string
 		yaml                 string
