@@ -736,7 +736,7 @@ func (c countingScripter) EvalSha(ctx context.Context, sha string, keys []string
 // claim its token, as the consumer does: no second-long window gets more than
 // 1,000 tokens; every send that came back within the promise's lapse found
 // the token promised to it, whichever replica promised it and whichever took
-// it back; and the windows deliver the limit.
+// it back; and the windows deliver the limit over the time the process ran.
 func TestThreeReplicasShareABudget(t *testing.T) {
 	spec := &Spec{Name: "shared", Limit: 1000, Window: time.Second}
 	prefix := testenv.Unique("bt3")
@@ -749,6 +749,7 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	var replicas []*Budgets
 	var wg sync.WaitGroup
 	end := time.Now().Add(10 * time.Second)
+	stalled := stalls(end, width)
 	for r := 0; r < 3; r++ {
 		b, err := New(Config{Client: rdb, KeyPrefix: prefix})
 		if err != nil {
@@ -823,11 +824,39 @@ func TestThreeReplicasShareABudget(t *testing.T) {
 	if claims == 0 || claims-found > 2*late {
 		t.Errorf("%d of %d held sends that came back in time found the token promised to them; want all but at most two per late claim (%d late)", found, claims, late)
 	}
-	if len(stamps) < 9_000 {
-		t.Errorf("only %d tokens in 10 s under more demand than 1,000/s", len(stamps))
+	// Tokens are delivered while the process runs: a machine that stops it
+	// (a CPU quota used up, every core busy) delays every token's next use
+	// and every held send's claim, whose token waits for it. A CI machine
+	// that stopped it for most of the run: 8,800 tokens, with 9,800 of
+	// 10,800 claims late; stopped 250 ms in every 300 with Redis, 7,000.
+	stop := stalled()
+	if floor := int(9_000 * (1 - stop.Seconds()/10)); len(stamps) < floor {
+		t.Errorf("only %d tokens in 10 s under more demand than 1,000/s, stopped for %v: want at least %d (9,000 over the time it ran)",
+			len(stamps), stop.Round(time.Millisecond), floor)
 	}
-	t.Logf("%d tokens granted in 10 s, %d in the busiest second; %d held sends came back in time (%d two buckets late or more) and %d found their token; %d holds; Redis calls per 1,000 tokens: %.1f",
-		len(stamps), worst, claims, late, found, held, 1000*calls/float64(len(stamps)))
+	t.Logf("%d tokens granted in 10 s, %d in the busiest second; %d held sends came back in time (%d two buckets late or more) and %d found their token; %d holds; Redis calls per 1,000 tokens: %.1f; the process stopped for %v",
+		len(stamps), worst, claims, late, found, held, 1000*calls/float64(len(stamps)), stop.Round(time.Millisecond))
+}
+
+// stalls measures, until end, how long the process did not run: the gaps
+// longer than a bucket between wake-ups of a goroutine that sleeps a
+// millisecond at a time. The function it returns waits for end and returns
+// the sum of those gaps.
+func stalls(end time.Time, bucket time.Duration) func() time.Duration {
+	done := make(chan time.Duration, 1)
+	go func() {
+		var sum time.Duration
+		for prev := time.Now(); prev.Before(end); {
+			time.Sleep(time.Millisecond)
+			now := time.Now()
+			if gap := now.Sub(prev); gap > bucket {
+				sum += gap - time.Millisecond
+			}
+			prev = now
+		}
+		done <- sum
+	}()
+	return func() time.Duration { return <-done }
 }
 
 // busiest returns the most stamps in any window starting at one of them.
