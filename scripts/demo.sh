@@ -193,9 +193,10 @@ ready_ticks=$(awk '{print $14 + $15}' "/proc/$worker_pid/stat") # its start-up's
 # groups (the input's, one per delay tier) one after another, and each join is a rebalance: a burst produced
 # meanwhile has the tiers' messages in flight redelivered to their new owners and decided again (duplicates).
 # On a broker that had just started, a lone worker's run once decided nothing in its first seconds, then all the
-# demand produced meanwhile at once. The runs measure steady behaviour, so the demand starts once the run's
-# groups are stable with every worker; a rebalance's cost is the SIGKILL's to show.
-"$work/capper-devstack" wait-groups -brokers "$CAPPER_TEST_KAFKA_BROKERS" -prefix "$run" -members $((EXTRA_WORKERS + 1)) >&2 ||
+# demand produced meanwhile at once. The runs measure steady behaviour, so the demand starts once every group the
+# config gives the workers (a group not created yet too) is stable with every worker; a rebalance's cost is the
+# SIGKILL's to show.
+"$work/capper-devstack" wait-groups -brokers "$CAPPER_TEST_KAFKA_BROKERS" -config "$CONFIG" -members $((EXTRA_WORKERS + 1)) >&2 ||
   { echo "demo: the workers' consumer groups did not settle" >&2; exit 1; }
 if [[ -n $KILL_AFTER ]] && ((EXTRA_WORKERS)); then
   victim=${extra_pids[-1]} victim_addr=${metrics_addrs[-1]}

@@ -1,7 +1,7 @@
 package main
 
 // capper-devstack wait-groups: wait until a run's consumer groups have settled (scripts/demo.sh before it
-// produces, with more than one worker). Workers that start together join each of their groups (the input's
+// produces). Workers that start together join each of their groups (the input's
 // and one per delay tier) one after another, and every join is a rebalance: a burst produced while they
 // still come redelivers the tiers' messages in flight to their new owners, which decide them again as
 // duplicates. A benchmark of steady behaviour waits for this; one of a rebalance's cost (a SIGKILL) makes it.
@@ -11,30 +11,41 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/capper-dev/capper/internal/config"
+	"github.com/capper-dev/capper/internal/daemon"
 )
 
-// waitGroups waits until every group whose id starts with -prefix (but the event caches' own groups) is
-// stable with -members members, each with partitions assigned.
+// waitGroups waits until every group a worker of -config joins (with the CAPPER_* overrides of the
+// environment: a run's group_id) is stable with -members members, each with partitions assigned. A group
+// not created yet counts as not settled: a worker's tier readers join after its input's.
 func waitGroups(args []string) error {
 	fs := flag.NewFlagSet("wait-groups", flag.ExitOnError)
 	brokers := fs.String("brokers", "127.0.0.1:9092", "bootstrap address of the (plain) broker")
-	prefix := fs.String("prefix", "", "the groups' prefix (required: a run's group_id)")
+	path := fs.String("config", "", "the workers' configuration (required): their groups")
 	members := fs.Int("members", 1, "the members each group must have")
 	timeout := fs.Duration("timeout", 60*time.Second, "how long to wait")
 	_ = fs.Parse(args)
-	if *prefix == "" {
-		return errors.New("wait-groups: -prefix is required")
+	if *path == "" {
+		return errors.New("wait-groups: -config is required")
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return fmt.Errorf("wait-groups: %w", err)
+	}
+	groups, err := daemon.Groups(cfg)
+	if err != nil {
+		return fmt.Errorf("wait-groups: %w", err)
 	}
 	client := &kafka.Client{Addr: kafka.TCP(strings.Split(*brokers, ",")...), Timeout: 10 * time.Second}
 	start := time.Now()
-	last := "no group yet"
+	last := "no answer yet"
 	for time.Since(start) < *timeout {
-		ok, state, err := groupsSettled(client, *prefix, *members)
+		ok, state, err := groupsSettled(client, groups, *members)
 		switch {
 		case err != nil:
 			last = err.Error()
@@ -46,33 +57,25 @@ func waitGroups(args []string) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	return fmt.Errorf("wait-groups: the groups of %s* did not settle within %v (last: %s)", *prefix, *timeout, last)
+	return fmt.Errorf("wait-groups: the groups %s did not settle within %v (last: %s)", strings.Join(groups, ", "), *timeout, last)
 }
 
-// groupsSettled reports whether every group of prefix is stable with n members holding partitions, and
-// says what it saw.
-func groupsSettled(client *kafka.Client, prefix string, n int) (bool, string, error) {
+// groupsSettled reports whether every one of groups is stable with n members holding partitions, and says
+// what it saw.
+func groupsSettled(client *kafka.Client, groups []string, n int) (bool, string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	list, err := client.ListGroups(ctx, &kafka.ListGroupsRequest{})
+	res, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: groups})
 	if err != nil {
 		return false, "", err
 	}
-	var ids []string
-	for _, g := range list.Groups {
-		if (g.GroupID == prefix || strings.HasPrefix(g.GroupID, prefix+".")) && !strings.Contains(g.GroupID, "-cache.") {
-			ids = append(ids, g.GroupID)
-		}
-	}
-	if len(ids) == 0 {
-		return false, "no group yet", nil
-	}
-	sort.Strings(ids)
-	res, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: ids})
-	if err != nil {
-		return false, "", err
+	if len(res.Groups) != len(groups) {
+		return false, fmt.Sprintf("%d groups described of %d", len(res.Groups), len(groups)), nil
 	}
 	for _, g := range res.Groups {
+		if g.Error != nil { // a group not created yet, on a broker that says so; polled again
+			return false, "", fmt.Errorf("group %s: %w", g.GroupID, g.Error)
+		}
 		assigned := 0
 		for _, m := range g.Members {
 			for _, tp := range m.MemberAssignments.Topics {
@@ -82,6 +85,7 @@ func groupsSettled(client *kafka.Client, prefix string, n int) (bool, string, er
 				}
 			}
 		}
+		// A group not created yet is Dead with no member, on a broker that does not say so otherwise.
 		if g.GroupState != "Stable" || len(g.Members) != n || assigned != n {
 			return false, fmt.Sprintf("group %s: %s, %d members, %d with partitions", g.GroupID, g.GroupState, len(g.Members), assigned), nil
 		}

@@ -7,7 +7,7 @@
 //	capper-devstack calls -sha SHA [-args decide|seed|batch|copy -setup -at MS -n N -users U -clients C -pipeline P]
 //	capper-devstack drop-keys -addrs A -prefix P
 //	capper-devstack drop-topics -brokers B -prefix P
-//	capper-devstack wait-groups -brokers B -prefix P -members N
+//	capper-devstack wait-groups -brokers B -config FILE -members N
 //
 // The S3 endpoint listens on 127.0.0.1 only and keeps its objects in memory;
 // it runs until SIGINT or SIGTERM. kafka-setup creates the topics a broker
@@ -16,7 +16,7 @@
 // drives a Lua script on the Redis Cluster with capper's own arguments, the
 // load whose cost scripts/bench-calls.sh measures (see calls.go). drop-keys
 // removes a run's keys (keys.go), drop-topics its topics (topics.go);
-// wait-groups waits until a run's consumer groups have settled (groups.go).
+// wait-groups waits until the consumer groups of a run's workers have settled (groups.go).
 package main
 
 import (

@@ -404,6 +404,21 @@ func consumed(c config.Kafka, w *hold.Wheel) []read {
 	return reads
 }
 
+// Groups returns the consumer groups a worker of cfg joins: the input's,
+// then one per delay tier and one per event topic. Each process's event
+// caches read in groups of their own (newCacheReader's), not listed.
+func Groups(cfg *config.Config) ([]string, error) {
+	w, err := cfg.Wheel()
+	if err != nil {
+		return nil, err
+	}
+	var groups []string
+	for _, r := range consumed(cfg.Kafka, w) {
+		groups = append(groups, r.group)
+	}
+	return groups, nil
+}
+
 // probeRead checks the Read grants the worker needs and metadata does not
 // show, on the input, every delay tier and every event topic: a fetch of at most one byte
 // from partition 0 of the topic (Kafka checks Read on the topic first), and
