@@ -22,7 +22,7 @@ import (
 
 // waitGroups waits until every group a worker of -config joins (with the CAPPER_* overrides of the
 // environment: a run's group_id) is stable with -members members, each with partitions assigned. A group
-// not created yet counts as not settled: a worker's tier readers join after its input's.
+// not created yet (no reader of it has joined) counts as not settled.
 func waitGroups(args []string) error {
 	fs := flag.NewFlagSet("wait-groups", flag.ExitOnError)
 	brokers := fs.String("brokers", "127.0.0.1:9092", "bootstrap address of the (plain) broker")
