@@ -32,6 +32,17 @@ ROUNDS=${ROUNDS:-3}
 # so the rounds were not independent draws of it.
 SEED=${SEED:-42}
 seed() { echo "--seed $((SEED + r - 1))"; }
+# BASE_BIN=PATH (a capper binary of another commit: `go build -o PATH ./cmd/capper` in its checkout) runs every
+# row with that worker too, beside the tree's in the same round (the tree's first in odd rounds, BASE_BIN's first
+# in even ones), as rows of their own marked "(BASE_BIN)": a change compared side by side. DEMO_WORKER_BIN, if
+# set, stands for the tree's worker.
+BASE_BIN=${BASE_BIN:-}
+[[ -z $BASE_BIN || -x $BASE_BIN ]] || { echo "bench-budget: BASE_BIN=$BASE_BIN is not an executable" >&2; exit 2; }
+variants() { if [[ -z $BASE_BIN ]]; then echo tree; elif ((r % 2)); then echo tree base; else echo base tree; fi; }
+bin=${DEMO_WORKER_BIN:-} # the worker of the run at hand (demo): "" is demo.sh's build of the tree
+use() { # use VARIANT ROW: sets bin to the variant's worker and row to the row's name in the results
+  if [[ $1 == base ]]; then bin=$BASE_BIN row="$2+base"; else bin=${DEMO_WORKER_BIN:-} row=$2; fi
+}
 
 # The busy rows (1c, 3c): one spinning process per core from busy to calm (scripts/test.sh --contended's load),
 # stopped at exit too (bench-lib.sh's at_exit: a trap of this script's own would replace its cleanup). Where the
@@ -64,7 +75,7 @@ at_exit+=(calm)
 
 # demo ENV... runs demo.sh with ENV under bench-lib.sh's watcher (watched: a run during which the machine stalled,
 # a paused VM or a starved guest, measured the host and runs again) and prints its output.
-demo() { watched env "$@" scripts/demo.sh; }
+demo() { watched env DEMO_WORKER_BIN="$bin" "$@" scripts/demo.sh; }
 
 # killed_at reads demo.sh's output on stdin and prints when it SIGKILLed a worker (Unix seconds; "" if none).
 killed_at() { sed -n 's/^demo: SIGKILLed worker [0-9]* at //p' | head -1; }
@@ -155,12 +166,13 @@ PY
       if [[ -n ${ROWS:-} ]]; then # ROWS picks some of the rows (e.g. ROWS="1 3c")
         runs=$(for n in $runs; do if [[ " $ROWS " == *" $n "* ]]; then echo "$n"; fi; done | xargs)
       fi
-      for n in $runs; do
+      for n in $runs; do for v in $(variants); do
+        use "$v" "$n"
         [[ $n == *c ]] && busy
         if [[ $n == 3k ]]; then res=$(deliver "$w" "$limit" 3 $((DURATION / 3)) $((DURATION + SESSION + 2 * w))); else res=$(deliver "$w" "$limit" "${n%c}"); fi # a failed run ends the bench
         calm
-        echo "$w $limit $n $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
-      done
+        echo "$w $limit $row $res" | tee -a "$work/delivery.txt" | sed "s/^/  round $r: /" >&2
+      done; done
     done
   done
   python3 - "$work/delivery.txt" "$SESSION" <<'PY'
@@ -172,10 +184,11 @@ for line in open(sys.argv[1]):
 print("| window (limit) | replicas | whole windows per run | delivered/limit, median window | minimum window | maximum window | windows below 95%% | of them with no held send capped when back | most in any window | rounds (minimum window) | minimum window in the SIGKILL's grace (the session timeout, %d s, and a window) |" % int(sys.argv[2]))
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 names = {"1": "1", "3": "3", "3k": "3, one SIGKILLed a third in (the other columns: outside that grace)", "1c": "1, every core busy", "3c": "3, every core busy"}
-for (w, limit, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[2]))):
+name = lambda n: names[n.split("+")[0]] + (" (BASE_BIN)" if n.endswith("+base") else "")
+for (w, limit, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[2].split("+")[0]), k[2])):
     med = [statistics.median(c) for c in zip(*rows[(w, limit, n)])]
-    grace = "%.1f%% (%s)" % (med[6], ", ".join("%.1f%%" % r[6] for r in rows[(w, limit, n)])) if n == "3k" else "-"
-    print("| %d s (%d) | %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %.0f | %d | %s | %s |" % (w, limit, names[n], med[4], med[0], med[1], med[2], med[5], med[7], med[3], ", ".join("%.1f%%" % r[1] for r in rows[(w, limit, n)]), grace))
+    grace = "%.1f%% (%s)" % (med[6], ", ".join("%.1f%%" % r[6] for r in rows[(w, limit, n)])) if n.startswith("3k") else "-"
+    print("| %d s (%d) | %s | %d | %.1f%% | %.1f%% | %.1f%% | %.0f | %.0f | %d | %s | %s |" % (w, limit, name(n), med[4], med[0], med[1], med[2], med[5], med[7], med[3], ", ".join("%.1f%%" % r[1] for r in rows[(w, limit, n)]), grace))
 print("goal: every whole window at least 95%% (90%% with every core busy), none over 100%%; with a SIGKILL, back to 95%% within the session timeout (%d s) and a window" % int(sys.argv[2]))
 PY
   stalled_runs
@@ -215,7 +228,8 @@ if [[ $1 == burst ]]; then
       if [[ -n ${ROWS:-} ]]; then # ROWS picks some of the rows (e.g. ROWS=3k)
         runs=$(for n in $runs; do if [[ " $ROWS " == *" $n "* ]]; then echo "$n"; fi; done | xargs)
       fi
-      for n in $runs; do
+      for n in $runs; do for v in $(variants); do
+        use "$v" "$n"
         jobs=$((BURST * limit)) env=()
         if [[ $n == 3k ]]; then
           jobs=$((KILL_BURST * limit))
@@ -226,8 +240,8 @@ if [[ $1 == burst ]]; then
           DEMO_LOADGEN_ARGS="--channels sms --duplicates 1e-9 $(seed)") || { echo "$out" >&2; exit 1; }
         calm
         grep -q '"unaccounted":0,"violations":0' <<<"$out" || { echo "$out" >&2; echo "bench-budget: the burst run failed" >&2; exit 1; }
-        echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $n] /" >&2
-        python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$n" "$w" "$(killed_at <<<"$out")" "$SESSION" "$work" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
+        echo "$out" | grep -E '^  (holds|budget) ' | sed "s/^/  [$w s, $row] /" >&2
+        python3 - "$(grep '^{"jobs"' <<<"$out" | tail -1)" "$row" "$w" "$(killed_at <<<"$out")" "$SESSION" "$work" <<'PY' | tee -a "$work/burst.txt" | sed "s/^/  round $r: /" >&2
 import json, statistics, sys
 sys.path.insert(0, sys.argv[6])
 from windows import windows
@@ -237,7 +251,7 @@ w, out, ing, bare = windows(b, sys.argv[4], float(sys.argv[3]), float(sys.argv[5
 w, out = w or [0], out or [0]
 print("%s %s %.1f %.1f %d %d %d %.2f %d %.1f %d" % (sys.argv[3], sys.argv[2], statistics.median(out), min(out), sum(x < 95 for x in out), b["max_any"], b["limit"], r["held"] / r["jobs"], len(b["whole_windows"]), min(ing) if ing else -1, bare))
 PY
-      done
+      done; done
     done
   done
   python3 - "$work/burst.txt" <<'PY'
@@ -247,12 +261,13 @@ for line in open(sys.argv[1]):
     w, n, *v = line.split()
     rows.setdefault((int(w), n), []).append([float(x) for x in v])
 names = {"1": "1", "3": "3", "3k": "3, one SIGKILLed and restarted (outside the grace)", "1c": "1, every core busy", "3c": "3, every core busy"}
+name = lambda n: names[n.split("+")[0]] + (" (BASE_BIN)" if n.endswith("+base") else "")
 print("| window | replicas | whole windows | delivered/limit, median window | least window | windows below 95% | of them with no held send capped when back | most in any window (limit) | hold records per job | rounds (least window) | least window in the SIGKILL's grace |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-for (w, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[1]))):
+for (w, n) in sorted(rows, key=lambda k: (k[0], list(names).index(k[1].split("+")[0]), k[1])):
     med = [statistics.median(c) for c in zip(*rows[(w, n)])]
-    grace = "%.1f%%" % med[7] if n == "3k" else "-"
-    print("| %d s | %s | %d | %.1f%% | %.1f%% | %.0f | %.0f | %d (%d) | %.2f | %s | %s |" % (w, names[n], med[6], med[0], med[1], med[2], med[8], med[3], med[4], med[5], ", ".join("%.1f%%" % x[1] for x in rows[(w, n)]), grace))
+    grace = "%.1f%%" % med[7] if n.startswith("3k") else "-"
+    print("| %d s | %s | %d | %.1f%% | %.1f%% | %.0f | %.0f | %d (%d) | %.2f | %s | %s |" % (w, name(n), med[6], med[0], med[1], med[2], med[8], med[3], med[4], med[5], ", ".join("%.1f%%" % x[1] for x in rows[(w, n)]), grace))
 print("goal: the median whole window at least 97%, every one at least 95% (90% with every core busy; after a SIGKILL from the session timeout and a window on), none over the limit; at most 1.3 hold records per job")
 PY
   stalled_runs
