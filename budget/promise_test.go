@@ -625,3 +625,162 @@ func TestAStallLeavesNoLump(t *testing.T) {
 	}
 	t.Logf("sends per window: %v; %d held; most in a bucket after the stall %d", windows, tiers.promised, lump)
 }
+
+// TestAnAbsentReplicasPromisesGoToNewSends: three replicas share a spread
+// budget of 50 per second on one fixed clock, each with a new send every
+// bucket (three times the limit) that may wait 10 s, each refused send held
+// on its replica and back at its promise. At 4 s replica 0 stops (SIGKILL):
+// its held sends wait for its group's session timeout, and its promises for
+// it. Once one of them is unclaimed for a quarter of a second while it makes
+// no call, it is absent, and the others' new sends take the tokens its
+// promises held: every whole window from the kill's on gets 48 of 50 or more
+// (without that, the live replicas' sends waited behind its promises until
+// each lapsed: windows of 32-34). Never more than the limit in any window.
+func TestAnAbsentReplicasPromisesGoToNewSends(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	defer rdb.Close()
+	prefix := testenv.Unique("absent")
+	t0 := time.UnixMilli(1_800_000_000_000) // window i is [t0+i s, t0+i+1 s)
+	c := testclock.At(t0)
+	var replicas [3]*Budgets
+	for r := range replicas {
+		var err error
+		if replicas[r], err = New(Config{Client: rdb, KeyPrefix: prefix, Clock: c.Now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := &Spec{Name: "absent", Limit: 50, Window: time.Second, Spread: true}
+	width := spec.Window / Buckets
+	kill, end := t0.Add(4*time.Second), t0.Add(10*time.Second)
+	var tiers [3]heldWants
+	var stamps []time.Time
+	windows := make([]int, 10)
+	for ; c.Now().Before(end); c.Add(width) {
+		now := c.Now()
+		for r := range replicas {
+			if r == 0 && !now.Before(kill) {
+				continue
+			}
+			ws := append(tiers[r].due(now), wants(spec, "absent", 1)...)
+			ws[len(ws)-1].Until = now.Add(10 * time.Second)
+			for _, g := range tiers[r].take(t, replicas[r], ws) {
+				if g.OK {
+					at := g.Until.Add(-width)
+					stamps = append(stamps, at)
+					windows[int(at.Sub(t0)/time.Second)]++
+				}
+			}
+		}
+	}
+	t.Logf("sends per window %v", windows)
+	for w := 4; w < len(windows); w++ {
+		if windows[w] < 48 {
+			t.Errorf("window %d (replica 0 killed at 4 s) got %d sends; want 48 of 50 or more (by window: %v)", w, windows[w], windows)
+		}
+	}
+	if most := busiest(stamps, spec.Window); most > spec.Limit {
+		t.Errorf("%d sends in one window, over the limit %d", most, spec.Limit)
+	}
+}
+
+// TestAStoppedMachineJudgesNoOneAbsent: two replicas share a budget of 50
+// per second; the second asks for 100 sends at once, takes 50 and holds the
+// others, promised the tokens back a second later, while the first only looks
+// at the budget (a call each bucket). Just as those come due, both stop for
+// half a second, as a whole machine does (a paused VM). When they resume,
+// the first calls first, with 50 new sends: it judges no one absent in its
+// first call after a stop of its own, so the second's held sends, back next,
+// find their tokens, and the first's are held behind them. (Judging then, it
+// took the second as absent, and its new sends took every token those
+// claims needed.)
+func TestAStoppedMachineJudgesNoOneAbsent(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	defer rdb.Close()
+	prefix := testenv.Unique("stopped")
+	t0 := time.UnixMilli(1_800_000_000_000)
+	c := testclock.At(t0)
+	var replicas [2]*Budgets
+	for r := range replicas {
+		var err error
+		if replicas[r], err = New(Config{Client: rdb, KeyPrefix: prefix, Clock: c.Now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := &Spec{Name: "stopped", Limit: 50, Window: time.Second}
+	stop, resume := t0.Add(time.Second), t0.Add(1500*time.Millisecond)
+	var held heldWants
+	burst := wants(spec, "stopped", 2*spec.Limit)
+	for i := range burst {
+		burst[i].Until = t0.Add(10 * time.Second)
+	}
+	held.take(t, replicas[1], burst)
+	claims, found := 0, 0 // at the resume
+	for ; c.Now().Before(resume.Add(time.Second)); c.Add(spec.Window / Buckets) {
+		now := c.Now()
+		if !now.Before(stop) && now.Before(resume) {
+			continue
+		}
+		if now.Equal(resume) {
+			if _, err := replicas[0].Take(context.Background(), wants(spec, "stopped", 50)); err != nil {
+				t.Fatal(err)
+			}
+		} else if _, err := replicas[0].Peek(context.Background(), Want{Spec: spec, Key: "stopped"}); err != nil {
+			t.Fatal(err)
+		}
+		back := held.due(now)
+		for _, g := range held.take(t, replicas[1], back) {
+			if now.Equal(resume) {
+				claims++
+				if g.OK {
+					found++
+				}
+			}
+		}
+	}
+	t.Logf("at the resume, %d of the second replica's %d held sends back found their token", found, claims)
+	if claims == 0 || found != claims {
+		t.Errorf("after both replicas stopped half a second, %d of %d held sends back at the resume found their token; want all", found, claims)
+	}
+}
+
+// TestOwnersOfTheLongGoneAreDropped: each worker process that calls a budget
+// is recorded with its last call (a hash beside the budget's key); a process
+// started after many others finds those that cannot hold a promise any more
+// (none called for 64 windows and the lapse) dropped, so restarts do not grow
+// the hash.
+func TestOwnersOfTheLongGoneAreDropped(t *testing.T) {
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testenv.RedisAddrs(t)})
+	defer rdb.Close()
+	prefix := testenv.Unique("owners")
+	c := testclock.At(time.UnixMilli(1_800_000_000_000))
+	spec := &Spec{Name: "owners", Limit: 50, Window: time.Second}
+	start := func() *Budgets { // a process started: an owner of its own
+		b, err := New(Config{Client: rdb, KeyPrefix: prefix, Clock: c.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Take(context.Background(), wants(spec, "owners", 1)); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for range 20 {
+		start()
+	}
+	b := start()
+	owners := func() int64 {
+		n, err := rdb.HLen(context.Background(), b.RedisKey("owners")+":s").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := owners(); n != 21 {
+		t.Fatalf("%d owners recorded after 21 processes called; want 21", n)
+	}
+	c.Add(64*spec.Window + PromiseLapse(spec) + time.Second)
+	start()
+	if n := owners(); n != 1 {
+		t.Errorf("%d owners recorded after the 21 were gone for 64 windows and the lapse; want the new one alone", n)
+	}
+}
