@@ -783,7 +783,7 @@ local next = 0
 if oldest then
   next = oldest + width + window
 end
-if burst > 0 and delta ~= 0 or burst > 0 and n > 0 then
+if burst > 0 and (delta ~= 0 or n > 0) then
   level = level - granted
   if used >= limit and oldest then -- full: nothing accrues until the oldest bucket leaves; then the tokens it
     -- frees may be taken at once up to a bucket's share (a lump beyond that comes back at the rate)
