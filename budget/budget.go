@@ -23,9 +23,7 @@ package budget
 
 import (
 	"context"
-	"crypto/rand"
 	_ "embed"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -164,12 +162,6 @@ type Config struct {
 	Grace time.Duration
 	// Registerer receives the budgets' metrics. Optional.
 	Registerer prometheus.Registerer
-	// Owner names this process in the promises it makes (budget.lua): a
-	// process that makes no call while its promises come due unclaimed is
-	// taken as absent (killed, or stopped), and the room its promises held
-	// goes to the other processes' new sends. Defaults to a random name, new
-	// at each start. At most 64 bytes.
-	Owner string
 }
 
 // Validate reports whether the configuration is usable.
@@ -179,8 +171,6 @@ func (c Config) Validate() error {
 		return errors.New("budget: a Redis client is required")
 	case strings.ContainsAny(c.KeyPrefix, "{}"):
 		return fmt.Errorf("budget: key prefix %q must not contain { or }: the hash tag is the budget key", c.KeyPrefix)
-	case len(c.Owner) > 64:
-		return fmt.Errorf("budget: owner %q is longer than 64 bytes", c.Owner)
 	}
 	return nil
 }
@@ -227,13 +217,6 @@ func New(cfg Config) (*Budgets, error) {
 	}
 	if cfg.Grace <= 0 {
 		cfg.Grace = DefaultGrace
-	}
-	if cfg.Owner == "" {
-		var name [8]byte
-		if _, err := rand.Read(name[:]); err != nil {
-			return nil, fmt.Errorf("budget: owner name: %w", err)
-		}
-		cfg.Owner = hex.EncodeToString(name[:])
 	}
 	b := &Budgets{cfg: cfg, keys: map[string]*state{}, sweepAt: minSweep}
 	if err := b.m.register(cfg.Registerer); err != nil {
@@ -656,9 +639,12 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		}
 		args = append(args, promised, until, wants[i].Job)
 	}
-	args = append(args, b.cfg.Grace.Milliseconds(), flag(spare), b.cfg.Owner)
+	args = append(args, b.cfg.Grace.Milliseconds())
+	if spare {
+		args = append(args, 1)
+	}
 	start := time.Now() // the call's own time, whatever the budgets' clock
-	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p", k + ":j", k + ":c", k + ":s", k + ":o"}, args...).Result()
+	v, err := script.Run(ctx, b.cfg.Client, []string{k, k + ":r", k + ":p", k + ":j", k + ":c"}, args...).Result()
 	b.m.seconds.WithLabelValues(s.Name).Observe(time.Since(start).Seconds())
 	if err != nil {
 		return reply{}, fmt.Errorf("budget %s: %w", key, err)
@@ -676,13 +662,6 @@ func (b *Budgets) call(ctx context.Context, key string, s *Spec, now time.Time, 
 		out[i] = n
 	}
 	return reply{extra: int(out[0]), used: int(out[1]), bucket: out[2], next: out[3], wants: out[4:]}, nil
-}
-
-func flag(on bool) int {
-	if on {
-		return 1
-	}
-	return 0
 }
 
 type metrics struct {

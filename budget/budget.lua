@@ -57,15 +57,6 @@
 --          token back at a random moment was otherwise owed to the promises due in the next few hundred
 --          milliseconds (free, below) or taken by a claim whose own token was not back yet (and then went
 --          unclaimed in turn): a new send took one in three of them, on a fixed clock.
--- ARGV[12 + 3n] owner ('' when absent): the process that calls (Budgets.Config.Owner). Each call records when its
---          owner last called (KEYS[6]), and each promise it makes, whose it is (KEYS[7]). An owner that holds a
---          promise due `stale` ms ago or more, still unclaimed, and that has made no call since it was due, is
---          absent (its process died, or stopped): the room counted for new wants and early claims (free, below)
---          leaves out its promises, so that while its group waits for it (the session timeout) the other
---          replicas' new sends take the tokens it was promised, instead of waiting behind them. Its claims, if it
---          comes back, find their tokens taken and follow them (a slow owner loses its order, never the bound:
---          every grant is counted). A caller that made no call itself for `stale` ms judges no one: the whole
---          machine, or its process, stopped, not the others alone.
 -- KEYS[4]  (with named wants) the promises by job, e.g. fc:b:{sms}:j (same slot): a sorted set, member = a
 --          job's name, score = the time it was promised. A promise is the job's, not its copy's: a copy of a
 --          held job decided again (its input redelivered after a rebalance, before its offset was committed)
@@ -76,9 +67,6 @@
 -- KEYS[5]  (with named wants) the jobs whose token was claimed, e.g. fc:b:{sms}:c: member = a job's name,
 --          score = when, kept for a window and the lapse. Another copy that asks (a claim or a new want) is
 --          answered -2 and takes no token: the caller checks it as a duplicate of the copy that took it.
--- KEYS[6]  the owners' last calls, e.g. fc:b:{sms}:s (same slot): field = an owner, value = ms
--- KEYS[7]  the promises' owners, e.g. fc:b:{sms}:o (same slot): field = a bucket's start (ms), value = the owner
---          that last made a promise for it
 -- Reply: {extra, used, bucket, next, r_1, ..., r_n}
 --   extra    tokens taken beyond the wants (a lease: the caller's reserve)
 --   used     tokens counted in the window after this call
@@ -101,7 +89,6 @@ local lapse = tonumber(ARGV[8] or '0')
 local n = tonumber(ARGV[9] or '0')
 local grace = tonumber(ARGV[10 + 3 * n] or '0')
 local spareBack = ARGV[11 + 3 * n] == '1'
-local owner = ARGV[12 + 3 * n] or ''
 local rate = limit / window -- tokens per ms: the limit's pace
 local cur = now - now % width
 local buckets = window / width
@@ -116,28 +103,6 @@ local horizon = 64 * buckets -- buckets ahead a promise may be
 -- granted fewer than 10,000 tokens in 16 runs of 40, 8,300 at least; 10,000 in 20 of 20 with this). With
 -- `early` for new wants alone, that test's claims missed more (one run in 12 failed it: 6,100 of 9,000 found).
 local early = math.max(1, math.min(math.floor(buckets / 10), math.ceil(100 / width)))
--- A promise unclaimed this long after its time, by an owner that has not called since, marks its owner absent
--- (ARGV[12 + 3n]): a held send comes back within milliseconds of its time (p99 under 20 ms), so this is a
--- replica that stopped, not one late. Below the lapse, so that its promises due next are left out while they
--- still count.
-local stale = math.max(250, 2 * width)
-local keep = 64 * window + lapse + width -- the longest a promise (and its owner's record) lives
-local judge = false -- (see ARGV[12 + 3n])
-if owner ~= '' then
-  local prev = redis.call('HGET', KEYS[6], owner)
-  judge = tonumber(prev or '0') >= now - stale
-  if not prev and redis.call('HLEN', KEYS[6]) >= 16 then -- a new owner (a process started): drop those that
-    -- cannot hold a promise any more, so that restarts do not grow the hash
-    local h = redis.call('HGETALL', KEYS[6])
-    for i = 1, #h, 2 do
-      if tonumber(h[i + 1]) < now - keep then
-        redis.call('HDEL', KEYS[6], h[i])
-      end
-    end
-  end
-  redis.call('HSET', KEYS[6], owner, now)
-  redis.call('PEXPIRE', KEYS[6], keep)
-end
 -- A spread budget promises at most a bucket's share of its limit for any one bucket (0: no such bound).
 local per = 0
 if burst > 0 then
@@ -227,7 +192,6 @@ end
 -- reading them all on every claim cost such a call 0.7 ms of Redis (BenchmarkAKillWithReleaseLag: 0.15 ms
 -- since), which the tier's next claims and every other call of the node waited for.
 local promised, changed, whole, reads = {}, {}, false, 0
-local mine = {} -- the buckets this call promised tokens in (KEYS[7])
 local readAll
 setmetatable(promised, {__index = function(tab, t)
   if not asking then
@@ -261,9 +225,6 @@ function readAll()
     local t = tonumber(p[i])
     if t + lapse < now then
       redis.call('HDEL', KEYS[3], p[i])
-      if owner ~= '' then
-        redis.call('HDEL', KEYS[7], p[i])
-      end
     elseif promised[t] == nil then
       promised[t] = tonumber(p[i + 1])
     end
@@ -405,7 +366,7 @@ for i = 1, n do
     promised[p], changed[p] = promised[p] - 1, true
     reply[4 + i] = -nf
     if u == 0 or nf < u then -- (its promise kept the margin for this: see the walk)
-      promised[nf], changed[nf], mine[nf] = (promised[nf] or 0) + 1, true, true
+      promised[nf], changed[nf] = (promised[nf] or 0) + 1, true
       promise(i, nf)
       reply[4 + i] = nf
     end
@@ -435,56 +396,12 @@ for i = 1, n do
   end
 end
 
--- absent returns the buckets before `before` whose promises are an absent owner's (ARGV[12 + 3n]); nil when
--- no owner is absent. It reads the owners only when a promise is `stale`, and the promises'
--- owners whole only when an owner is absent: a budget whose claims come on time pays nothing more for them.
--- (HGET and HGETALL: the worker's Redis ACL grants them, not HMGET.)
-local function absent(before)
-  if not judge then
-    return nil
-  end
-  local ts, of = {}, {}
-  for t, c in pairs(promised) do
-    if c > 0 and t <= now - stale then
-      local o = redis.call('HGET', KEYS[7], string.format('%d', t))
-      if o then
-        ts[#ts + 1], of[#of + 1] = t, o
-      end
-    end
-  end
-  if #ts == 0 then
-    return nil
-  end
-  local last, h = {}, redis.call('HGETALL', KEYS[6])
-  for i = 1, #h, 2 do
-    last[h[i]] = tonumber(h[i + 1])
-  end
-  local gone, any = {}, false
-  for i, o in ipairs(of) do
-    if (last[o] or 0) < ts[i] then
-      gone[o], any = true, true
-    end
-  end
-  if not any then
-    return nil
-  end
-  local skip, ow = {}, redis.call('HGETALL', KEYS[7])
-  for i = 1, #ow, 2 do
-    local t = tonumber(ow[i])
-    if gone[ow[i + 1]] and t < before then
-      skip[t] = true
-    end
-  end
-  return skip
-end
-
 -- What a new want may take now: the room the window has, less the tokens every promise due before a token
 -- taken now comes back (bucket + width + window, less `early` buckets) needs, with the tokens that leave the
--- window by then; an absent owner's promises need none.
+-- window by then.
 local function free()
   readAll()
   local back = cur + width + window - early * width
-  local skip = absent(back)
   local s, ev = limit - used, {}
   for b, c in pairs(counted) do
     if b + width + window < back then
@@ -492,7 +409,7 @@ local function free()
     end
   end
   for t, c in pairs(promised) do
-    if c > 0 and not (skip and skip[t]) then
+    if c > 0 then
       if t <= now then
         s = s - c
       elseif t < back then
@@ -577,7 +494,7 @@ for k = math.max(walked, granted) + 1, #fresh do
     end
     if nf > now and nf < p then
       promised[p], changed[p] = promised[p] - 1, true
-      promised[nf], changed[nf], mine[nf] = (promised[nf] or 0) + 1, true, true
+      promised[nf], changed[nf] = (promised[nf] or 0) + 1, true
       promise(i, nf)
       reply[4 + i] = nf
     end
@@ -714,7 +631,7 @@ if j <= walked then
     end
     if took > 0 then
       last = k
-      promised[t], changed[t], mine[t] = p + took, true, true
+      promised[t], changed[t] = p + took, true
       assigned = assigned + took
       back[k + ret] = (back[k + ret] or 0) + took
     end
@@ -742,27 +659,14 @@ end
 if claimedJob then
   redis.call('PEXPIRE', KEYS[5], window + lapse + width)
 end
-local wrote, owned = false, {}
+local wrote = false
 for t in pairs(changed) do
-  local f = string.format('%d', t)
   if promised[t] > 0 then
-    redis.call('HSET', KEYS[3], f, promised[t])
-    if mine[t] and owner ~= '' then
-      owned[#owned + 1], owned[#owned + 2] = f, owner
-    end
+    redis.call('HSET', KEYS[3], string.format('%d', t), promised[t])
   else
-    redis.call('HDEL', KEYS[3], f)
-    if owner ~= '' then
-      redis.call('HDEL', KEYS[7], f)
-    end
+    redis.call('HDEL', KEYS[3], string.format('%d', t))
   end
   wrote = true
-end
-for i = 1, #owned, 1000 do -- (unpack's bound)
-  redis.call('HSET', KEYS[7], unpack(owned, i, math.min(i + 999, #owned)))
-end
-if #owned > 0 then
-  redis.call('PEXPIRE', KEYS[7], keep)
 end
 if wrote then -- the promises live until the last of them lapses
   local last = 0
