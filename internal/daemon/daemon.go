@@ -553,6 +553,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	go d.watchRules(bg, time.Duration(cfg.Rules.ReloadInterval))
 	go d.watchLag(bg, cfg.Kafka)
 	go d.watchStalls(bg, cfg.Kafka)
+	if cfg.Redis.NearCacheSize > 0 {
+		go d.watchNearCache(bg, cfg.Redis.NearCacheSize, time.Minute)
+	}
 	d.watchTiers(bg, cfg.Kafka)
 	for _, c := range d.cacheReaders {
 		go d.holdCached(bg, c)
@@ -693,6 +696,38 @@ func sameTiers(cfg *config.Config, running *hold.Wheel) bool {
 		return false
 	}
 	return w == nil || slices.Equal(w.Tiers(), running.Tiers())
+}
+
+// watchNearCache says, every every, whether the near cache dropped copies
+// to make room since it last looked (sayNearCacheFull). size is
+// redis.near_cache_size.
+func (d *Daemon) watchNearCache(ctx context.Context, size int, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	last := d.Limiter.Stats().CacheEvictions
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			last = d.sayNearCacheFull(last, size, every)
+		}
+	}
+}
+
+// sayNearCacheFull warns when the near cache dropped copies of users' logs
+// to make room since its count of them was last (within the time since):
+// each such user's next send is decided in full by the script, where a copy
+// would have answered it capped or made it an append (docs/operations.md,
+// Sizing the near cache). It returns the count now.
+func (d *Daemon) sayNearCacheFull(last uint64, size int, within time.Duration) uint64 {
+	s := d.Limiter.Stats()
+	if dropped := s.CacheEvictions - last; dropped > 0 {
+		d.Log.Warn("the near cache is full: it dropped copies of users' logs to make room, and each such user's next send is decided in full by the script; "+
+			"give redis.near_cache_size the users a replica decides within a blast, and a quarter more (docs/operations.md)",
+			"dropped", dropped, "within", within.String(), "near_cache_size", size, "copies", s.CacheEntries)
+	}
+	return s.CacheEvictions
 }
 
 // watchRules reloads the rules when the config file changes.
