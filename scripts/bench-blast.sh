@@ -53,7 +53,7 @@ if ((rc)) || ! grep -q '"unaccounted":0,' <<<"$out" || ! grep -q '"violations":0
   exit 1
 fi
 json=$(echo "$out" | grep '^{"jobs"' | tail -1)
-grep '^drain:' <<<"$out" | sed 's/^/blast /' || true   # the headline; goal <= 180 s
+grep '^drain:' <<<"$out" | sed 's/^/blast /' || true   # the headline; goal <= 60 s
 python3 - "$json" "$before" "$after" "$began" "$ended" "$JOBS" <<'PY'
 import json, sys
 r = json.loads(sys.argv[1])
