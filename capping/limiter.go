@@ -301,7 +301,10 @@ func (r *round) pending() []int {
 			r.setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
-		if n := len(b.args[i].caps); cache != nil && n > 0 && n <= maxCaps && !reqs[i].Candidate {
+		// A send with no caps (a count-only category's) is looked up too: its
+		// user's whole copy lets the script record it with an append.
+		recordOnly := !reqs[i].DuplicateOnly && reqs[i].SentAt.IsZero()
+		if n := len(b.args[i].caps); cache != nil && (n > 0 || recordOnly) && n <= maxCaps && !reqs[i].Candidate {
 			asked = append(asked, i)
 		}
 	}

@@ -224,6 +224,49 @@ func TestCopyAppendReadsPreferences(t *testing.T) {
 	}
 }
 
+// TestCountOnlySendAppendsToTheCopy: a send with no caps (a count-only
+// category's) of a user whose whole log the near cache holds is recorded
+// with an append to that copy, as any allowed send is; the next send is
+// decided from the copy with it counted, and its redelivery is a duplicate.
+func TestCountOnlySendAppendsToTheCopy(t *testing.T) {
+	ctx, rdb, clk := context.Background(), testenv.ClusterClient(t), testclock.At(base)
+	mine, _ := twoWorkers(t, rdb, clk, "countonly")
+	two := capping.Cap{Name: "two", Window: capping.Daily, Limit: 2}
+	send := func(r capping.Request) capping.Decision {
+		t.Helper()
+		clk.Add(time.Second)
+		d, err := mine.Decide(ctx, []capping.Request{r})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d[0]
+	}
+	if d := send(capping.Request{UserID: 9, JobID: "a", Channel: "email", Caps: []capping.Cap{two}}); !d.Allowed {
+		t.Fatalf("first send: %+v", d)
+	}
+	receipt := capping.Request{UserID: 9, JobID: "r", Channel: "email", Tags: []string{"receipt"}, Retention: capping.Daily}
+	st := mine.Stats()
+	if d := send(receipt); !d.Allowed || d.Duplicate {
+		t.Fatalf("count-only send: %+v, want allowed", d)
+	}
+	if st2 := mine.Stats(); st2.CopyAppends != st.CopyAppends+1 || st2.CopyMisses != st.CopyMisses || st2.Requests != st.Requests+1 {
+		t.Fatalf("%+v: want the count-only send appended to the copy's log", st2)
+	}
+	st = mine.Stats()
+	if d := send(capping.Request{UserID: 9, JobID: "b", Channel: "email", Caps: []capping.Cap{two}}); d.Allowed || d.Cap != "two" || d.Counts[0] != 2 {
+		t.Fatalf("third send: %+v, want capped by two with the count-only send counted", d)
+	}
+	if st2 := mine.Stats(); st2.CacheHits != st.CacheHits+1 || st2.Requests != st.Requests {
+		t.Fatalf("%+v: want the third send capped from the copy", st2)
+	}
+	if d := send(receipt); !d.Duplicate {
+		t.Fatalf("count-only send delivered again: %+v, want its duplicate", d)
+	}
+	if n := testenv.LogLen(t, rdb, mine.Key(0, 9)); n != 2 {
+		t.Fatalf("%d sends logged, want 2", n)
+	}
+}
+
 // TestNewLogFindsALog: a Limiter that has never seen a user sends its first
 // send as a new log; the user has a log (another worker's), so the SET NX
 // writes nothing and the script decides, in the same Decide: capped by the
