@@ -301,10 +301,11 @@ func (r *round) pending() []int {
 			r.setErr(i, fmt.Errorf("capping: job %q: %w: %w", reqs[i].JobID, ErrInvalidRequest, err))
 			continue
 		}
-		// A send with no caps (a count-only category's) is looked up too: its
-		// user's whole copy lets the script record it with an append.
-		recordOnly := !reqs[i].DuplicateOnly && reqs[i].SentAt.IsZero()
-		if n := len(b.args[i].caps); cache != nil && (n > 0 || recordOnly) && n <= maxCaps && !reqs[i].Candidate {
+		// A send with no caps (a count-only category's) is looked up too, unless
+		// it is a duplicate check, a refusal's mark or a send made elsewhere:
+		// its user's whole copy lets the script record it with an append.
+		plain := !reqs[i].DuplicateOnly && reqs[i].SentAt.IsZero()
+		if n := len(b.args[i].caps); cache != nil && (n > 0 || plain) && n <= maxCaps && !reqs[i].Candidate {
 			asked = append(asked, i)
 		}
 	}
