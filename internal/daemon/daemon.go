@@ -698,8 +698,8 @@ func sameTiers(cfg *config.Config, running *hold.Wheel) bool {
 	return w == nil || slices.Equal(w.Tiers(), running.Tiers())
 }
 
-// watchNearCache looks once each period every (a minute in Run) and says
-// whether the near cache dropped copies to make room since the last look
+// watchNearCache looks at the near cache every period (a minute in Run) and
+// says whether it dropped copies to make room since the last look
 // (sayNearCacheFull). size is redis.near_cache_size.
 func (d *Daemon) watchNearCache(ctx context.Context, size int, every time.Duration) {
 	t := time.NewTicker(every)
